@@ -1,0 +1,387 @@
+"""The fake device: memory in host arrays, streams as queues, graphs as recorded work.
+
+It speaks CUDA's vocabulary: where the driver fails, it raises the error
+:func:`metrale_core.error_for_code` gives for the driver's result code.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+import numpy as np
+
+from metrale_core import AllocKind, MetraleSettings, RawDevice, error_for_code
+from metrale_core._ledger import format_bytes
+
+__all__ = ["FAULT_OPS", "FakeDevice"]
+
+#: The raw operations :meth:`FakeDevice.inject_fault` can make fail.
+FAULT_OPS: Final = frozenset(
+    {"alloc", "free", "memcpy", "memset", "graph_instantiate", "graph_launch", "synchronize", "is_capturing"}
+)
+
+_DEVICE_BASE: Final = 0x7F00_0000_0000
+_HOST_BASE: Final = 0x5500_0000_0000
+_ALIGN: Final = 256
+_GAP: Final = 4096  # unmapped bytes between allocations, as a real address space has
+
+Work = Callable[[], None]
+
+
+@dataclasses.dataclass(slots=True)
+class _Allocation:
+    base: int
+    size: int
+    kind: str
+    data: np.ndarray
+
+
+class _FakeStream:
+    __slots__ = ("capture", "done", "issued", "queue")
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[int, Work]] = deque()
+        self.issued = 0  # sequence number of the last work issued
+        self.done = 0  # sequence number of the last work run
+        self.capture: list[Work] | None = None
+
+
+class _FakeEvent:
+    __slots__ = ("stream", "seq", "time")
+
+    def __init__(self) -> None:
+        self.stream: _FakeStream | None = None
+        self.seq = 0
+        self.time: float | None = None
+
+
+class _FakeGraph:
+    __slots__ = ("work",)
+
+    def __init__(self, work: list[Work]) -> None:
+        self.work = tuple(work)
+
+
+class FakeDevice(RawDevice):
+    """The raw layer of the fake backend."""
+
+    def __init__(self, settings: MetraleSettings, ordinal: int) -> None:
+        self._capacity = settings.fake_memory_bytes
+        self._integrated = settings.fake_integrated
+        self._defer = settings.fake_defer
+        self._ordinal = ordinal
+        self._lock = threading.RLock()
+        self._used = 0
+        self._next_device = _DEVICE_BASE
+        self._next_host = _HOST_BASE
+        self._bases: list[int] = []
+        self._allocs: dict[int, _Allocation] = {}
+        self._host: dict[int, np.ndarray] = {}
+        self._streams: set[_FakeStream] = set()
+        self._faults: dict[str, list[list[object]]] = {}
+
+    # -- fault injection ----------------------------------------------------------
+
+    def inject_fault(self, op: str, nth: int, code: str) -> None:
+        """Make the ``nth`` next call of raw ``op`` fail once with ``code``."""
+        with self._lock:
+            self._faults.setdefault(op, []).append([nth, code])
+
+    def _fault(self, op: str, what: str) -> None:
+        pending = self._faults.get(op)
+        if not pending:
+            return
+        fired = None
+        for entry in pending:
+            entry[0] = int(entry[0]) - 1  # type: ignore[call-overload]
+            if entry[0] == 0:
+                fired = entry
+        pending[:] = [e for e in pending if int(e[0]) > 0]  # type: ignore[call-overload]
+        if fired is not None:
+            raise error_for_code(str(fired[1]), f"{what} (a fault injected into the fake's {op!r})")
+
+    # -- the device ---------------------------------------------------------------
+
+    def device_name(self) -> str:
+        kind = "integrated" if self._integrated else "discrete"
+        return f"metrale fake device {self._ordinal} ({format_bytes(self._capacity)}, {kind})"
+
+    def mem_get_info(self) -> tuple[int, int]:
+        with self._lock:
+            return self._capacity - self._used, self._capacity
+
+    def is_integrated(self) -> bool | None:
+        return self._integrated
+
+    def close(self) -> None:
+        with self._lock:
+            self._allocs.clear()
+            self._bases.clear()
+            self._host.clear()
+            self._streams.clear()
+            self._used = 0
+
+    # -- memory -------------------------------------------------------------------
+
+    def alloc(self, nbytes: int, kind: AllocKind) -> int:
+        with self._lock:
+            self._fault("alloc", f"alloc of {nbytes} bytes")
+            if self._used + nbytes > self._capacity:
+                raise error_for_code("CUDA_ERROR_OUT_OF_MEMORY", f"fake alloc of {nbytes} bytes", requested=nbytes)
+            base = self._next_device
+            self._next_device = base + (nbytes + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN
+            self._allocs[base] = _Allocation(base, nbytes, kind, np.zeros(nbytes, dtype=np.uint8))
+            bisect.insort(self._bases, base)
+            self._used += nbytes
+            return base
+
+    def free(self, ptr: int, kind: AllocKind) -> None:
+        with self._lock:
+            self._drain_all()
+            self._fault("free", f"free of {ptr:#x}")
+            alloc = self._allocs.pop(ptr, None)
+            if alloc is None:
+                raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free of {ptr:#x}")
+            self._bases.remove(ptr)
+            self._used -= alloc.size
+
+    def alloc_host(self, nbytes: int) -> tuple[int, memoryview]:
+        with self._lock:
+            self._fault("alloc", f"alloc_host of {nbytes} bytes")
+            ptr = self._next_host
+            self._next_host = ptr + (nbytes + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN
+            data = np.zeros(nbytes, dtype=np.uint8)
+            self._host[ptr] = data
+            return ptr, memoryview(data)
+
+    def free_host(self, ptr: int) -> None:
+        with self._lock:
+            self._drain_all()
+            self._fault("free", f"free_host of {ptr:#x}")
+            if self._host.pop(ptr, None) is None:
+                raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free_host of {ptr:#x}")
+
+    def _resolve(self, ptr: int, nbytes: int, what: str) -> np.ndarray:
+        """The bytes ``[ptr, ptr + nbytes)``, which must lie inside one allocation."""
+        i = bisect.bisect_right(self._bases, ptr) - 1
+        if i >= 0:
+            alloc = self._allocs[self._bases[i]]
+            start = ptr - alloc.base
+            if start + nbytes <= alloc.size:
+                return alloc.data[start : start + nbytes]
+        raise error_for_code(
+            "CUDA_ERROR_INVALID_VALUE", f"{what}: [{ptr:#x}, {ptr + nbytes:#x}) is not inside one allocation"
+        )
+
+    # -- work on streams ------------------------------------------------------------
+
+    def _submit(self, stream: object, work: Work, *, wait: bool = False) -> None:
+        s = _as_stream(stream)
+        if s.capture is not None:
+            s.capture.append(work)
+            return
+        if not self._defer:
+            work()
+            return
+        s.issued += 1
+        s.queue.append((s.issued, work))
+        if wait:
+            self._drain(s, s.issued)
+
+    def _drain(self, s: _FakeStream, upto: int) -> None:
+        while s.queue and s.queue[0][0] <= upto:
+            seq, work = s.queue.popleft()
+            s.done = seq
+            work()
+
+    def _drain_all(self) -> None:
+        for s in list(self._streams):
+            self._drain(s, s.issued)
+
+    def memset(self, ptr: int, value: int, nbytes: int, stream: object) -> None:
+        with self._lock:
+            self._fault("memset", f"memset of {nbytes} bytes at {ptr:#x}")
+            target = self._resolve(ptr, nbytes, "memset")
+
+            def work() -> None:
+                target[:] = value
+
+            self._submit(stream, work)
+
+    def copy_htod(self, dst: int, src: memoryview, stream: object, *, pinned: bool) -> None:
+        with self._lock:
+            self._fault("memcpy", f"copy of {src.nbytes} bytes to {dst:#x}")
+            target = self._resolve(dst, src.nbytes, "copy_htod")
+            source = np.frombuffer(src, dtype=np.uint8)
+
+            def work() -> None:
+                target[:] = source
+
+            self._submit(stream, work, wait=not pinned)
+
+    def copy_dtoh(self, dst: memoryview, src: int, stream: object, *, pinned: bool) -> None:
+        with self._lock:
+            self._fault("memcpy", f"copy of {dst.nbytes} bytes from {src:#x}")
+            source = self._resolve(src, dst.nbytes, "copy_dtoh")
+            target = np.frombuffer(dst, dtype=np.uint8)
+
+            def work() -> None:
+                target[:] = source
+
+            self._submit(stream, work, wait=not pinned)
+
+    def copy_dtod(self, dst: int, src: int, nbytes: int, stream: object) -> None:
+        with self._lock:
+            self._fault("memcpy", f"copy of {nbytes} bytes from {src:#x} to {dst:#x}")
+            source = self._resolve(src, nbytes, "copy_dtod")
+            target = self._resolve(dst, nbytes, "copy_dtod")
+
+            def work() -> None:
+                target[:] = source  # numpy handles overlap as memmove does
+
+            self._submit(stream, work)
+
+    # -- streams and events ------------------------------------------------------------
+
+    def stream_create(self) -> object:
+        with self._lock:
+            s = _FakeStream()
+            self._streams.add(s)
+            return s
+
+    def stream_destroy(self, stream: object) -> None:
+        with self._lock:
+            s = _as_stream(stream)
+            self._drain(s, s.issued)
+            self._streams.discard(s)
+
+    def stream_synchronize(self, stream: object) -> None:
+        with self._lock:
+            self._fault("synchronize", "stream synchronize")
+            s = _as_stream(stream)
+            self._drain(s, s.issued)
+
+    def stream_query(self, stream: object) -> bool:
+        with self._lock:
+            s = _as_stream(stream)
+            self._drain(s, s.issued)
+            return True
+
+    def stream_wait_event(self, stream: object, event: object) -> None:
+        with self._lock:
+            e = _as_event(event)
+            if e.stream is not None and e.stream.capture is None:
+                self._drain(e.stream, e.seq)
+
+    def event_create(self) -> object:
+        return _FakeEvent()
+
+    def event_destroy(self, event: object) -> None:
+        _as_event(event)
+
+    def event_record(self, event: object, stream: object) -> None:
+        with self._lock:
+            e = _as_event(event)
+            s = _as_stream(stream)
+
+            def work() -> None:
+                e.time = time.perf_counter()
+
+            if s.capture is None:
+                e.time = None
+            self._submit(s, work)
+            e.stream = s
+            e.seq = s.issued
+
+    def event_synchronize(self, event: object) -> None:
+        with self._lock:
+            self._fault("synchronize", "event synchronize")
+            e = _as_event(event)
+            if e.stream is not None:
+                self._drain(e.stream, e.seq)
+
+    def event_query(self, event: object) -> bool:
+        with self._lock:
+            e = _as_event(event)
+            if e.stream is not None:
+                self._drain(e.stream, e.seq)
+            return True
+
+    def event_elapsed_ms(self, start: object, end: object) -> float:
+        with self._lock:
+            a, b = _as_event(start), _as_event(end)
+            if a.time is None or b.time is None:
+                raise error_for_code("CUDA_ERROR_NOT_READY", "event elapsed time")
+            return (b.time - a.time) * 1000.0
+
+    def synchronize(self) -> None:
+        with self._lock:
+            self._fault("synchronize", "device synchronize")
+            self._drain_all()
+
+    # -- capture and graphs ------------------------------------------------------------
+
+    def begin_capture(self, stream: object) -> None:
+        with self._lock:
+            s = _as_stream(stream)
+            if s.capture is not None:
+                raise error_for_code("CUDA_ERROR_ILLEGAL_STATE", "begin capture")
+            s.capture = []
+
+    def end_capture(self, stream: object) -> object:
+        with self._lock:
+            s = _as_stream(stream)
+            if s.capture is None:
+                raise error_for_code("CUDA_ERROR_ILLEGAL_STATE", "end capture")
+            work, s.capture = s.capture, None
+            return _FakeGraph(work)
+
+    def is_capturing(self, stream: object) -> bool:
+        with self._lock:
+            self._fault("is_capturing", "stream capture query")
+            return _as_stream(stream).capture is not None
+
+    def graph_instantiate(self, graph: object) -> object:
+        with self._lock:
+            self._fault("graph_instantiate", "graph instantiate")
+            if not isinstance(graph, _FakeGraph):
+                raise error_for_code("CUDA_ERROR_INVALID_HANDLE", "graph instantiate")
+            return _FakeGraph(list(graph.work))
+
+    def graph_launch(self, graph_exec: object, stream: object) -> None:
+        with self._lock:
+            self._fault("graph_launch", "graph launch")
+            if not isinstance(graph_exec, _FakeGraph):
+                raise error_for_code("CUDA_ERROR_INVALID_HANDLE", "graph launch")
+            work = graph_exec.work
+
+            def run() -> None:
+                for step in work:
+                    step()
+
+            self._submit(stream, run)
+
+    def graph_destroy(self, graph: object) -> None:
+        pass
+
+    def graph_exec_destroy(self, graph_exec: object) -> None:
+        pass
+
+
+def _as_stream(stream: object) -> _FakeStream:
+    if not isinstance(stream, _FakeStream):
+        raise error_for_code("CUDA_ERROR_INVALID_HANDLE", f"stream {stream!r}")
+    return stream
+
+
+def _as_event(event: object) -> _FakeEvent:
+    if not isinstance(event, _FakeEvent):
+        raise error_for_code("CUDA_ERROR_INVALID_HANDLE", f"event {event!r}")
+    return event
+

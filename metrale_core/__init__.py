@@ -1,0 +1,80 @@
+"""metrale: a backend-neutral GPU runtime for Python host applications.
+
+Open a backend, allocate, copy, capture graphs; the allocation ledger, red
+zones and capture rules hold the same on every backend::
+
+    from metrale_core import open_backend
+
+    with open_backend() as gpu:          # "auto": cuda where a GPU answers, else fake
+        buf = gpu.alloc(1 << 20)
+        gpu.memset(buf, 0)
+        gpu.free(buf)
+"""
+
+from __future__ import annotations
+
+from ._backend import GpuBackend
+from ._discovery import ENTRY_POINT_GROUP, available_backends, open_backend
+from ._errors import (
+    BackendNotFoundError,
+    BackendUnavailableError,
+    CaptureError,
+    ConfigError,
+    DeviceFaultError,
+    DriverError,
+    InvalidArgumentError,
+    InvalidBufferError,
+    MetraleError,
+    OutOfMemoryError,
+    cuda_code,
+    error_for_code,
+)
+from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
+from ._ledger import LedgerProbe
+from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
+from ._raw import AllocKind, RawDevice
+from ._registration import BackendRegistration
+from ._settings import MetraleSettings
+from ._types import AllocRecord, BackendInfo, DeviceBuffer, MemoryInfo, RedZoneViolation
+from .hookspec import hookimpl
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "AllocKind",
+    "AllocRecord",
+    "BackendInfo",
+    "BackendNotFoundError",
+    "BackendRegistration",
+    "BackendUnavailableError",
+    "CaptureError",
+    "ConfigError",
+    "DeviceBuffer",
+    "DeviceFaultError",
+    "DriverError",
+    "Event",
+    "GpuBackend",
+    "Graph",
+    "GraphExec",
+    "HostBuffer",
+    "InvalidArgumentError",
+    "InvalidBufferError",
+    "LedgerProbe",
+    "MemoryInfo",
+    "MetraleError",
+    "MetraleSettings",
+    "OutOfMemoryError",
+    "RawDevice",
+    "RedZoneViolation",
+    "Stream",
+    "__version__",
+    "available_backends",
+    "cuda_code",
+    "effective_free_bytes",
+    "error_for_code",
+    "hookimpl",
+    "open_backend",
+    "parse_mem_available",
+    "read_mem_available",
+]

@@ -1,0 +1,7 @@
+"""``python -m metrale_core``: the ``metrale`` command line."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

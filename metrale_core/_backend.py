@@ -1,0 +1,706 @@
+"""``GpuBackend``: the backend-neutral front every host application talks to.
+
+It holds the invariants (the ledger, red zones, bounds and stale-handle
+checks, the capture rules) and calls a backend's :class:`RawDevice` only
+once they hold. Collaborators keep their own state: :class:`Ledger`,
+:class:`RedZones`, the capture record in ``_capture``, the handles in
+``_handles``.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import threading
+import traceback
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any, Final
+
+from ._capture import Capture, forbid_during_capture, invalidated_error
+from ._errors import (
+    CaptureError,
+    InvalidArgumentError,
+    InvalidBufferError,
+    MetraleError,
+    OutOfMemoryError,
+    error_for_code,
+)
+from ._handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
+from ._ledger import (
+    Ledger,
+    LedgerProbe,
+    call_site,
+    describe_sites,
+    format_bytes,
+    largest_sites,
+    next_index,
+)
+from ._meminfo import effective_free_bytes, read_mem_available
+from ._raw import AllocKind, RawDevice
+from ._redzone import Layout, RedZones
+from ._settings import MetraleSettings
+from ._types import AllocRecord, DeviceBuffer, MemoryInfo, RedZoneViolation
+
+__all__ = ["GpuBackend"]
+
+_log = logging.getLogger("metrale")
+
+#: Top-level packages whose frames are never a call site.
+CORE_PACKAGES: Final = frozenset({"metrale_core"})
+
+
+class GpuBackend:
+    """One open device of one backend. A context manager; thread-safe.
+
+    Obtain it from :func:`metrale_core.open_backend`. ``stream=None``
+    everywhere means :attr:`default_stream`, a non-blocking stream of this
+    backend's own. Every method raises :class:`~metrale_core.MetraleError`
+    subclasses only.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        ordinal: int,
+        settings: MetraleSettings,
+        raw: RawDevice,
+        *,
+        internal_packages: Iterable[str] = (),
+    ) -> None:
+        self.name: Final = name
+        self.ordinal: Final = ordinal
+        self.settings: Final = settings
+        self._raw = raw
+        self._internal = CORE_PACKAGES | frozenset(internal_packages)
+        self._closed = False
+        self._lock = threading.RLock()
+        self._ledger = Ledger()
+        self._redzones = RedZones(settings)
+        self._raw_base: dict[int, int] = {}  # user pointer -> raw pointer, zoned allocations
+        self._arenas: dict[int, DeviceBuffer] = {}
+        self._host: dict[int, HostBuffer] = {}
+        self._handles: dict[int, _Handle] = {}
+        self._default_stream = Stream(self, raw.stream_create(), default=True)
+
+    # -- plumbing ---------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return self._closed
+
+    @property
+    def raw(self) -> RawDevice:
+        """The backend's raw layer (for backend subclasses and diagnostics)."""
+        return self._raw
+
+    @property
+    def default_stream(self) -> Stream:
+        """This backend's own non-blocking stream, used wherever ``stream=None``."""
+        self._check_open()
+        return self._default_stream
+
+    @property
+    def device_name(self) -> str:
+        """The device's name as its backend reports it."""
+        self._check_open()
+        return self._raw.device_name()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MetraleError(
+                f"backend {self.name}:{self.ordinal} is closed; open a new one with open_backend()"
+            )
+
+    def _adopt(self, handle: Any) -> Any:
+        with self._lock:
+            self._handles[id(handle)] = handle
+        return handle
+
+    def _forget_handle(self, handle: _Handle) -> None:
+        with self._lock:
+            self._handles.pop(id(handle), None)
+
+    @staticmethod
+    def _invalid_argument(what: str, expected: str, got: object) -> InvalidArgumentError:
+        return InvalidArgumentError(f"{what}: expected {expected}, got {got!r}")
+
+    def _integer(self, value: object, what: str, name: str, *, minimum: int = 0) -> int:
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise self._invalid_argument(what, f"an integer {name}", value)
+        number = operator.index(value)  # type: ignore[arg-type]
+        if number < minimum:
+            raise InvalidArgumentError(f"{what}: {name} must be at least {minimum}, got {number}")
+        return number
+
+    def _size(self, nbytes: object, what: str) -> int:
+        if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
+            raise InvalidBufferError(f"{what}: nbytes must be a positive integer, got {nbytes!r}")
+        n = operator.index(nbytes)  # type: ignore[arg-type]
+        if n <= 0:
+            raise InvalidBufferError(f"{what}: nbytes must be a positive integer, got {n}")
+        return n
+
+    def _stream(self, stream: Stream | None, what: str) -> Stream:
+        if stream is None:
+            return self._default_stream
+        if not isinstance(stream, Stream) or stream._backend is not self:
+            raise self._invalid_argument(what, f"a Stream of this backend ({self.name}) or None", stream)
+        stream._live()
+        return stream
+
+    def _is_live(self, buf: DeviceBuffer) -> bool:
+        if buf.kind == "arena":
+            live = self._arenas.get(buf.ptr)
+            return live is not None and live.index == buf.index
+        return self._ledger.holds(buf.ptr, buf.index)
+
+    def _require_live(self, buf: DeviceBuffer, what: str) -> None:
+        if not self._is_live(buf):
+            raise InvalidBufferError(
+                f"{what}: allocation #{buf.index} ({buf.nbytes} bytes at {buf.ptr:#x}, from "
+                f"{buf.site}) is not live on backend {self.name}: it was freed, swept, or "
+                f"belongs to another backend. Use a live buffer"
+            )
+
+    def _span(
+        self, target: object, offset: object, nbytes: int | None, what: str
+    ) -> tuple[int, int, DeviceBuffer | None]:
+        """``(pointer, nbytes, buffer)`` for a device-side operand, bounds checked."""
+        off = self._integer(offset, what, "offset")
+        if isinstance(target, DeviceBuffer):
+            self._require_live(target, what)
+            count = target.nbytes - off if nbytes is None else nbytes
+            if off > target.nbytes or count < 0 or off + count > target.nbytes:
+                raise InvalidBufferError(
+                    f"{what}: bytes [{off}, {off + max(count, 0)}) run past allocation "
+                    f"#{target.index} of {target.nbytes} bytes; stay within the buffer"
+                )
+            return target.ptr + off, count, target
+        if isinstance(target, bool) or not hasattr(target, "__index__"):
+            raise self._invalid_argument(what, "a DeviceBuffer or an int device pointer", target)
+        ptr = operator.index(target)  # type: ignore[call-overload]
+        if ptr <= 0:
+            raise InvalidArgumentError(f"{what}: a device pointer must be positive, got {ptr}")
+        if nbytes is None:
+            raise InvalidArgumentError(f"{what}: a raw device pointer needs an explicit nbytes")
+        return ptr + off, nbytes, None
+
+    def _host_view(self, obj: object, what: str, *, writable: bool) -> tuple[memoryview, HostBuffer | None]:
+        if isinstance(obj, HostBuffer):
+            if obj._backend is not self or obj.ptr not in self._host:
+                raise InvalidBufferError(f"{what}: {obj!r} is not a live host buffer of this backend")
+            return obj._view, obj
+        try:
+            view = memoryview(obj)  # type: ignore[arg-type]
+        except TypeError:
+            raise self._invalid_argument(what, "a buffer-protocol object or a HostBuffer", obj) from None
+        if not view.c_contiguous:
+            raise InvalidArgumentError(f"{what}: host memory must be C-contiguous; pass a contiguous copy")
+        if writable and view.readonly:
+            raise InvalidArgumentError(f"{what}: the host destination is read-only; pass a bytearray or array")
+        return view.cast("B") if view.format != "B" or view.ndim != 1 else view, None
+
+    def _issue(
+        self,
+        stream: Stream | None,
+        what: str,
+        buffers: Iterable[DeviceBuffer | None],
+        work: Callable[[object], None],
+        host_buffers: Iterable[HostBuffer | None] = (),
+    ) -> None:
+        """Run ``work`` on a stream, recording what it touches if the stream captures."""
+        target = self._stream(stream, what)
+        capture = target._capture
+        if capture is not None:
+            if capture.invalidated:
+                raise invalidated_error(capture, what)
+            for buf in buffers:
+                if buf is not None:
+                    capture.buffers[(buf.ptr, buf.index)] = buf
+            for hb in host_buffers:
+                if hb is not None:
+                    capture.host_buffers[id(hb)] = hb
+        work(target._raw)
+
+    # -- memory -----------------------------------------------------------------
+
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        """Device memory, on the ledger until ``free`` or ``sweep_unreleased`` takes it off."""
+        return self._alloc(nbytes, "device", "alloc")
+
+    def alloc_managed(self, nbytes: int) -> DeviceBuffer:
+        """Managed (unified) memory, on the ledger likewise."""
+        return self._alloc(nbytes, "managed", "alloc_managed")
+
+    def alloc_arena(self, nbytes: int) -> DeviceBuffer:
+        """Device memory never on the ledger; released only by :meth:`free_arena`."""
+        return self._alloc(nbytes, "arena", "alloc_arena")
+
+    def _alloc(self, nbytes: int, kind: AllocKind, what: str) -> DeviceBuffer:
+        self._check_open()
+        forbid_during_capture(what)
+        n = self._size(nbytes, what)
+        index = next_index()
+        site = call_site(self._internal, depth=3)
+        layout = self._redzones.layout(n, index) if kind == "device" else Layout(n, 0, 0)
+        try:
+            raw_ptr = self._raw.alloc(layout.raw_bytes, kind)
+        except OutOfMemoryError as exc:
+            raise self._out_of_memory(exc, n, kind, what) from None
+        buf = DeviceBuffer(ptr=raw_ptr + layout.lead, nbytes=n, kind=kind, index=index, site=site)
+        if layout.lead or layout.trail:
+            zones = self._redzones.zones_for(buf, layout)
+            try:
+                stream = self._default_stream._raw
+                for zone in zones:
+                    self._raw.memset(zone.start, self._redzones.fill, zone.length, stream)
+                self._raw.stream_synchronize(stream)
+            except MetraleError:
+                self._release_quietly(raw_ptr, kind)
+                raise
+            with self._lock:
+                self._raw_base[buf.ptr] = raw_ptr
+            self._redzones.add(zones)
+        if self.settings.redzone_trace_idx == index:
+            _log.warning(
+                "redzone_trace_idx=%d: %s of %d bytes allocated at %s; full stack:\n%s",
+                index, what, n, site, "".join(traceback.format_stack()[:-2]),
+            )
+        if kind == "arena":
+            with self._lock:
+                self._arenas[buf.ptr] = buf
+        else:
+            self._ledger.add(AllocRecord(buf.ptr, n, kind, index, site))
+        return buf
+
+    def _release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
+        try:
+            self._raw.free(raw_ptr, kind)
+        except MetraleError as exc:
+            _log.warning("releasing %#x after a failed allocation also failed: %s", raw_ptr, exc)
+
+    def _out_of_memory(self, exc: OutOfMemoryError, n: int, kind: str, what: str) -> OutOfMemoryError:
+        try:
+            free, total = self._raw.mem_get_info()
+            memory = f"{format_bytes(free)} free of {format_bytes(total)}"
+        except MetraleError:
+            memory = "free memory unknown"
+        records = self._ledger.snapshot()
+        live = sum(r.nbytes for r in records)
+        sites = describe_sites(largest_sites(records))
+        return OutOfMemoryError(
+            f"{what}({n}) on {self.name}:{self.ordinal} failed: out of device memory asking for "
+            f"{format_bytes(n)} ({kind}); {memory}; {format_bytes(live)} live on the ledger in "
+            f"{len(records)} allocation(s), largest call sites: {sites}. Free buffers you no "
+            f"longer need, or ask for less",
+            requested=n,
+            code=exc.code,
+            name=exc.name,
+        )
+
+    def alloc_host(self, nbytes: int) -> HostBuffer:
+        """Pinned host memory, in a table of its own (not on the ledger)."""
+        self._check_open()
+        forbid_during_capture("alloc_host")
+        n = self._size(nbytes, "alloc_host")
+        try:
+            ptr, view = self._raw.alloc_host(n)
+        except OutOfMemoryError as exc:
+            raise OutOfMemoryError(
+                f"alloc_host({n}) failed: out of pinned host memory; free host buffers or ask for less",
+                requested=n,
+                code=exc.code,
+                name=exc.name,
+            ) from None
+        hb = HostBuffer(self, ptr, n, view)
+        with self._lock:
+            self._host[ptr] = hb
+        return hb
+
+    def free(self, buf: DeviceBuffer | HostBuffer) -> None:
+        """Free a ``DeviceBuffer`` on the ledger, or a ``HostBuffer``.
+
+        The ledger record comes off first, then the memory is released,
+        whatever the release returns. Anything else raises
+        :class:`~metrale_core.InvalidBufferError` and changes nothing.
+        """
+        self._check_open()
+        forbid_during_capture("free")
+        if isinstance(buf, HostBuffer):
+            with self._lock:
+                hb = self._host.get(buf.ptr)
+                if hb is not buf:
+                    raise InvalidBufferError(f"free: {buf!r} is not a live host buffer of this backend")
+                del self._host[buf.ptr]
+            buf._closed = True
+            self._raw.free_host(buf.ptr)
+            return
+        if not isinstance(buf, DeviceBuffer):
+            raise InvalidBufferError(f"free: expected a DeviceBuffer or HostBuffer, got {buf!r}")
+        if buf.kind == "arena":
+            raise InvalidBufferError(
+                f"free: allocation #{buf.index} is arena memory; release it with free_arena()"
+            )
+        record = self._ledger.take(buf.ptr, buf.index)
+        if record is None:
+            raise InvalidBufferError(
+                f"free: allocation #{buf.index} ({buf.nbytes} bytes at {buf.ptr:#x}, from "
+                f"{buf.site}) is not on this backend's ledger: already freed, swept, or not "
+                f"from this backend. Free each buffer once"
+            )
+        self._warn_if_graphed(buf)
+        with self._lock:
+            raw_ptr = self._raw_base.pop(buf.ptr, buf.ptr)
+        self._redzones.remove(buf.ptr)
+        self._raw.free(raw_ptr, record.kind)  # type: ignore[arg-type]
+
+    def free_arena(self, buf: DeviceBuffer) -> None:
+        """Release an ``alloc_arena`` buffer."""
+        self._check_open()
+        forbid_during_capture("free_arena")
+        if not isinstance(buf, DeviceBuffer) or buf.kind != "arena":
+            raise InvalidBufferError(f"free_arena: expected an arena DeviceBuffer, got {buf!r}")
+        with self._lock:
+            live = self._arenas.get(buf.ptr)
+            if live is None or live.index != buf.index:
+                raise InvalidBufferError(
+                    f"free_arena: arena allocation #{buf.index} is not live on this backend; "
+                    f"release each arena buffer once"
+                )
+            del self._arenas[buf.ptr]
+        self._warn_if_graphed(buf)
+        self._raw.free(buf.ptr, "arena")
+
+    def _warn_if_graphed(self, buf: DeviceBuffer) -> None:
+        with self._lock:
+            users = [h for h in self._handles.values() if isinstance(h, GraphExec) and buf in h._buffers]
+        if users:
+            _log.warning(
+                "free of allocation #%d (%d bytes from %s) while %d live executable graph(s) "
+                "still use it; launching them now raises InvalidBufferError: close them or "
+                "capture again",
+                buf.index, buf.nbytes, buf.site, len(users),
+            )
+
+    # -- the ledger ---------------------------------------------------------------
+
+    def live_alloc_len(self) -> int:
+        """How many allocations are on the ledger."""
+        self._check_open()
+        return len(self._ledger)
+
+    def ledger_probe(self) -> LedgerProbe:
+        """A reader of this backend's ledger that outlives the backend."""
+        return LedgerProbe(self._ledger)
+
+    def sweep_unreleased(self) -> int:
+        """Drain the ledger, free each allocation on it, and report; returns how many."""
+        self._check_open()
+        forbid_during_capture("sweep_unreleased")
+        return self._sweep()
+
+    def _sweep(self) -> int:
+        records = self._ledger.drain()
+        if records:
+            total = sum(r.nbytes for r in records)
+            _log.warning(
+                "sweep on %s:%d: %d allocation(s) totalling %s had no owner; largest sites: %s",
+                self.name, self.ordinal, len(records), format_bytes(total),
+                describe_sites(largest_sites(records)),
+            )
+        for rec in records:
+            with self._lock:
+                raw_ptr = self._raw_base.pop(rec.ptr, rec.ptr)
+            self._redzones.remove(rec.ptr)
+            try:
+                self._raw.free(raw_ptr, rec.kind)  # type: ignore[arg-type]
+            except MetraleError as exc:
+                _log.warning("sweep: freeing allocation #%d at %#x failed: %s", rec.index, rec.ptr, exc)
+        return len(records)
+
+    # -- work on streams --------------------------------------------------------
+
+    def memset(
+        self,
+        dst: DeviceBuffer | int,
+        value: int,
+        *,
+        offset: int = 0,
+        nbytes: int | None = None,
+        stream: Stream | None = None,
+    ) -> None:
+        """Set bytes of ``dst`` to ``value`` (0..255) on ``stream``."""
+        self._check_open()
+        what = "memset"
+        if isinstance(value, bool) or not hasattr(value, "__index__") or not 0 <= operator.index(value) <= 255:
+            raise self._invalid_argument(what, "a byte value 0..255", value)
+        count = None if nbytes is None else self._integer(nbytes, what, "nbytes")
+        ptr, count, buf = self._span(dst, offset, count, what)
+        byte = operator.index(value)
+        self._issue(stream, what, (buf,), lambda s: self._raw.memset(ptr, byte, count, s) if count else None)
+
+    def copy_to_device(
+        self,
+        dst: DeviceBuffer | int,
+        src: Any,
+        *,
+        offset: int = 0,
+        stream: Stream | None = None,
+    ) -> None:
+        """Copy all of ``src`` (host bytes or a ``HostBuffer``) to ``dst`` at ``offset``."""
+        self._check_open()
+        what = "copy_to_device"
+        view, hb = self._host_view(src, what, writable=False)
+        ptr, count, buf = self._span(dst, offset, view.nbytes, what)
+        self._refuse_pageable_in_capture(stream, hb, what)
+        self._issue(
+            stream, what, (buf,),
+            lambda s: self._raw.copy_htod(ptr, view, s, pinned=hb is not None) if count else None,
+            (hb,),
+        )
+
+    def copy_to_host(
+        self,
+        dst: Any,
+        src: DeviceBuffer | int,
+        *,
+        offset: int = 0,
+        stream: Stream | None = None,
+    ) -> None:
+        """Fill all of ``dst`` (writable host memory or a ``HostBuffer``) from ``src`` at ``offset``."""
+        self._check_open()
+        what = "copy_to_host"
+        view, hb = self._host_view(dst, what, writable=True)
+        ptr, count, buf = self._span(src, offset, view.nbytes, what)
+        self._refuse_pageable_in_capture(stream, hb, what)
+        self._issue(
+            stream, what, (buf,),
+            lambda s: self._raw.copy_dtoh(view, ptr, s, pinned=hb is not None) if count else None,
+            (hb,),
+        )
+
+    def copy_device(
+        self,
+        dst: DeviceBuffer | int,
+        src: DeviceBuffer | int,
+        *,
+        nbytes: int | None = None,
+        dst_offset: int = 0,
+        src_offset: int = 0,
+        stream: Stream | None = None,
+    ) -> None:
+        """Copy device to device; ``nbytes=None`` copies the rest of ``src`` from ``src_offset``."""
+        self._check_open()
+        what = "copy_device"
+        count = None if nbytes is None else self._integer(nbytes, what, "nbytes")
+        src_ptr, count, src_buf = self._span(src, src_offset, count, what)
+        dst_ptr, count, dst_buf = self._span(dst, dst_offset, count, what)
+        self._issue(
+            stream, what, (dst_buf, src_buf),
+            lambda s: self._raw.copy_dtod(dst_ptr, src_ptr, count, s) if count else None,
+        )
+
+    def _refuse_pageable_in_capture(self, stream: Stream | None, hb: HostBuffer | None, what: str) -> None:
+        target = self._stream(stream, what)
+        capture = target._capture
+        if hb is None and capture is not None and not capture.invalidated:
+            capture.invalidate(f"{what} with pageable host memory")
+            err = error_for_code("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", what)
+            raise CaptureError(
+                f"{what}: a graph cannot hold a copy to or from pageable host memory; the capture "
+                f"is now invalidated. Use a HostBuffer from alloc_host() inside captures",
+                code=err.code,
+                name=err.name,
+            )
+
+    # -- streams, events, synchronization ---------------------------------------
+
+    def create_stream(self) -> Stream:
+        """A new non-blocking stream, owned by this backend."""
+        self._check_open()
+        return self._adopt(Stream(self, self._raw.stream_create()))  # type: ignore[no-any-return]
+
+    def create_event(self) -> Event:
+        """A new event, owned by this backend."""
+        self._check_open()
+        return self._adopt(Event(self, self._raw.event_create()))  # type: ignore[no-any-return]
+
+    def synchronize(self) -> None:
+        """Wait for all work of this backend."""
+        self._check_open()
+        forbid_during_capture("synchronize()")
+        self._raw.synchronize()
+
+    def bind_to_thread(self) -> None:
+        """Make this backend's context current on the calling thread (for code outside metrale)."""
+        self._check_open()
+        self._raw.bind_to_thread()
+
+    # -- capture ----------------------------------------------------------------
+
+    def begin_capture(self, stream: Stream | None = None) -> None:
+        """Begin capturing ``stream`` in CUDA's global mode: its work is recorded, not run."""
+        self._check_open()
+        target = self._stream(stream, "begin_capture")
+        if target._capture is not None:
+            err = error_for_code("CUDA_ERROR_ILLEGAL_STATE", "begin_capture")
+            raise CaptureError(
+                "begin_capture: this stream is already capturing; call end_capture first",
+                code=err.code,
+                name=err.name,
+            )
+        capture = Capture(target)
+        self._raw.begin_capture(target._raw)
+        target._capture = capture
+        capture.start()
+
+    def end_capture(self, stream: Stream | None = None) -> Graph:
+        """End the capture of ``stream`` and return the recorded :class:`Graph`.
+
+        An invalidated capture is ended and discarded, and ``CaptureError`` raised.
+        """
+        self._check_open()
+        target = self._stream(stream, "end_capture")
+        capture = target._capture
+        if capture is None:
+            err = error_for_code("CUDA_ERROR_ILLEGAL_STATE", "end_capture")
+            raise CaptureError(
+                "end_capture: this stream is not capturing; call begin_capture first",
+                code=err.code,
+                name=err.name,
+            )
+        target._capture = None
+        capture.finish()
+        if capture.invalidated:
+            self._discard_raw_capture(target)
+            raise invalidated_error(capture, "end_capture")
+        return self._adopt(Graph(self, self._raw.end_capture(target._raw), capture))  # type: ignore[no-any-return]
+
+    def _discard_raw_capture(self, target: Stream) -> None:
+        try:
+            graph = self._raw.end_capture(target._raw)
+        except MetraleError:
+            return
+        try:
+            self._raw.graph_destroy(graph)
+        except MetraleError as exc:
+            _log.debug("destroying a discarded capture's graph failed: %s", exc)
+
+    def stream_is_capturing(self, stream: Stream | None = None) -> bool:
+        """Whether ``stream`` is capturing (also while the capture is invalidated).
+
+        Asks the driver, which also sees captures begun outside metrale;
+        under the scale variant the driver is never asked and metrale's own
+        record answers.
+        """
+        self._check_open()
+        target = self._stream(stream, "stream_is_capturing")
+        if self.settings.scale_variant:
+            return target._capture is not None
+        return self._raw.is_capturing(target._raw)
+
+    # -- red zones and memory -----------------------------------------------------
+
+    def scan_redzones(self) -> list[RedZoneViolation]:
+        """Wait for this backend's work, then report every live zone whose bytes changed."""
+        self._check_open()
+        forbid_during_capture("scan_redzones()")
+        zones = self._redzones.live()
+        if not zones:
+            return []
+        self._raw.synchronize()
+        stream = self._default_stream._raw
+        violations = []
+        for zone in zones:
+            data = bytearray(zone.length)
+            self._raw.copy_dtoh(memoryview(data), zone.start, stream, pinned=False)
+            violation = self._redzones.judge(zone, bytes(data))
+            if violation is not None:
+                _log.warning("%s", violation.describe())
+                violations.append(violation)
+        return violations
+
+    def memory_info(self) -> MemoryInfo:
+        """Free and total device memory, and what an allocation can really have."""
+        self._check_open()
+        free, total = self._raw.mem_get_info()
+        integrated = self._raw.is_integrated()
+        available = read_mem_available() if integrated else None
+        return MemoryInfo(
+            free=free,
+            total=total,
+            effective_free=effective_free_bytes(free, available, integrated, total),
+            integrated=bool(integrated),
+        )
+
+    # -- lifetime -----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Abort a capture, sweep the ledger, release everything; idempotent, never raises."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            handles = list(self._handles.values())
+            self._handles.clear()
+            arenas = list(self._arenas.values())
+            self._arenas.clear()
+            hosts = list(self._host.values())
+            self._host.clear()
+        streams = [h for h in handles if isinstance(h, Stream)] + [self._default_stream]
+        for stream in streams:
+            capture = stream._capture
+            if capture is not None:
+                _log.warning("close: aborting the capture in progress on %r", stream)
+                stream._capture = None
+                capture.finish()
+                self._discard_raw_capture(stream)
+        self._quietly("synchronize", self._raw.synchronize)
+        self._sweep()
+        for buf in arenas:
+            self._quietly("free_arena", self._raw.free, buf.ptr, "arena")
+        for hb in hosts:
+            hb._closed = True
+            self._quietly("free host buffer", self._raw.free_host, hb.ptr)
+        order = (GraphExec, Graph, Event, Stream)
+        for kind in order:
+            for handle in handles:
+                if isinstance(handle, kind):
+                    handle._closed = True
+                    destroy = {
+                        GraphExec: self._raw.graph_exec_destroy,
+                        Graph: self._raw.graph_destroy,
+                        Event: self._raw.event_destroy,
+                        Stream: self._raw.stream_destroy,
+                    }[kind]
+                    self._quietly(f"destroy {kind.__name__}", destroy, handle._raw)
+        self._default_stream._closed = True
+        self._quietly("destroy default stream", self._raw.stream_destroy, self._default_stream._raw)
+        try:
+            self._raw.close()
+        except Exception as exc:  # close never raises, whatever a plugin does
+            _log.warning("close of %s:%d: the backend's raw close failed: %s", self.name, self.ordinal, exc)
+
+    @staticmethod
+    def _quietly(what: str, fn: Callable[..., object], *args: object) -> None:
+        try:
+            fn(*args)
+        except MetraleError as exc:
+            _log.warning("close: %s failed: %s", what, exc)
+
+    def __enter__(self) -> GpuBackend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<metrale {type(self).__name__} {self.name}:{self.ordinal} ({state})>"

@@ -1,0 +1,86 @@
+"""The ``metrale`` command line: ``backends``, ``info``, ``selftest``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from ._discovery import available_backends, open_backend
+from ._errors import ConfigError, MetraleError
+from ._ledger import format_bytes
+from ._selftest import Check, run_selftest
+from ._settings import MetraleSettings
+
+__all__ = ["main"]
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _backends(settings: MetraleSettings) -> int:
+    rows = [("name", "available", "distribution", "reason")]
+    for info in available_backends(settings).values():
+        rows.append((info.name, "yes" if info.available else "no", info.distribution or "?", info.reason or ""))
+    print(_table(rows))
+    return 0
+
+
+def _info(settings: MetraleSettings) -> int:
+    with open_backend(settings=settings) as gpu:
+        mem = gpu.memory_info()
+        print(f"backend         {gpu.name} (asked for: {settings.backend})")
+        print(f"device          {gpu.device_name} (ordinal {gpu.ordinal})")
+        print(f"memory free     {format_bytes(mem.free)}")
+        print(f"effective free  {format_bytes(mem.effective_free)}")
+        print(f"memory total    {format_bytes(mem.total)}")
+        print(f"integrated      {mem.integrated}")
+        print(f"scale variant   {settings.scale_variant} (target_hw={settings.target_hw!r})")
+        print(f"red zones       {settings.redzone} bytes" + (" (off)" if settings.redzone == 0 else ""))
+    return 0
+
+
+def _selftest(settings: MetraleSettings) -> int:
+    def report(check: Check) -> None:
+        mark = "ok  " if check.ok else "FAIL"
+        print(f"[{mark}] {check.name}: {check.detail}", flush=True)
+
+    checks = run_selftest(settings, report)
+    failed = [c for c in checks if not c.ok]
+    print(f"selftest: {len(checks) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``metrale`` console script."""
+    parser = argparse.ArgumentParser(prog="metrale", description="metrale: a backend-neutral GPU runtime")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages of metrale")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("backends", help="list every discovered backend and whether it can run here")
+    sub.add_parser("info", help="the chosen backend, its device and memory")
+    sub.add_parser("selftest", help="run a representative workload and check every step")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        settings = MetraleSettings()
+    except ConfigError as exc:
+        print(f"metrale: {exc}", file=sys.stderr)
+        return 2
+    commands = {"backends": _backends, "info": _info, "selftest": _selftest}
+    try:
+        return commands[args.command](settings)
+    except MetraleError as exc:
+        print(f"metrale {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

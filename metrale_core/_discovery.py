@@ -1,0 +1,170 @@
+"""Finding backends through the entry-point group ``metrale.backends``, and opening one.
+
+Each entry point is loaded on its own and registered with one pluggy
+``PluginManager("metrale")``, and each plugin's hook is called on its own,
+so a plugin that fails to import, raises, or returns nonsense is listed as
+unavailable with a reason naming its distribution, and the others stand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import logging
+import operator
+from typing import Final
+
+import pluggy
+
+from . import hookspec
+from ._backend import GpuBackend
+from ._errors import (
+    BackendNotFoundError,
+    BackendUnavailableError,
+    InvalidArgumentError,
+    MetraleError,
+)
+from ._registration import BackendRegistration
+from ._settings import MetraleSettings
+from ._types import BackendInfo
+
+__all__ = ["ENTRY_POINT_GROUP", "available_backends", "open_backend"]
+
+_log = logging.getLogger("metrale.discovery")
+
+#: The entry-point group every backend registers in, the bundled ones too.
+ENTRY_POINT_GROUP: Final = "metrale.backends"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Found:
+    info: BackendInfo
+    registration: BackendRegistration | None
+    package: str
+
+
+def _distribution(ep: importlib.metadata.EntryPoint) -> str | None:
+    dist = getattr(ep, "dist", None)
+    return None if dist is None else str(dist.name)
+
+
+def _discover(settings: MetraleSettings) -> dict[str, _Found]:
+    by_name: dict[str, list[importlib.metadata.EntryPoint]] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        by_name.setdefault(ep.name, []).append(ep)
+
+    pm = pluggy.PluginManager(hookspec.PROJECT_NAME)
+    pm.add_hookspecs(hookspec)
+    found: dict[str, _Found] = {}
+    loaded: dict[str, object] = {}
+
+    def unavailable(name: str, dist: str | None, reason: str, package: str = "") -> None:
+        found[name] = _Found(BackendInfo(name, False, reason, dist), None, package)
+
+    for name, eps in sorted(by_name.items()):
+        dists = sorted({_distribution(ep) or "?" for ep in eps})
+        ep = eps[0]
+        dist = _distribution(ep)
+        if len(eps) > 1:
+            unavailable(
+                name,
+                ", ".join(dists),
+                f"the name {name!r} is claimed by {len(eps)} entry points, from "
+                f"distributions {' and '.join(dists)}; uninstall all but one",
+            )
+            continue
+        try:
+            plugin = ep.load()
+            pm.register(plugin, name=name)
+        except Exception as exc:  # a plugin's import may fail in any way
+            unavailable(
+                name, dist,
+                f"plugin {ep.value!r} of distribution {dist} failed to load: "
+                f"{type(exc).__name__}: {exc}; reinstall or fix that distribution",
+            )
+            continue
+        loaded[name] = plugin
+
+    for name, plugin in loaded.items():
+        ep = by_name[name][0]
+        dist = _distribution(ep)
+        package = ep.module.partition(".")[0]
+        others = [p for n, p in loaded.items() if n != name]
+        try:
+            results = pm.subset_hook_caller("metrale_backend", remove_plugins=others)(settings=settings)
+        except Exception as exc:
+            unavailable(name, dist, f"the metrale_backend hook of {dist} raised {type(exc).__name__}: {exc}")
+            continue
+        registrations = [r for r in results if r is not None]
+        if len(registrations) != 1 or not isinstance(registrations[0], BackendRegistration):
+            unavailable(
+                name, dist,
+                f"the metrale_backend hook of {dist} returned {results!r}; it must return "
+                f"exactly one BackendRegistration",
+            )
+            continue
+        registration = registrations[0]
+        try:
+            reason = registration.probe(settings)
+        except Exception as exc:
+            reason = f"its availability probe raised {type(exc).__name__}: {exc}"
+        info = BackendInfo(name, reason is None, reason, dist, registration.description)
+        found[name] = _Found(info, registration, package)
+    return dict(sorted(found.items()))
+
+
+def available_backends(settings: MetraleSettings | None = None) -> dict[str, BackendInfo]:
+    """Every discovered backend, whether or not it can run here."""
+    return {name: f.info for name, f in _discover(settings or MetraleSettings()).items()}
+
+
+def open_backend(
+    name: str | None = None,
+    *,
+    ordinal: int = 0,
+    settings: MetraleSettings | None = None,
+) -> GpuBackend:
+    """Open backend ``name`` on device ``ordinal``.
+
+    ``name=None`` takes ``settings.backend``; ``"auto"`` picks ``cuda`` when a
+    CUDA driver and device answer, else ``fake``.
+    """
+    settings = settings or MetraleSettings()
+    if isinstance(ordinal, bool) or not hasattr(ordinal, "__index__") or operator.index(ordinal) < 0:
+        raise InvalidArgumentError(f"open_backend: ordinal must be a non-negative integer, got {ordinal!r}")
+    requested = settings.backend if name is None else name
+    found = _discover(settings)
+    if requested == "auto":
+        cuda = found.get("cuda")
+        requested = "cuda" if cuda is not None and cuda.info.available else "fake"
+        _log.info("backend auto: chose %s", requested)
+    entry = found.get(requested)
+    installed = ", ".join(found) or "none"
+    if entry is None:
+        if name is None:
+            raise BackendUnavailableError(
+                f"METRALE_BACKEND={requested!r} names no installed backend (installed: {installed}); "
+                f"set it to one of those or to auto"
+            )
+        raise BackendNotFoundError(
+            f"no backend named {requested!r} is installed (installed: {installed}); "
+            f"see `metrale backends`"
+        )
+    if entry.registration is None or not entry.info.available:
+        raise BackendUnavailableError(f"backend {requested!r} is not available here: {entry.info.reason}")
+    registration = entry.registration
+    try:
+        raw = registration.open(settings, operator.index(ordinal))
+    except MetraleError:
+        raise
+    except Exception as exc:
+        raise BackendUnavailableError(
+            f"backend {requested!r} ({entry.info.distribution}) failed to open device {ordinal}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    cls = registration.backend_class or GpuBackend
+    try:
+        return cls(requested, operator.index(ordinal), settings, raw, internal_packages={entry.package})
+    except BaseException:
+        raw.close()
+        raise

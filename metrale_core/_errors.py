@@ -1,0 +1,235 @@
+"""The error hierarchy, and CUDA's result codes mapped onto it.
+
+::
+
+    MetraleError                   .code: int | None, .name: str | None
+     ├── ConfigError
+     ├── BackendNotFoundError
+     ├── BackendUnavailableError
+     ├── InvalidArgumentError      (also a ValueError)
+     │    └── InvalidBufferError
+     ├── OutOfMemoryError          (also a MemoryError)  .requested: int
+     ├── CaptureError
+     ├── DeviceFaultError
+     └── DriverError
+
+Every backend speaks CUDA's vocabulary: where CUDA fails, a backend raises the
+class :func:`error_for_code` picks for CUDA's result code, with CUDA's ``code``
+and ``name``. Errors that only metrale raises (bounds, stale handles, a closed
+backend) carry ``code`` and ``name`` ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "BackendNotFoundError",
+    "BackendUnavailableError",
+    "CaptureError",
+    "ConfigError",
+    "DeviceFaultError",
+    "DriverError",
+    "InvalidArgumentError",
+    "InvalidBufferError",
+    "MetraleError",
+    "OutOfMemoryError",
+    "cuda_code",
+    "error_for_code",
+]
+
+
+class MetraleError(Exception):
+    """The base of every error metrale raises.
+
+    ``code`` and ``name`` are CUDA's result code and its name where a CUDA
+    status applies (the fake backend uses the same ones), else ``None``.
+    """
+
+    code: int | None
+    name: str | None
+
+    def __init__(self, message: str, *, code: int | None = None, name: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.name = name
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.name is not None:
+            return f"{text} [{self.name} ({self.code})]"
+        return text
+
+
+class ConfigError(MetraleError):
+    """A ``METRALE_*`` setting (or a keyword to ``MetraleSettings``) is invalid."""
+
+
+class BackendNotFoundError(MetraleError):
+    """No installed backend has the name that was asked for."""
+
+
+class BackendUnavailableError(MetraleError):
+    """The backend is installed but cannot run here; the message says why."""
+
+
+class InvalidArgumentError(MetraleError, ValueError):
+    """An argument is out of range or of the wrong kind; nothing was changed."""
+
+
+class InvalidBufferError(InvalidArgumentError):
+    """A buffer is unknown, no longer live, or an operation would run past it."""
+
+
+class OutOfMemoryError(MetraleError, MemoryError):
+    """An allocation failed for lack of memory. ``requested`` is the bytes asked for."""
+
+    requested: int
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        requested: int = 0,
+        code: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(message, code=code, name=name)
+        self.requested = requested
+
+
+class CaptureError(MetraleError):
+    """A stream-capture rule was broken (CUDA's codes 900-908)."""
+
+
+class DeviceFaultError(MetraleError):
+    """The device faulted (a sticky error): the context is unusable."""
+
+
+class DriverError(MetraleError):
+    """Any other failure the driver (or the fake, speaking for it) reported."""
+
+
+#: CUDA's result codes that metrale names, from ``cuda.h`` (the same numbers in
+#: CUDA 12 and 13). The fake backend raises these names; the CUDA backend's
+#: checker looks names up here and falls back to the driver's own name.
+_CODES: Final[dict[str, int]] = {
+    "CUDA_SUCCESS": 0,
+    "CUDA_ERROR_INVALID_VALUE": 1,
+    "CUDA_ERROR_OUT_OF_MEMORY": 2,
+    "CUDA_ERROR_NOT_INITIALIZED": 3,
+    "CUDA_ERROR_DEINITIALIZED": 4,
+    "CUDA_ERROR_NO_DEVICE": 100,
+    "CUDA_ERROR_INVALID_DEVICE": 101,
+    "CUDA_ERROR_INVALID_IMAGE": 200,
+    "CUDA_ERROR_INVALID_CONTEXT": 201,
+    "CUDA_ERROR_CONTEXT_ALREADY_CURRENT": 202,
+    "CUDA_ERROR_MAP_FAILED": 205,
+    "CUDA_ERROR_NO_BINARY_FOR_GPU": 209,
+    "CUDA_ERROR_ECC_UNCORRECTABLE": 214,
+    "CUDA_ERROR_INVALID_PTX": 218,
+    "CUDA_ERROR_INVALID_HANDLE": 400,
+    "CUDA_ERROR_ILLEGAL_STATE": 401,
+    "CUDA_ERROR_NOT_FOUND": 500,
+    "CUDA_ERROR_NOT_READY": 600,
+    "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701,
+    "CUDA_ERROR_LAUNCH_TIMEOUT": 702,
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED": 709,
+    "CUDA_ERROR_ASSERT": 710,
+    "CUDA_ERROR_HARDWARE_STACK_ERROR": 714,
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION": 715,
+    "CUDA_ERROR_MISALIGNED_ADDRESS": 716,
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE": 717,
+    "CUDA_ERROR_INVALID_PC": 718,
+    "CUDA_ERROR_LAUNCH_FAILED": 719,
+    "CUDA_ERROR_NOT_PERMITTED": 800,
+    "CUDA_ERROR_NOT_SUPPORTED": 801,
+    "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": 900,
+    "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED": 901,
+    "CUDA_ERROR_STREAM_CAPTURE_MERGE": 902,
+    "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED": 903,
+    "CUDA_ERROR_STREAM_CAPTURE_UNJOINED": 904,
+    "CUDA_ERROR_STREAM_CAPTURE_ISOLATION": 905,
+    "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT": 906,
+    "CUDA_ERROR_CAPTURED_EVENT": 907,
+    "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD": 908,
+    "CUDA_ERROR_UNKNOWN": 999,
+}
+_NAMES: Final[dict[int, str]] = {v: k for k, v in _CODES.items()}
+
+#: Sticky errors: after one of these the context is unusable (CUDA's docs:
+#: "the process must be terminated and relaunched").
+_STICKY: Final[frozenset[str]] = frozenset(
+    {
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+    }
+)
+
+#: What to do about a code, appended to the message where one applies.
+_ADVICE: Final[dict[str, str]] = {
+    "CUDA_ERROR_INVALID_VALUE": "check that the pointer and size lie inside one live allocation",
+    "CUDA_ERROR_OUT_OF_MEMORY": "free buffers you no longer need, or ask for less",
+    "CUDA_ERROR_NO_DEVICE": "no CUDA device is visible: check CUDA_VISIBLE_DEVICES and nvidia-smi",
+    "CUDA_ERROR_INVALID_DEVICE": "the ordinal is past the last device: see nvidia-smi",
+    "CUDA_ERROR_NOT_READY": "the work has not finished yet; this is not a failure",
+    "CUDA_ERROR_INVALID_HANDLE": "the handle was destroyed or belongs to another context",
+    "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": "this call is not allowed while a stream is "
+    "capturing; do it before begin_capture or after end_capture",
+    "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED": "the capture was invalidated by a forbidden call; "
+    "call end_capture to discard it, then capture again",
+    "CUDA_ERROR_STREAM_CAPTURE_ISOLATION": "a capturing stream may only wait on events recorded "
+    "in the same capture",
+    "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED": "end_capture must be called on the stream that began the capture",
+}
+
+
+def cuda_code(name: str) -> int | None:
+    """CUDA's numeric code for a result name such as ``"CUDA_ERROR_OUT_OF_MEMORY"``."""
+    return _CODES.get(name)
+
+
+def error_for_code(
+    code_or_name: int | str,
+    what: str,
+    *,
+    requested: int = 0,
+    driver_name: str | None = None,
+) -> MetraleError:
+    """The metrale error for a CUDA result, with ``what`` (the call that failed).
+
+    The one table from CUDA's codes to metrale's classes: every backend raises
+    driver failures through it, so the same failure is the same class with
+    the same ``code`` and ``name`` everywhere.
+    """
+    if isinstance(code_or_name, str):
+        name = code_or_name
+        code = _CODES.get(name)
+    else:
+        code = int(code_or_name)
+        name = _NAMES.get(code) or driver_name or f"CUresult {code}"
+    advice = _ADVICE.get(name)
+    message = f"{what} failed" + (f": {advice}" if advice else "")
+    if name == "CUDA_ERROR_OUT_OF_MEMORY":
+        return OutOfMemoryError(message, requested=requested, code=code, name=name)
+    if name == "CUDA_ERROR_INVALID_VALUE":
+        return InvalidArgumentError(message, code=code, name=name)
+    if code is not None and 900 <= code <= 908:
+        return CaptureError(message, code=code, name=name)
+    if name in _STICKY:
+        return DeviceFaultError(message, code=code, name=name)
+    return DriverError(message, code=code, name=name)
+
+
+def is_sticky(name: str | None) -> bool:
+    """Whether a CUDA result name is a sticky device fault."""
+    return name in _STICKY

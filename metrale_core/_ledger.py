@@ -1,0 +1,145 @@
+"""The allocation ledger: every live device allocation, its size and its call site.
+
+Written once, here, and shared by every backend. Its invariants:
+
+- an allocation is on the ledger from the moment ``alloc`` returns it until
+  ``free`` or ``sweep_unreleased`` takes it off;
+- ``free`` takes the record off *before* the memory is released, whatever the
+  release returns, so nothing is ever freed twice by a later sweep;
+- arena memory is never on it;
+- a record holds strings and integers only: never a frame object, which would
+  keep every local of the allocating function alive.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+from collections.abc import Iterable
+
+from ._types import AllocRecord
+
+__all__ = ["Ledger", "LedgerProbe", "call_site", "format_bytes", "largest_sites", "next_index"]
+
+# One per-process sequence of creation indexes, shared by every backend: the
+# contract says so, and it is what lets `redzone_trace_idx` name one allocation
+# of a whole run. `itertools.count` is atomic under the GIL; the lock keeps it
+# so on free-threaded builds.
+_SEQUENCE = itertools.count()
+_SEQUENCE_LOCK = threading.Lock()
+
+
+def next_index() -> int:
+    """The next creation index of this process."""
+    with _SEQUENCE_LOCK:
+        return next(_SEQUENCE)
+
+
+#: Modules of metrale's own that call the API as a user does: their frames are call sites.
+_USER_MODULES = frozenset({"metrale_core._selftest", "metrale_core.testing"})
+
+
+def call_site(internal: frozenset[str], depth: int = 2) -> str:
+    """``"file:line"`` of the first frame whose top-level package is not in ``internal``."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.partition(".")[0] not in internal or module in _USER_MODULES:
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<unknown>:0"
+
+
+def format_bytes(n: int) -> str:
+    """Bytes in the largest binary unit that keeps the number at least 1."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def largest_sites(records: Iterable[AllocRecord], top: int = 5) -> list[tuple[str, int, int]]:
+    """``(site, bytes, count)`` aggregated by call site, largest first."""
+    by_site: dict[str, list[int]] = {}
+    for rec in records:
+        entry = by_site.setdefault(rec.site, [0, 0])
+        entry[0] += rec.nbytes
+        entry[1] += 1
+    rows = sorted(by_site.items(), key=lambda item: (-item[1][0], item[0]))
+    return [(site, b, n) for site, (b, n) in rows[:top]]
+
+
+def describe_sites(rows: list[tuple[str, int, int]]) -> str:
+    """``site (1.0 MiB x3), ...`` for a log line."""
+    return ", ".join(f"{site} ({format_bytes(b)} x{n})" for site, b, n in rows) or "none"
+
+
+class Ledger:
+    """The live allocations of one backend, keyed by pointer. Thread-safe."""
+
+    __slots__ = ("_lock", "_records")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[int, AllocRecord] = {}
+
+    def add(self, record: AllocRecord) -> None:
+        with self._lock:
+            self._records[record.ptr] = record
+
+    def take(self, ptr: int, index: int) -> AllocRecord | None:
+        """Take the record of ``ptr`` off, if it is the allocation ``index``."""
+        with self._lock:
+            rec = self._records.get(ptr)
+            if rec is None or rec.index != index:
+                return None
+            del self._records[ptr]
+            return rec
+
+    def holds(self, ptr: int, index: int) -> bool:
+        rec = self._records.get(ptr)
+        return rec is not None and rec.index == index
+
+    def drain(self) -> list[AllocRecord]:
+        with self._lock:
+            records = list(self._records.values())
+            self._records.clear()
+            return records
+
+    def snapshot(self) -> list[AllocRecord]:
+        with self._lock:
+            return sorted(self._records.values(), key=lambda r: r.index)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def live_bytes(self) -> int:
+        with self._lock:
+            return sum(r.nbytes for r in self._records.values())
+
+
+class LedgerProbe:
+    """A reader of one backend's ledger that stays usable after the backend closes.
+
+    Closing the backend sweeps the ledger, so a probe then reads an empty one.
+    """
+
+    __slots__ = ("_ledger",)
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def live_count(self) -> int:
+        """How many allocations are on the ledger."""
+        return len(self._ledger)
+
+    def live_bytes(self) -> int:
+        """The bytes asked for by the allocations on the ledger."""
+        return self._ledger.live_bytes()
+
+    def records(self) -> list[AllocRecord]:
+        """The records on the ledger, in creation order."""
+        return self._ledger.snapshot()

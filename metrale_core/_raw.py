@@ -1,0 +1,178 @@
+"""The raw primitives a backend implements: :class:`RawDevice`.
+
+A backend plugin implements this class and nothing of metrale's semantics:
+the ledger, red zones, bounds checks, stale-handle checks and the capture
+rules all live in :class:`metrale_core.GpuBackend`, which calls these
+primitives only after its own checks have passed. So a backend that forgets
+an invariant cannot break it.
+
+Conventions for implementers:
+
+- Handles (streams, events, graphs, executable graphs) are opaque objects of
+  the backend's own; the core only hands them back.
+- Pointers are plain ``int`` device addresses. Raw-pointer operations reach
+  the primitives unchecked; a primitive refuses an address outside any
+  allocation exactly as the driver does (``CUDA_ERROR_INVALID_VALUE``).
+- Every failure is raised as a :class:`~metrale_core.MetraleError`, built by
+  :func:`metrale_core.error_for_code` from CUDA's result code or name. No
+  foreign exception may escape.
+- Work on a stream in capture mode is recorded into the capture, not run.
+- Every method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Literal
+
+__all__ = ["AllocKind", "RawDevice"]
+
+#: The kinds of device memory. ``"external"`` is reserved for memory metrale
+#: does not own.
+AllocKind = Literal["device", "managed", "arena"]
+
+
+class RawDevice(abc.ABC):
+    """One device's raw primitives, as a backend plugin implements them."""
+
+    # -- the device -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def device_name(self) -> str:
+        """A human-readable name for the device, e.g. ``"NVIDIA H200"``."""
+
+    @abc.abstractmethod
+    def mem_get_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes of device memory, as the driver reports them."""
+
+    @abc.abstractmethod
+    def is_integrated(self) -> bool | None:
+        """Whether the device shares memory with the host; ``None`` if the query failed."""
+
+    def bind_to_thread(self) -> None:  # noqa: B027 - optional hook, default no-op
+        """Make this device's context current on the calling thread."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the device (context, default resources). Must not raise at teardown."""
+
+    # -- memory ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def alloc(self, nbytes: int, kind: AllocKind) -> int:
+        """Allocate ``nbytes`` of device memory of ``kind``; returns a 256-byte-aligned pointer."""
+
+    @abc.abstractmethod
+    def free(self, ptr: int, kind: AllocKind) -> None:
+        """Release memory :meth:`alloc` returned."""
+
+    @abc.abstractmethod
+    def alloc_host(self, nbytes: int) -> tuple[int, memoryview]:
+        """Pinned host memory: its address and a writable byte view of it."""
+
+    @abc.abstractmethod
+    def free_host(self, ptr: int) -> None:
+        """Release memory :meth:`alloc_host` returned."""
+
+    @abc.abstractmethod
+    def memset(self, ptr: int, value: int, nbytes: int, stream: object) -> None:
+        """Set ``nbytes`` bytes at ``ptr`` to ``value``, on ``stream``."""
+
+    @abc.abstractmethod
+    def copy_htod(self, dst: int, src: memoryview, stream: object, *, pinned: bool) -> None:
+        """Copy all of ``src`` (host bytes) to ``dst``, on ``stream``.
+
+        ``pinned`` says ``src`` is a view of :meth:`alloc_host` memory; a copy
+        from pageable memory has consumed ``src`` when this returns.
+        """
+
+    @abc.abstractmethod
+    def copy_dtoh(self, dst: memoryview, src: int, stream: object, *, pinned: bool) -> None:
+        """Fill all of ``dst`` (host bytes) from ``src``, on ``stream``.
+
+        A copy into pageable memory (``pinned`` false) has completed when this returns.
+        """
+
+    @abc.abstractmethod
+    def copy_dtod(self, dst: int, src: int, nbytes: int, stream: object) -> None:
+        """Copy ``nbytes`` from ``src`` to ``dst`` on the device, on ``stream``."""
+
+    # -- streams and events ---------------------------------------------------
+
+    @abc.abstractmethod
+    def stream_create(self) -> object:
+        """A new non-blocking stream."""
+
+    @abc.abstractmethod
+    def stream_destroy(self, stream: object) -> None:
+        """Destroy a stream of :meth:`stream_create`."""
+
+    @abc.abstractmethod
+    def stream_synchronize(self, stream: object) -> None:
+        """Wait for all work issued to ``stream``."""
+
+    @abc.abstractmethod
+    def stream_query(self, stream: object) -> bool:
+        """Whether all work issued to ``stream`` has completed."""
+
+    @abc.abstractmethod
+    def stream_wait_event(self, stream: object, event: object) -> None:
+        """Make later work on ``stream`` wait for the last record of ``event``."""
+
+    @abc.abstractmethod
+    def event_create(self) -> object:
+        """A new event (timing enabled)."""
+
+    @abc.abstractmethod
+    def event_destroy(self, event: object) -> None:
+        """Destroy an event of :meth:`event_create`."""
+
+    @abc.abstractmethod
+    def event_record(self, event: object, stream: object) -> None:
+        """Record ``event`` on ``stream``."""
+
+    @abc.abstractmethod
+    def event_synchronize(self, event: object) -> None:
+        """Wait until the work before the event's last record has completed."""
+
+    @abc.abstractmethod
+    def event_query(self, event: object) -> bool:
+        """Whether the work before the event's last record has completed."""
+
+    @abc.abstractmethod
+    def event_elapsed_ms(self, start: object, end: object) -> float:
+        """Milliseconds between two completed records."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Wait for all work on the device."""
+
+    # -- capture and graphs ---------------------------------------------------
+
+    @abc.abstractmethod
+    def begin_capture(self, stream: object) -> None:
+        """Begin capturing ``stream`` in global mode."""
+
+    @abc.abstractmethod
+    def end_capture(self, stream: object) -> object:
+        """End the capture of ``stream``; returns the recorded graph."""
+
+    @abc.abstractmethod
+    def is_capturing(self, stream: object) -> bool:
+        """The driver's own answer: is ``stream`` capturing?"""
+
+    @abc.abstractmethod
+    def graph_instantiate(self, graph: object) -> object:
+        """An executable graph of ``graph``."""
+
+    @abc.abstractmethod
+    def graph_launch(self, graph_exec: object, stream: object) -> None:
+        """Launch an executable graph on ``stream``."""
+
+    @abc.abstractmethod
+    def graph_destroy(self, graph: object) -> None:
+        """Destroy a graph of :meth:`end_capture`."""
+
+    @abc.abstractmethod
+    def graph_exec_destroy(self, graph_exec: object) -> None:
+        """Destroy an executable graph of :meth:`graph_instantiate`."""

@@ -1,0 +1,42 @@
+"""The typed record a backend plugin returns from the ``metrale_backend`` hook."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._backend import GpuBackend
+    from ._raw import RawDevice
+    from ._settings import MetraleSettings
+
+__all__ = ["BackendRegistration"]
+
+
+def _always_available(settings: MetraleSettings) -> str | None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendRegistration:
+    """What a backend plugin provides.
+
+    :param open: builds the backend's raw layer for a device ordinal. It may
+        raise :class:`~metrale_core.BackendUnavailableError` (or any
+        :class:`~metrale_core.MetraleError`) when the device cannot be opened.
+    :param probe: says whether the backend can run here: ``None`` when it can,
+        else the reason in words a user can act on. It must be cheap and must
+        never raise; a probe that raises counts as unavailable.
+    :param backend_class: the class of the backend object
+        :func:`~metrale_core.open_backend` returns: :class:`~metrale_core.GpuBackend`
+        or a subclass that adds methods of its own (the fake adds
+        ``inject_fault``). A subclass adds; it does not override the core's
+        methods.
+    :param description: one line for ``metrale backends``.
+    """
+
+    open: Callable[[MetraleSettings, int], RawDevice]
+    probe: Callable[[MetraleSettings], str | None] = _always_available
+    backend_class: type[GpuBackend] | None = None
+    description: str = ""

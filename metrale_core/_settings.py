@@ -1,0 +1,115 @@
+"""``MetraleSettings``: the one place metrale reads the environment."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Final
+
+import pydantic
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ._errors import ConfigError
+
+__all__ = ["MetraleSettings"]
+
+ENV_PREFIX: Final = "METRALE_"
+
+_SIZE_RE: Final = re.compile(r"^\s*(0[xX][0-9a-fA-F]+|\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
+_UNITS: Final = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def _parse_int(value: Any, *, sizes: bool) -> Any:
+    """Decimal or ``0x`` hex integers; with ``sizes``, also ``KiB``/``MiB``/``GiB``."""
+    if isinstance(value, bool):
+        raise ValueError("expected an integer, not a boolean")
+    if not isinstance(value, str):
+        return value
+    match = _SIZE_RE.match(value)
+    if match is None:
+        expected = "an integer (decimal or 0x hex)"
+        if sizes:
+            expected += ", optionally with KiB, MiB or GiB"
+        raise ValueError(f"expected {expected}")
+    digits, unit = match.group(1), match.group(2)
+    number = int(digits, 16) if digits.lower().startswith("0x") else int(digits)
+    if unit is not None:
+        if not sizes:
+            raise ValueError("expected a plain integer; units are for sizes only")
+        key = unit.lower()
+        if key not in _UNITS:
+            raise ValueError(f"unknown unit {unit!r}: use KiB, MiB or GiB")
+        number *= _UNITS[key]
+    return number
+
+
+class MetraleSettings(BaseSettings):
+    """Every setting of metrale, read from ``METRALE_*`` environment variables.
+
+    Construct it once and pass it down: nothing else in metrale reads the
+    environment. Keyword arguments override the environment. An empty
+    variable counts as unset. Integers may be written in decimal or ``0x``
+    hex; sizes (``redzone`` and every ``*_bytes`` field) also accept
+    ``KiB``/``MiB``/``GiB``, case-insensitive, with or without a space.
+    A bad value raises :class:`~metrale_core.ConfigError` naming the variable.
+    """
+
+    model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_ignore_empty=True,
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    backend: str = Field("auto", description="Backend name, or `auto` (cuda when a GPU answers, else fake).")
+    debug_sync_kernels: bool = Field(False, description="Synchronize after every kernel launch.")
+    redzone: int = Field(0, ge=0, description="Guard-band bytes after each `alloc`; 0 turns red zones off.")
+    redzone_min_idx: int = Field(
+        0, ge=0, description="Only allocations with a creation index at least this get red zones."
+    )
+    redzone_fill: int = Field(0xA5, ge=0, le=255, description="The byte red zones are filled with.")
+    redzone_lead: bool = Field(False, description="Also guard the front of each allocation.")
+    redzone_trace_idx: int | None = Field(
+        None, ge=0, description="Log the full stack of the allocation with this creation index."
+    )
+    target_hw: str = Field("", description="A value starting with `strix` selects the scale variant.")
+    fake_memory_bytes: int = Field(16 << 30, gt=0, description="The fake device's capacity.")
+    fake_integrated: bool = Field(False, description="The fake reports an integrated device.")
+    fake_defer: bool = Field(
+        False, description="The fake runs stream work only when it must (see the fake backend)."
+    )
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except pydantic.ValidationError as exc:
+            raise _config_error(exc, set(values)) from None
+
+    @field_validator("redzone", "redzone_min_idx", "redzone_fill", "fake_memory_bytes", mode="before")
+    @classmethod
+    def _sizes(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        return _parse_int(value, sizes=info.field_name in {"redzone", "fake_memory_bytes"})
+
+    @field_validator("redzone_trace_idx", mode="before")
+    @classmethod
+    def _index(cls, value: Any) -> Any:
+        return None if value is None else _parse_int(value, sizes=False)
+
+    @property
+    def scale_variant(self) -> bool:
+        """Whether ``target_hw`` selects the scale variant (AMD APUs through a CUDA layer)."""
+        return self.target_hw.lower().startswith("strix")
+
+
+def _config_error(exc: pydantic.ValidationError, keywords: set[str]) -> ConfigError:
+    problems = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        variable = ENV_PREFIX + field.upper()
+        source = f"keyword {field}=" if field in keywords else f"{variable}="
+        reason = str(err["msg"]).removeprefix("Value error, ")
+        problems.append(f"{source}{err.get('input')!r}: {reason}")
+    first = problems[0] if problems else str(exc)
+    more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})" if len(problems) > 1 else ""
+    return ConfigError(f"invalid setting {first}{more}; fix or unset it (see `metrale info`)")

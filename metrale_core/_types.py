@@ -1,0 +1,93 @@
+"""The immutable value types of the public contract."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+__all__ = [
+    "AllocRecord",
+    "BackendInfo",
+    "DeviceBuffer",
+    "MemoryInfo",
+    "RedZoneViolation",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceBuffer:
+    """A handle to device memory. Immutable; liveness is the backend's to say.
+
+    :param ptr: the device address handed to the user (256-byte aligned).
+    :param nbytes: the bytes asked for (never rounded or padded).
+    :param kind: ``"device"``, ``"managed"`` or ``"arena"``.
+    :param index: the creation index, from one per-process sequence.
+    :param site: the caller's ``"file:line"``.
+    """
+
+    ptr: int
+    nbytes: int
+    kind: str
+    index: int
+    site: str
+
+    def __int__(self) -> int:
+        return self.ptr
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AllocRecord:
+    """One allocation on the ledger; the same fields as its :class:`DeviceBuffer`."""
+
+    ptr: int
+    nbytes: int
+    kind: str
+    index: int
+    site: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedZoneViolation:
+    """A guard band whose bytes changed.
+
+    ``ptr``, ``nbytes``, ``index`` and ``site`` are the allocation's; ``side``
+    is ``"trail"`` (or ``"lead"``); ``offset`` is the first changed byte,
+    counted from the zone's start.
+    """
+
+    ptr: int
+    nbytes: int
+    index: int
+    site: str
+    side: Literal["trail", "lead"]
+    offset: int
+
+    def describe(self) -> str:
+        """One line for a log or an error message."""
+        where = "past the end" if self.side == "trail" else "before the start"
+        return (
+            f"red zone {self.side}: a write {where} of allocation #{self.index} "
+            f"({self.nbytes} bytes at {self.ptr:#x}, allocated at {self.site}), "
+            f"first changed byte at zone offset {self.offset}"
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryInfo:
+    """Device memory, in bytes. ``effective_free`` is what can really be had."""
+
+    free: int
+    total: int
+    effective_free: int
+    integrated: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """A discovered backend, available here or not (``reason`` says why not)."""
+
+    name: str
+    available: bool
+    reason: str | None
+    distribution: str | None
+    description: str = ""

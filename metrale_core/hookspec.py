@@ -1,0 +1,58 @@
+"""The hook specification: the whole contract between metrale and a backend plugin.
+
+A backend plugin is a module (or object) with functions marked by
+:data:`hookimpl`, registered in the entry-point group ``metrale.backends``;
+the entry point's name is the backend's name::
+
+    # pyproject.toml of the plugin's distribution
+    [project.entry-points."metrale.backends"]
+    mybackend = "my_package._plugin"
+
+    # my_package/_plugin.py
+    from metrale_core import BackendRegistration, hookimpl
+
+    @hookimpl
+    def metrale_backend(settings):
+        return BackendRegistration(open=MyRawDevice.open, probe=MyRawDevice.probe)
+
+Every hook is documented with the same template: what it is for, how the
+results of several plugins combine, its parameters, and what it returns.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import pluggy
+
+if TYPE_CHECKING:
+    from ._registration import BackendRegistration
+    from ._settings import MetraleSettings
+
+__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "metrale_backend"]
+
+#: The pluggy project name of metrale's hooks.
+PROJECT_NAME: Final = "metrale"
+
+hookspec: Final = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl: Final = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def metrale_backend(settings: MetraleSettings) -> BackendRegistration | None:
+    """Describe the backend this plugin provides.
+
+    Called once for each plugin, on its own (never as one call over all
+    plugins), whenever backends are discovered, so that a plugin that fails
+    cannot hide the others. The result is validated at the boundary: anything
+    but a :class:`~metrale_core.BackendRegistration` makes the backend
+    unavailable, with a reason naming the plugin's distribution.
+
+    **Results:** one per plugin; not combined.
+
+    :param settings: the settings discovery runs with. Read them, never the
+        environment.
+    :returns: a :class:`~metrale_core.BackendRegistration`, or ``None`` when
+        the plugin provides no backend (it is then listed as unavailable).
+    """
+    raise RuntimeError("hook specification: never called directly")  # pragma: no cover
