@@ -1,0 +1,528 @@
+"""Conformance testing for any backend: a Hypothesis state machine and a bad-input table.
+
+A backend author runs the same tests metrale runs on its own backends::
+
+    # tests/test_conformance.py of a plugin
+    from metrale_core.testing import backend_state_machine
+
+    TestMyBackend = backend_state_machine("mybackend").TestCase
+
+The state machine drives the backend through random programs of
+allocations, frees (double frees too), copies, memsets, captures and
+replays, capture-rule violations, sweeps, red-zone overruns and, where the
+backend has ``inject_fault``, driver failures. After every step it checks
+the ledger against a model and every read against the bytes the model
+expects.
+
+This module needs ``hypothesis`` (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from ._backend import GpuBackend
+from ._discovery import open_backend
+from ._errors import (
+    BackendNotFoundError,
+    CaptureError,
+    DriverError,
+    InvalidArgumentError,
+    InvalidBufferError,
+    MetraleError,
+)
+from ._handles import HostBuffer, Stream
+from ._settings import MetraleSettings
+from ._types import DeviceBuffer
+
+__all__ = ["BAD_INPUTS", "BadInput", "BadInputFixture", "backend_state_machine", "check_bad_input"]
+
+_MAX_BYTES = 4096
+
+
+class _Contents:
+    """The bytes a buffer should hold; ``known`` marks bytes that were ever written."""
+
+    __slots__ = ("data", "known")
+
+    def __init__(self, n: int) -> None:
+        self.data = bytearray(n)
+        self.known = bytearray(n)
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.data[offset : offset + len(data)] = data
+        self.known[offset : offset + len(data)] = b"\x01" * len(data)
+
+    def check(self, actual: bytes, buf: DeviceBuffer) -> None:
+        for i, (want, have, known) in enumerate(zip(self.data, actual, self.known, strict=True)):
+            if known and want != have:
+                raise AssertionError(
+                    f"allocation #{buf.index} ({buf.kind}, {buf.nbytes} bytes): byte {i} reads "
+                    f"{have:#04x}, the model expects {want:#04x}"
+                )
+
+
+class BackendMachine(RuleBasedStateMachine):
+    """Drives one backend through random programs; see the module docstring."""
+
+    backend_name: ClassVar[str] = "fake"
+    settings: ClassVar[MetraleSettings | None] = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpu: GpuBackend = open_backend(self.backend_name, settings=self.settings or MetraleSettings())
+        self.probe = self.gpu.ledger_probe()
+        self.live: dict[int, tuple[DeviceBuffer, _Contents]] = {}  # device and managed, by index
+        self.arena: dict[int, tuple[DeviceBuffer, _Contents]] = {}
+        self.stale: list[DeviceBuffer] = []
+        self.dirty: dict[tuple[int, str], int] = {}  # (index, side) -> first changed offset
+        self.can_inject = callable(getattr(self.gpu, "inject_fault", None))
+        rz = self.gpu.settings
+        self.redzone = rz.redzone
+        self.redzone_min_idx = rz.redzone_min_idx
+        self.redzone_lead = rz.redzone_lead
+
+    def teardown(self) -> None:
+        self.gpu.close()
+        assert self.probe.live_count() == 0, "the ledger is not empty after close()"
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _all(self) -> dict[int, tuple[DeviceBuffer, _Contents]]:
+        return {**self.live, **self.arena}
+
+    def _pick(self, data: st.DataObject, pool: dict[int, tuple[DeviceBuffer, _Contents]]) -> tuple[
+        DeviceBuffer, _Contents
+    ]:
+        index = data.draw(st.sampled_from(sorted(pool)), label="buffer")
+        return pool[index]
+
+    def _read(self, buf: DeviceBuffer) -> bytes:
+        out = bytearray(buf.nbytes)
+        self.gpu.copy_to_host(out, buf)
+        return bytes(out)
+
+    def _zoned(self, buf: DeviceBuffer) -> bool:
+        return buf.kind == "device" and self.redzone > 0 and buf.index >= self.redzone_min_idx
+
+    def _forget(self, buf: DeviceBuffer) -> None:
+        self.live.pop(buf.index, None)
+        self.arena.pop(buf.index, None)
+        self.dirty.pop((buf.index, "trail"), None)
+        self.dirty.pop((buf.index, "lead"), None)
+        self.stale.append(buf)
+
+    # -- allocation -----------------------------------------------------------------------
+
+    @rule(kind=st.sampled_from(["device", "managed", "arena"]), n=st.integers(1, _MAX_BYTES))
+    def alloc(self, kind: str, n: int) -> None:
+        fn = {"device": self.gpu.alloc, "managed": self.gpu.alloc_managed, "arena": self.gpu.alloc_arena}[kind]
+        buf = fn(n)
+        assert buf.nbytes == n and buf.kind == kind and buf.ptr % 256 == 0 and buf.ptr != 0
+        assert buf.index not in self._all(), "a creation index was handed out twice"
+        assert buf.site.rpartition(":")[2].isdigit(), f"the call site {buf.site!r} is not file:line"
+        (self.arena if kind == "arena" else self.live)[buf.index] = (buf, _Contents(n))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        buf, _ = self._pick(data, self.live)
+        self.gpu.free(buf)
+        self._forget(buf)
+
+    @precondition(lambda self: self.arena)
+    @rule(data=st.data())
+    def free_arena(self, data: st.DataObject) -> None:
+        buf, _ = self._pick(data, self.arena)
+        self.gpu.free_arena(buf)
+        self._forget(buf)
+
+    @precondition(lambda self: self.stale)
+    @rule(data=st.data())
+    def free_stale(self, data: st.DataObject) -> None:
+        buf = data.draw(st.sampled_from(self.stale), label="stale buffer")
+        before = self.probe.records()
+        try:
+            if buf.kind == "arena":
+                self.gpu.free_arena(buf)
+            else:
+                self.gpu.free(buf)
+        except InvalidBufferError:
+            pass
+        else:
+            raise AssertionError(f"freeing stale allocation #{buf.index} twice was not refused")
+        assert self.probe.records() == before, "a refused free changed the ledger"
+
+    @precondition(lambda self: self.arena)
+    @rule(data=st.data())
+    def free_arena_with_free(self, data: st.DataObject) -> None:
+        buf, _ = self._pick(data, self.arena)
+        try:
+            self.gpu.free(buf)
+        except InvalidBufferError:
+            return
+        raise AssertionError("free() of an arena buffer was not refused")
+
+    @rule()
+    def sweep(self) -> None:
+        expected = len(self.live)
+        assert self.gpu.sweep_unreleased() == expected
+        for buf, _ in list(self.live.values()):
+            self._forget(buf)
+
+    # -- data movement ----------------------------------------------------------------------
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data())
+    def write(self, data: st.DataObject) -> None:
+        buf, contents = self._pick(data, self._all())
+        offset = data.draw(st.integers(0, buf.nbytes - 1), label="offset")
+        payload = data.draw(st.binary(min_size=1, max_size=buf.nbytes - offset), label="payload")
+        pinned = data.draw(st.booleans(), label="pinned")
+        if pinned:
+            host = self.gpu.alloc_host(len(payload))
+            host.view()[:] = payload
+            self.gpu.copy_to_device(buf, host, offset=offset)
+            self.gpu.default_stream.synchronize()
+            self.gpu.free(host)
+        else:
+            self.gpu.copy_to_device(buf, payload, offset=offset)
+        contents.write(offset, payload)
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data())
+    def read(self, data: st.DataObject) -> None:
+        buf, contents = self._pick(data, self._all())
+        contents.check(self._read(buf), buf)
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data(), value=st.integers(0, 255))
+    def memset(self, data: st.DataObject, value: int) -> None:
+        buf, contents = self._pick(data, self._all())
+        offset = data.draw(st.integers(0, buf.nbytes - 1), label="offset")
+        n = data.draw(st.integers(1, buf.nbytes - offset), label="nbytes")
+        self.gpu.memset(buf, value, offset=offset, nbytes=n)
+        contents.write(offset, bytes([value]) * n)
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data())
+    def copy_device(self, data: st.DataObject) -> None:
+        src, src_c = self._pick(data, self._all())
+        dst, dst_c = self._pick(data, self._all())
+        n = data.draw(st.integers(1, min(src.nbytes, dst.nbytes)), label="nbytes")
+        so = data.draw(st.integers(0, src.nbytes - n), label="src_offset")
+        do = data.draw(st.integers(0, dst.nbytes - n), label="dst_offset")
+        if src.index == dst.index and abs(so - do) < n:
+            return  # overlapping copies are undefined in CUDA
+        self.gpu.copy_device(dst, src, nbytes=n, dst_offset=do, src_offset=so)
+        dst_c.data[do : do + n] = src_c.data[so : so + n]
+        dst_c.known[do : do + n] = src_c.known[so : so + n]
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data())
+    def out_of_bounds(self, data: st.DataObject) -> None:
+        buf, contents = self._pick(data, self._all())
+        op = data.draw(st.sampled_from(["memset", "write", "read", "copy"]), label="op")
+        before = self._read(buf)
+        try:
+            if op == "memset":
+                self.gpu.memset(buf, 1, offset=buf.nbytes, nbytes=1)
+            elif op == "write":
+                self.gpu.copy_to_device(buf, b"\x01" * (buf.nbytes + 1))
+            elif op == "read":
+                self.gpu.copy_to_host(bytearray(2), buf, offset=buf.nbytes - 1)
+            else:
+                self.gpu.copy_device(buf, buf, nbytes=buf.nbytes, dst_offset=1)
+        except InvalidBufferError:
+            pass
+        else:
+            raise AssertionError(f"an out-of-bounds {op} on allocation #{buf.index} was not refused")
+        assert self._read(buf) == before, "a refused operation changed the buffer"
+
+    @precondition(lambda self: self.stale)
+    @rule(data=st.data())
+    def use_stale(self, data: st.DataObject) -> None:
+        buf = data.draw(st.sampled_from(self.stale), label="stale buffer")
+        try:
+            self.gpu.memset(buf, 0)
+        except InvalidBufferError:
+            return
+        raise AssertionError(f"a memset of freed allocation #{buf.index} reached the device")
+
+    # -- capture ---------------------------------------------------------------------------
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data(), value=st.integers(0, 255))
+    def capture_and_replay(self, data: st.DataObject, value: int) -> None:
+        buf, contents = self._pick(data, self._all())
+        offset = data.draw(st.integers(0, buf.nbytes - 1), label="offset")
+        n = data.draw(st.integers(1, buf.nbytes - offset), label="nbytes")
+        launches = data.draw(st.integers(0, 2), label="launches")
+        before = self._read(buf)
+        stream = self.gpu.create_stream()
+        self.gpu.begin_capture(stream)
+        assert self.gpu.stream_is_capturing(stream)
+        self.gpu.memset(buf, value, offset=offset, nbytes=n, stream=stream)
+        graph = self.gpu.end_capture(stream)
+        assert not self.gpu.stream_is_capturing(stream)
+        assert self._read(buf) == before, "work issued to a capturing stream ran"
+        exe = graph.instantiate()
+        for _ in range(launches):
+            exe.launch(stream)
+        stream.synchronize()
+        if launches:
+            contents.write(offset, bytes([value]) * n)
+        contents.check(self._read(buf), buf)
+        exe.close()
+        graph.close()
+        stream.close()
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), forbidden=st.sampled_from(
+        ["alloc", "alloc_managed", "alloc_arena", "alloc_host", "free", "free_stale", "alloc_zero",
+         "synchronize", "stream_sync", "stream_query", "scan", "sweep"]
+    ))
+    def capture_violation(self, data: st.DataObject, forbidden: str) -> None:
+        buf, _ = self._pick(data, self.live)
+        records = self.probe.records()
+        before = self._read(buf)
+        stream = self.gpu.create_stream()
+        self.gpu.begin_capture(stream)
+        self.gpu.memset(buf, 0xEE, stream=stream)
+        calls: dict[str, Callable[[], object]] = {
+            "alloc": lambda: self.gpu.alloc(64),
+            "alloc_managed": lambda: self.gpu.alloc_managed(64),
+            "alloc_arena": lambda: self.gpu.alloc_arena(64),
+            "alloc_host": lambda: self.gpu.alloc_host(64),
+            "free": lambda: self.gpu.free(buf),
+            "free_stale": lambda: self.gpu.free(DeviceBuffer(1 << 40, 64, "device", -1, "x:1")),
+            "alloc_zero": lambda: self.gpu.alloc(0),
+            "synchronize": self.gpu.synchronize,
+            "stream_sync": self.gpu.default_stream.synchronize,
+            "stream_query": stream.query,
+            "scan": self.gpu.scan_redzones,
+            "sweep": self.gpu.sweep_unreleased,
+        }
+        _expect(CaptureError, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", calls[forbidden])
+        assert self.gpu.stream_is_capturing(stream), "an invalidated capture still counts as capturing"
+        _expect(CaptureError, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", lambda: self.gpu.memset(buf, 1, stream=stream))
+        _expect(CaptureError, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", lambda: self.gpu.end_capture(stream))
+        assert not self.gpu.stream_is_capturing(stream)
+        assert self.probe.records() == records, "a refused call during capture changed the ledger"
+        assert self._read(buf) == before, "work of a discarded capture ran"
+        stream.close()
+
+    # -- red zones -------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.redzone > 0 and any(self._zoned(b) for b, _ in self.live.values()))
+    @rule(data=st.data())
+    def overrun(self, data: st.DataObject) -> None:
+        zoned = {i: v for i, v in self.live.items() if self._zoned(v[0])}
+        buf, _ = self._pick(data, zoned)
+        sides = ["trail", "lead"] if self.redzone_lead else ["trail"]
+        side = data.draw(st.sampled_from(sides), label="side")
+        offset = data.draw(st.integers(0, self.redzone - 1), label="zone offset")
+        value = data.draw(st.integers(0, 255).filter(lambda v: v != self.gpu.settings.redzone_fill))
+        if side == "trail":
+            self.gpu.memset(buf.ptr + buf.nbytes + offset, value, nbytes=1)
+        else:
+            lead = -(-self.redzone // 256) * 256  # the leading band keeps the pointer 256-aligned
+            offset = data.draw(st.integers(0, lead - 1), label="lead offset")
+            self.gpu.memset(buf.ptr - lead + offset, value, nbytes=1)
+        key = (buf.index, side)
+        self.dirty[key] = min(offset, self.dirty.get(key, offset))
+
+    @precondition(lambda self: self.redzone > 0)
+    @rule()
+    def scan(self) -> None:
+        found = self.gpu.scan_redzones()
+        for v in found:
+            live = self.live.get(v.index)
+            assert live is not None, f"a violation was reported for allocation #{v.index}, which is not live"
+            assert (v.ptr, v.nbytes, v.site) == (live[0].ptr, live[0].nbytes, live[0].site)
+        got = {(v.index, v.side): v.offset for v in found}
+        assert len(got) == len(found), f"a zone was reported twice: {found}"
+        assert got == self.dirty, f"scan reported {got}, the model expects {self.dirty}"
+
+    # -- injected driver failures -------------------------------------------------------------------
+
+    @precondition(lambda self: self.can_inject)
+    @rule(kind=st.sampled_from(["device", "managed", "arena"]), code=st.sampled_from(
+        ["CUDA_ERROR_UNKNOWN", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_INVALID_VALUE"]))
+    def alloc_fails(self, kind: str, code: str) -> None:
+        records = self.probe.records()
+        self.gpu.inject_fault("alloc", code=code)  # type: ignore[attr-defined]
+        fn = {"device": self.gpu.alloc, "managed": self.gpu.alloc_managed, "arena": self.gpu.alloc_arena}[kind]
+        try:
+            fn(128)
+        except MetraleError as exc:
+            assert exc.name == code, exc
+        else:
+            raise AssertionError("an injected alloc failure did not surface")
+        assert self.probe.records() == records, "a failed alloc changed the ledger"
+
+    @precondition(lambda self: self.can_inject and self.redzone > 0)
+    @rule()
+    def redzone_fill_fails(self) -> None:
+        records = self.probe.records()
+        self.gpu.inject_fault("memset")  # type: ignore[attr-defined]
+        try:
+            buf = self.gpu.alloc(64)
+        except DriverError:
+            pass
+        else:
+            if self._zoned(buf):
+                raise AssertionError("a failed red-zone fill did not fail the alloc")
+            self.gpu.memset(buf, 0)  # the zone-less alloc left the fault for the next memset
+            self.gpu.free(buf)
+            return
+        assert self.probe.records() == records, "an alloc whose zone fill failed stayed on the ledger"
+
+    @precondition(lambda self: self.can_inject and self.live)
+    @rule(data=st.data())
+    def free_fails(self, data: st.DataObject) -> None:
+        buf, _ = self._pick(data, self.live)
+        self.gpu.inject_fault("free")  # type: ignore[attr-defined]
+        try:
+            self.gpu.free(buf)
+        except DriverError:
+            pass
+        else:
+            raise AssertionError("an injected free failure did not surface")
+        assert not any(r.index == buf.index for r in self.probe.records()), (
+            "free must take the record off before the release, whatever the release returns"
+        )
+        self._forget(buf)
+
+    # -- invariants -----------------------------------------------------------------------------------
+
+    @invariant()
+    def ledger_matches_model(self) -> None:
+        records = self.probe.records()
+        assert self.gpu.live_alloc_len() == len(self.live) == self.probe.live_count()
+        assert {r.index for r in records} == set(self.live)
+        assert self.probe.live_bytes() == sum(b.nbytes for b, _ in self.live.values())
+        for r in records:
+            b = self.live[r.index][0]
+            assert (r.ptr, r.nbytes, r.kind, r.site) == (b.ptr, b.nbytes, b.kind, b.site)
+        assert all(b.kind != "arena" for b in (self.live[r.index][0] for r in records))
+
+
+def _expect(cls: type[MetraleError], name: str | None, call: Callable[[], object]) -> MetraleError:
+    try:
+        call()
+    except cls as exc:
+        assert exc.name == name, f"expected {cls.__name__} {name}, got {exc.name}: {exc}"
+        return exc
+    raise AssertionError(f"expected {cls.__name__} ({name}), but the call succeeded")
+
+
+def backend_state_machine(
+    name: str, settings: MetraleSettings | None = None
+) -> type[BackendMachine]:
+    """A :class:`BackendMachine` subclass bound to backend ``name`` and ``settings``.
+
+    ``backend_state_machine("fake").TestCase`` is a ``unittest.TestCase``
+    that pytest collects.
+    """
+    return type(
+        f"BackendMachine_{name}",
+        (BackendMachine,),
+        {"backend_name": name, "settings": settings},
+    )
+
+
+# -- the bad-input table ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class BadInputFixture:
+    """What a bad-input case may use: a backend and a few handles of it."""
+
+    gpu: GpuBackend
+    buf: DeviceBuffer
+    arena: DeviceBuffer
+    freed: DeviceBuffer
+    host: HostBuffer
+    foreign_stream: Stream
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BadInput:
+    """One bad call and the error it must raise, changing nothing."""
+
+    name: str
+    call: Callable[[BadInputFixture], Any]
+    error: type[MetraleError]
+
+
+def _cases() -> tuple[BadInput, ...]:
+    buf_err, arg_err = InvalidBufferError, InvalidArgumentError
+    return (
+        BadInput("alloc(0)", lambda f: f.gpu.alloc(0), buf_err),
+        BadInput("alloc(-1)", lambda f: f.gpu.alloc(-1), buf_err),
+        BadInput("alloc(1.5)", lambda f: f.gpu.alloc(1.5), buf_err),  # type: ignore[arg-type]
+        BadInput("alloc(True)", lambda f: f.gpu.alloc(True), buf_err),
+        BadInput("alloc('64')", lambda f: f.gpu.alloc("64"), buf_err),  # type: ignore[arg-type]
+        BadInput("alloc_managed(0)", lambda f: f.gpu.alloc_managed(0), buf_err),
+        BadInput("alloc_arena(-5)", lambda f: f.gpu.alloc_arena(-5), buf_err),
+        BadInput("alloc_host(0)", lambda f: f.gpu.alloc_host(0), buf_err),
+        BadInput("free(freed)", lambda f: f.gpu.free(f.freed), buf_err),
+        BadInput("free(arena)", lambda f: f.gpu.free(f.arena), buf_err),
+        BadInput("free(42)", lambda f: f.gpu.free(42), buf_err),  # type: ignore[arg-type]
+        BadInput("free_arena(device)", lambda f: f.gpu.free_arena(f.buf), buf_err),
+        BadInput("memset value 300", lambda f: f.gpu.memset(f.buf, 300), arg_err),
+        BadInput("memset value -1", lambda f: f.gpu.memset(f.buf, -1), arg_err),
+        BadInput("memset value 'a'", lambda f: f.gpu.memset(f.buf, "a"), arg_err),  # type: ignore[arg-type]
+        BadInput("memset past end", lambda f: f.gpu.memset(f.buf, 1, offset=f.buf.nbytes, nbytes=1), buf_err),
+        BadInput("memset negative offset", lambda f: f.gpu.memset(f.buf, 1, offset=-1), arg_err),
+        BadInput("memset raw pointer without nbytes", lambda f: f.gpu.memset(f.buf.ptr, 1), arg_err),
+        BadInput("memset on another backend's stream", lambda f: f.gpu.memset(f.buf, 1, stream=f.foreign_stream),
+                 arg_err),
+        BadInput("memset of a freed buffer", lambda f: f.gpu.memset(f.freed, 1), buf_err),
+        BadInput("memset raw pointer outside any allocation", lambda f: f.gpu.memset(0x10, 1, nbytes=1), arg_err),
+        BadInput("copy_to_device too long",
+                 lambda f: f.gpu.copy_to_device(f.buf, bytes(f.buf.nbytes + 1)), buf_err),
+        BadInput("copy_to_device not a buffer", lambda f: f.gpu.copy_to_device(f.buf, 12), arg_err),
+        BadInput("copy_to_host read-only destination", lambda f: f.gpu.copy_to_host(bytes(8), f.buf), arg_err),
+        BadInput("copy_to_host past end", lambda f: f.gpu.copy_to_host(bytearray(2), f.buf, offset=f.buf.nbytes - 1),
+                 buf_err),
+        BadInput("copy_device past end", lambda f: f.gpu.copy_device(f.buf, f.buf, nbytes=f.buf.nbytes + 1), buf_err),
+        BadInput("copy_device from a freed buffer", lambda f: f.gpu.copy_device(f.buf, f.freed, nbytes=1), buf_err),
+        BadInput("copy_to_device on a stream that is not a Stream", lambda f: f.gpu.copy_to_device(
+            f.buf, b"x", stream=object()), arg_err),  # type: ignore[arg-type]
+        BadInput("end_capture on a stream not capturing", lambda f: f.gpu.end_capture(), CaptureError),
+        BadInput("open_backend of an unknown name", lambda f: open_backend("no-such-backend"), BackendNotFoundError),
+    )
+
+
+#: At least twenty bad calls, each with its typed error; each must change nothing.
+BAD_INPUTS: tuple[BadInput, ...] = _cases()
+
+
+def check_bad_input(fixture: BadInputFixture, case: BadInput) -> MetraleError:
+    """Run ``case`` on ``fixture``; assert its error type and that nothing changed."""
+    gpu = fixture.gpu
+    probe = gpu.ledger_probe()
+    records = probe.records()
+    before = bytearray(fixture.buf.nbytes)
+    gpu.copy_to_host(before, fixture.buf)
+    try:
+        case.call(fixture)
+    except case.error as exc:
+        error = exc
+    except MetraleError as exc:
+        raise AssertionError(f"{case.name}: expected {case.error.__name__}, got {type(exc).__name__}: {exc}") from exc
+    else:
+        raise AssertionError(f"{case.name}: expected {case.error.__name__}, but the call succeeded")
+    assert str(error), f"{case.name}: the error has no message"
+    assert probe.records() == records, f"{case.name}: the refused call changed the ledger"
+    after = bytearray(fixture.buf.nbytes)
+    gpu.copy_to_host(after, fixture.buf)
+    assert after == before, f"{case.name}: the refused call changed the buffer's bytes"
+    return error

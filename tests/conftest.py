@@ -1,0 +1,61 @@
+"""Shared fixtures: Hypothesis profiles, and the backends every test runs against."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from metrale_core import GpuBackend, MetraleSettings, available_backends, open_backend
+
+# "ci" is derandomized so CI is stable; "thorough" (python3 dev.py test --thorough) explores more.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    max_examples=40,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile(
+    "thorough",
+    max_examples=400,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+
+#: The settings of this run, from METRALE_* (the GPU runs set METRALE_TARGET_HW and METRALE_REDZONE).
+SETTINGS = MetraleSettings()
+_INFOS = available_backends(SETTINGS)
+
+
+def backend_params() -> list[object]:
+    """Every discovered backend; the unavailable ones are skipped with their reason."""
+    params: list[object] = []
+    for name, info in _INFOS.items():
+        marks = [] if info.available else [pytest.mark.skip(reason=f"backend {name} unavailable: {info.reason}")]
+        params.append(pytest.param(name, marks=marks, id=name))
+    if "cuda" not in _INFOS:
+        params.append(pytest.param("cuda", marks=[pytest.mark.skip(reason="metrale-cuda is not installed")], id="cuda"))
+    return params
+
+
+@pytest.fixture(params=backend_params())
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def gpu(backend_name: str) -> Iterator[GpuBackend]:
+    with open_backend(backend_name, settings=SETTINGS) as backend:
+        yield backend
+
+
+@pytest.fixture
+def fake() -> Iterator[GpuBackend]:
+    with open_backend("fake", settings=SETTINGS) as backend:
+        yield backend

@@ -1,0 +1,34 @@
+"""The conformance state machine, against every available backend, in several configurations."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SETTINGS, backend_params
+
+from metrale_core.testing import backend_state_machine
+
+CONFIGS = {
+    "env": SETTINGS,
+    "zones": SETTINGS.model_copy(update={"redzone": 128, "redzone_lead": True, "redzone_min_idx": 0}),
+    "scale": SETTINGS.model_copy(update={"target_hw": "strix-halo", "redzone": 256}),
+}
+
+
+def _make(param: object, config: str) -> type:
+    name = param.values[0]  # type: ignore[attr-defined]
+    case = backend_state_machine(name, CONFIGS[config]).TestCase
+    for mark in param.marks:  # type: ignore[attr-defined]
+        case = mark(case)
+    case.__name__ = f"TestMachine_{name}_{config}"
+    return case
+
+
+for _param in backend_params():
+    for _config in CONFIGS:
+        _case = _make(_param, _config)
+        globals()[_case.__name__] = _case
+
+_defer = backend_state_machine("fake", SETTINGS.model_copy(update={"fake_defer": True, "redzone": 64})).TestCase
+TestMachine_fake_defer = _defer
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestCollectionWarning")
