@@ -1,0 +1,125 @@
+"""Discovery through entry points: real distributions on sys.path, good and broken."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import SETTINGS
+
+from metrale_core import (
+    BackendNotFoundError,
+    BackendUnavailableError,
+    GpuBackend,
+    available_backends,
+    open_backend,
+)
+
+
+def _install(site: Path, dist: str, module: str, source: str, eps: dict[str, str]) -> None:
+    """Lay out an installed distribution (dist-info and module), as pip would."""
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    lines = "\n".join(f"{name} = {value}" for name, value in eps.items())
+    (info / "entry_points.txt").write_text(f"[metrale.backends]\n{lines}\n")
+
+
+GOOD = """
+    from metrale_core import BackendRegistration, hookimpl
+    from metrale_fake import FakeDevice
+
+    @hookimpl
+    def metrale_backend(settings):
+        return BackendRegistration(open=FakeDevice, description="a third-party test backend")
+"""
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m.startswith("mtp_")]:
+        del sys.modules[name]
+
+
+def test_bundled_backends_register_through_entry_points() -> None:
+    infos = available_backends(SETTINGS)
+    assert infos["fake"].available and infos["fake"].distribution == "metrale-fake"
+    assert "cuda" in infos and infos["cuda"].distribution == "metrale-cuda"
+    if not infos["cuda"].available:
+        assert infos["cuda"].reason
+
+
+def test_third_party_backend_opens(site: Path) -> None:
+    _install(site, "mtp-good", "mtp_good", GOOD, {"thirdparty": "mtp_good"})
+    info = available_backends(SETTINGS)["thirdparty"]
+    assert (info.available, info.distribution, info.description) == (True, "mtp-good", "a third-party test backend")
+    with open_backend("thirdparty", settings=SETTINGS) as gpu:
+        assert type(gpu) is GpuBackend and gpu.name == "thirdparty"
+        buf = gpu.alloc(16)
+        assert buf.site.startswith(__file__), "frames of the plugin's package are not call sites"
+        gpu.free(buf)
+
+
+def test_broken_plugin_does_not_take_others_down(site: Path) -> None:
+    _install(site, "mtp-broken", "mtp_broken", "import no_such_module_anywhere\n", {"broken": "mtp_broken"})
+    infos = available_backends(SETTINGS)
+    assert infos["fake"].available
+    broken = infos["broken"]
+    assert not broken.available and broken.distribution == "mtp-broken"
+    assert "mtp-broken" in (broken.reason or "") and "no_such_module_anywhere" in (broken.reason or "")
+    with pytest.raises(BackendUnavailableError, match="mtp-broken"):
+        open_backend("broken", settings=SETTINGS)
+    with open_backend("fake", settings=SETTINGS):
+        pass
+
+
+def test_name_clash_names_both_distributions(site: Path) -> None:
+    _install(site, "mtp-one", "mtp_one", GOOD, {"twin": "mtp_one"})
+    _install(site, "mtp-two", "mtp_two", GOOD, {"twin": "mtp_two"})
+    twin = available_backends(SETTINGS)["twin"]
+    assert not twin.available
+    assert "mtp-one" in (twin.reason or "") and "mtp-two" in (twin.reason or "")
+    with pytest.raises(BackendUnavailableError, match="mtp-one and mtp-two"):
+        open_backend("twin", settings=SETTINGS)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    return 42",
+        "    raise RuntimeError('hook blew up')",
+        "    return None",
+    ],
+)
+def test_hook_results_are_validated(site: Path, body: str) -> None:
+    source = f"from metrale_core import hookimpl\n\n@hookimpl\ndef metrale_backend(settings):\n{body}\n"
+    _install(site, "mtp-odd", "mtp_odd", source, {"odd": "mtp_odd"})
+    odd = available_backends(SETTINGS)["odd"]
+    assert not odd.available and "mtp-odd" in (odd.reason or "")
+    assert available_backends(SETTINGS)["fake"].available
+
+
+def test_probe_that_raises_is_unavailable(site: Path) -> None:
+    source = GOOD.replace('description="a third-party test backend"', "probe=lambda s: 1 / 0")
+    _install(site, "mtp-probe", "mtp_probe", source, {"probing": "mtp_probe"})
+    info = available_backends(SETTINGS)["probing"]
+    assert not info.available and "ZeroDivisionError" in (info.reason or "")
+
+
+def test_unknown_names() -> None:
+    with pytest.raises(BackendNotFoundError, match="fake"):
+        open_backend("nonexistent", settings=SETTINGS)
+    with pytest.raises(BackendUnavailableError, match="METRALE_BACKEND='nonexistent'"):
+        open_backend(settings=SETTINGS.model_copy(update={"backend": "nonexistent"}))
+
+
+def test_auto_picks_cuda_only_when_it_answers() -> None:
+    cuda = available_backends(SETTINGS).get("cuda")
+    with open_backend("auto", settings=SETTINGS) as gpu:
+        assert gpu.name == ("cuda" if cuda is not None and cuda.available else "fake")
