@@ -15,7 +15,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from ._capture import Capture, forbid_during_capture, invalidated_error
 from ._errors import (
@@ -43,6 +43,8 @@ from ._settings import MetraleSettings
 from ._types import AllocRecord, DeviceBuffer, MemoryInfo, RedZoneViolation
 
 __all__ = ["GpuBackend"]
+
+_H = TypeVar("_H", bound=_Handle)
 
 _log = logging.getLogger("metrale")
 
@@ -113,7 +115,7 @@ class GpuBackend:
                 f"backend {self.name}:{self.ordinal} is closed; open a new one with open_backend()"
             )
 
-    def _adopt(self, handle: Any) -> Any:
+    def _adopt(self, handle: _H) -> _H:
         with self._lock:
             self._handles[id(handle)] = handle
         return handle
@@ -129,7 +131,7 @@ class GpuBackend:
     def _integer(self, value: object, what: str, name: str, *, minimum: int = 0) -> int:
         if isinstance(value, bool) or not hasattr(value, "__index__"):
             raise self._invalid_argument(what, f"an integer {name}", value)
-        number = operator.index(value)  # type: ignore[arg-type]
+        number = operator.index(value)
         if number < minimum:
             raise InvalidArgumentError(f"{what}: {name} must be at least {minimum}, got {number}")
         return number
@@ -137,7 +139,7 @@ class GpuBackend:
     def _size(self, nbytes: object, what: str) -> int:
         if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
             raise InvalidBufferError(f"{what}: nbytes must be a positive integer, got {nbytes!r}")
-        n = operator.index(nbytes)  # type: ignore[arg-type]
+        n = operator.index(nbytes)
         if n <= 0:
             raise InvalidBufferError(f"{what}: nbytes must be a positive integer, got {n}")
         return n
@@ -180,7 +182,7 @@ class GpuBackend:
             return target.ptr + off, count, target
         if isinstance(target, bool) or not hasattr(target, "__index__"):
             raise self._invalid_argument(what, "a DeviceBuffer or an int device pointer", target)
-        ptr = operator.index(target)  # type: ignore[call-overload]
+        ptr = operator.index(target)
         if ptr <= 0:
             raise InvalidArgumentError(f"{what}: a device pointer must be positive, got {ptr}")
         if nbytes is None:
@@ -520,12 +522,12 @@ class GpuBackend:
     def create_stream(self) -> Stream:
         """A new non-blocking stream, owned by this backend."""
         self._check_open()
-        return self._adopt(Stream(self, self._raw.stream_create()))  # type: ignore[no-any-return]
+        return self._adopt(Stream(self, self._raw.stream_create()))
 
     def create_event(self) -> Event:
         """A new event, owned by this backend."""
         self._check_open()
-        return self._adopt(Event(self, self._raw.event_create()))  # type: ignore[no-any-return]
+        return self._adopt(Event(self, self._raw.event_create()))
 
     def synchronize(self) -> None:
         """Wait for all work of this backend."""
@@ -576,7 +578,7 @@ class GpuBackend:
         if capture.invalidated:
             self._discard_raw_capture(target)
             raise invalidated_error(capture, "end_capture")
-        return self._adopt(Graph(self, self._raw.end_capture(target._raw), capture))  # type: ignore[no-any-return]
+        return self._adopt(Graph(self, self._raw.end_capture(target._raw), capture))
 
     def _discard_raw_capture(self, target: Stream) -> None:
         try:

@@ -16,7 +16,7 @@ from ._settings import MetraleSettings
 __all__ = ["main"]
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def _table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -85,7 +85,7 @@ def _discover(settings: MetraleSettings) -> dict[str, _Found]:
             continue
         loaded[name] = plugin
 
-    for name, plugin in loaded.items():
+    for name in loaded:
         ep = by_name[name][0]
         dist = _distribution(ep)
         package = ep.module.partition(".")[0]

@@ -19,7 +19,7 @@ __all__ = ["Event", "Graph", "GraphExec", "HostBuffer", "Stream"]
 
 
 class _Handle:
-    __slots__ = ("_backend", "_closed", "_raw", "__weakref__")
+    __slots__ = ("__weakref__", "_backend", "_closed", "_raw")
 
     _what = "handle"
 

@@ -226,7 +226,7 @@ class BackendMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.live or self.arena)
     @rule(data=st.data())
     def out_of_bounds(self, data: st.DataObject) -> None:
-        buf, contents = self._pick(data, self._all())
+        buf, _ = self._pick(data, self._all())
         op = data.draw(st.sampled_from(["memset", "write", "read", "copy"]), label="op")
         before = self._read(buf)
         try:

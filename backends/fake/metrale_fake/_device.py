@@ -53,7 +53,7 @@ class _FakeStream:
 
 
 class _FakeEvent:
-    __slots__ = ("stream", "seq", "time")
+    __slots__ = ("seq", "stream", "time")
 
     def __init__(self) -> None:
         self.stream: _FakeStream | None = None
@@ -158,7 +158,7 @@ class FakeDevice(RawDevice):
             self._next_host = ptr + (nbytes + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN
             data = np.zeros(nbytes, dtype=np.uint8)
             self._host[ptr] = data
-            return ptr, memoryview(data)
+            return ptr, data.data
 
     def free_host(self, ptr: int) -> None:
         with self._lock:
