@@ -438,7 +438,7 @@ class GpuBackend:
         what = "memset"
         if isinstance(value, bool) or not hasattr(value, "__index__") or not 0 <= operator.index(value) <= 255:
             raise self._invalid_argument(what, "a byte value 0..255", value)
-        count = None if nbytes is None else self._integer(nbytes, what, "nbytes")
+        count = None if nbytes is None else self._size(nbytes, what)
         ptr, count, buf = self._span(dst, offset, count, what)
         byte = operator.index(value)
         self._issue(stream, what, (buf,), lambda s: self._raw.memset(ptr, byte, count, s) if count else None)
@@ -496,7 +496,7 @@ class GpuBackend:
         """Copy device to device; ``nbytes=None`` copies the rest of ``src`` from ``src_offset``."""
         self._check_open()
         what = "copy_device"
-        count = None if nbytes is None else self._integer(nbytes, what, "nbytes")
+        count = None if nbytes is None else self._size(nbytes, what)
         src_ptr, count, src_buf = self._span(src, src_offset, count, what)
         dst_ptr, count, dst_buf = self._span(dst, dst_offset, count, what)
         self._issue(

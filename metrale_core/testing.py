@@ -480,6 +480,8 @@ def _cases() -> tuple[BadInput, ...]:
         BadInput("memset value -1", lambda f: f.gpu.memset(f.buf, -1), arg_err),
         BadInput("memset value 'a'", lambda f: f.gpu.memset(f.buf, "a"), arg_err),  # type: ignore[arg-type]
         BadInput("memset past end", lambda f: f.gpu.memset(f.buf, 1, offset=f.buf.nbytes, nbytes=1), buf_err),
+        BadInput("memset nbytes=0", lambda f: f.gpu.memset(f.buf, 1, nbytes=0), buf_err),
+        BadInput("copy_device nbytes=-1", lambda f: f.gpu.copy_device(f.buf, f.buf, nbytes=-1), buf_err),
         BadInput("memset negative offset", lambda f: f.gpu.memset(f.buf, 1, offset=-1), arg_err),
         BadInput("memset raw pointer without nbytes", lambda f: f.gpu.memset(f.buf.ptr, 1), arg_err),
         BadInput("memset on another backend's stream", lambda f: f.gpu.memset(f.buf, 1, stream=f.foreign_stream),
