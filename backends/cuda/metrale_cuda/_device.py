@@ -1,0 +1,520 @@
+"""The CUDA raw layer: :class:`CudaDevice`, one device's primitives over ``cuda.bindings.driver``.
+
+Handles it gives out: streams, graphs and executable graphs are small
+wrappers of the bindings' objects (they carry the host objects a copy or a
+graph still reads, see below); events are the bindings' ``CUevent``.
+
+**Contexts.** A device works in its ordinal's primary context
+(``cuDevicePrimaryCtxRetain``), shared with the CUDA runtime (CuPy, PyTorch)
+of the same process. Each method makes it current on the calling thread where
+this module did not already: a thread-local records the context this module
+last made current on each thread, so a call on the hot path costs one
+comparison, not a driver call. Calls that create or size something in "the
+current context" (allocations, streams, events, ``synchronize``,
+``mem_get_info``) also ask ``cuCtxGetCurrent``, so code outside metrale that
+switched the context on this thread cannot make them land on another device.
+
+**Host memory in flight.** An asynchronous copy reads or writes its host
+buffer after the call returns. The buffer is kept alive on its stream until
+the stream is known idle: at ``stream_synchronize``, a ``stream_query`` that
+answers true, or ``synchronize``. Work issued while a capture is active is
+also kept by the graph the capture makes (and its executable graphs, and
+their launches), since a graph reads the host buffer again at each launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from typing import Any, Final, cast
+
+from metrale_core import (
+    AllocKind,
+    BackendUnavailableError,
+    DriverError,
+    InvalidArgumentError,
+    MetraleError,
+    RawDevice,
+)
+
+from . import _driver as _d
+from ._driver import call, call1, call_ready, call_teardown, check, drv, invoke
+
+__all__ = ["CudaDevice"]
+
+_log = logging.getLogger("metrale.cuda")
+
+_NAME_LENGTH: Final = 256
+_CLOSED_KEY: Final = -1  # never a context handle: a closed device always takes the slow path
+
+
+class _ThreadState(threading.local):
+    """Per thread: the context handle (as an int) this module last made current."""
+
+    ctx: int = 0
+
+
+_THREAD: Final = _ThreadState()
+
+#: Every stream a :class:`CudaDevice` in this process is capturing. Global-mode
+#: capture is process-wide: a ``cuStreamSynchronize`` on any stream would
+#: invalidate each of these captures, so none is issued while one is active.
+_CAPTURING: Final[set[object]] = set()
+
+
+class _Stream:
+    """A ``CUstream`` and the host objects its issued work may still read or write.
+
+    ``keep`` holds them in issue order; ``dropped`` counts those already let
+    go, so a synchronization lets go of exactly what was issued before it.
+    """
+
+    __slots__ = ("dropped", "handle", "keep")
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.keep: list[object] = []
+        self.dropped = 0
+
+    def __repr__(self) -> str:
+        return f"<cuda stream {self.handle!r}>"
+
+
+class _Graph:
+    """A ``CUgraph`` and the host objects its nodes read or write."""
+
+    __slots__ = ("handle", "keep")
+
+    def __init__(self, handle: Any, keep: tuple[object, ...]) -> None:
+        self.handle = handle
+        self.keep = keep
+
+
+class _GraphExec:
+    """A ``CUgraphExec`` and the host objects its nodes read or write."""
+
+    __slots__ = ("handle", "keep")
+
+    def __init__(self, handle: Any, keep: tuple[object, ...]) -> None:
+        self.handle = handle
+        self.keep = keep
+
+
+class CudaDevice(RawDevice):
+    """One CUDA device's raw primitives, in its primary context.
+
+    Build one with :meth:`open`. Several may be open at once, on several
+    ordinals or on one (they then share the primary context, each holding a
+    reference to it). Every method may be called from any thread and raises
+    only :class:`~metrale_core.MetraleError`.
+    """
+
+    def __init__(self, ordinal: int, device: Any, context: Any) -> None:
+        """Adopt a retained primary context; use :meth:`open` rather than this."""
+        self._ordinal = ordinal
+        self._device = device
+        self._ctx = context
+        self._key = int(context)
+        self._closed = False
+        self._lock = threading.Lock()
+        self._streams: set[_Stream] = set()
+        self._orphans = _Stream(None)  # host objects of destroyed streams, until synchronize()
+        self._captures: dict[_Stream, list[object]] = {}
+        self._name: str | None = None
+        self._integrated: bool | None = None
+
+    @classmethod
+    def open(cls, ordinal: int) -> CudaDevice:
+        """Retain ``ordinal``'s primary context and make it current on this thread.
+
+        Raises :class:`~metrale_core.BackendUnavailableError` naming the
+        ordinal and the reason when the device cannot be opened.
+        """
+        try:
+            count = _d.init_driver()
+        except BackendUnavailableError as exc:
+            raise BackendUnavailableError(
+                f"CUDA device {ordinal} could not be opened: {exc.args[0]}", code=exc.code, name=exc.name
+            ) from exc
+        _d.warn_if_driver_older_than_bindings()
+        if not 0 <= ordinal < count:
+            raise BackendUnavailableError(
+                f"CUDA device {ordinal} does not exist: the driver reports {count} device(s), "
+                f"ordinals 0..{count - 1} (see nvidia-smi and CUDA_VISIBLE_DEVICES)"
+            )
+        try:
+            device = call1(drv.cuDeviceGet, "cuDeviceGet", ordinal)
+            context = call1(drv.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", device)
+        except MetraleError as exc:
+            raise BackendUnavailableError(
+                f"CUDA device {ordinal} could not be opened: {exc.args[0]}", code=exc.code, name=exc.name
+            ) from exc
+        opened = cls(ordinal, device, context)
+        try:
+            opened._bind()
+        except MetraleError as exc:
+            opened.close()
+            reason = exc.args[0]
+            raise BackendUnavailableError(
+                f"CUDA device {ordinal} could not be made current: {reason}", code=exc.code, name=exc.name
+            ) from exc
+        _log.debug("opened CUDA device %d (context %#x)", ordinal, opened._key)
+        return opened
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"context {self._key:#x}"
+        return f"<CudaDevice {self._ordinal} ({state})>"
+
+    # -- the context ----------------------------------------------------------
+
+    def _bind(self) -> None:
+        """Make the context current on this thread (the slow path of every method)."""
+        if self._closed:
+            raise DriverError(f"CUDA device {self._ordinal} is closed")
+        call(drv.cuCtxSetCurrent, "cuCtxSetCurrent", self._ctx)
+        _THREAD.ctx = self._key
+
+    def _bind_checked(self) -> None:
+        """Make the context current, asking the driver what is current now."""
+        if self._closed:
+            raise DriverError(f"CUDA device {self._ordinal} is closed")
+        current = call1(drv.cuCtxGetCurrent, "cuCtxGetCurrent")
+        if int(current) != self._key:
+            call(drv.cuCtxSetCurrent, "cuCtxSetCurrent", self._ctx)
+        _THREAD.ctx = self._key
+
+    def bind_to_thread(self) -> None:
+        """Make this device's context current on the calling thread."""
+        self._bind()
+
+    # -- host objects in flight -------------------------------------------------
+
+    def _hold(self, stream: _Stream, obj: object) -> None:
+        """Keep ``obj`` alive until ``stream`` is known idle (and by any capture in progress)."""
+        stream.keep.append(obj)  # atomic; a release only ever deletes from the front
+        if self._captures:
+            with self._lock:
+                for held in self._captures.values():
+                    held.append(obj)
+
+    @staticmethod
+    def _mark(stream: _Stream) -> int:
+        """The position after the last host object issued to ``stream`` so far.
+
+        Lock-free: ``dropped`` is read before ``len(keep)``, so a release that
+        runs in between can only make the mark smaller (keep more), never larger.
+        """
+        return stream.dropped + len(stream.keep)
+
+    def _release(self, stream: _Stream, mark: int) -> None:
+        """Let go of the host objects issued to ``stream`` before ``mark``."""
+        if mark <= stream.dropped:
+            return
+        with self._lock:
+            n = mark - stream.dropped
+            if n > 0:
+                del stream.keep[:n]
+                stream.dropped += n
+
+    # -- the device -----------------------------------------------------------
+
+    def device_name(self) -> str:
+        """The driver's name for the device, e.g. ``"NVIDIA H200"``."""
+        if self._name is None:
+            raw = call1(drv.cuDeviceGetName, "cuDeviceGetName", _NAME_LENGTH, self._device)
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            self._name = text.split("\x00", 1)[0].strip()
+        return self._name
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes, from ``cuMemGetInfo``."""
+        self._bind_checked()
+        err, free, total = invoke(drv.cuMemGetInfo, "cuMemGetInfo")
+        check(err, "cuMemGetInfo")
+        return int(free), int(total)
+
+    def is_integrated(self) -> bool | None:
+        """``CU_DEVICE_ATTRIBUTE_INTEGRATED``; ``None`` if the query failed."""
+        if self._integrated is None:
+            try:
+                value = call1(drv.cuDeviceGetAttribute, "cuDeviceGetAttribute", _d.ATTRIBUTE_INTEGRATED, self._device)
+            except Exception as exc:
+                _log.debug("the integrated-device query failed: %s", exc)
+                return None
+            self._integrated = bool(value)
+        return self._integrated
+
+    def close(self) -> None:
+        """Release the primary context; never raises, idempotent.
+
+        Destroys nothing the core owns: the core has destroyed its streams,
+        events and graphs and freed its memory before it calls this.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = bool(self._orphans.keep) or any(s.keep for s in self._streams)
+            # a synchronize would invalidate another device's capture (global mode is process-wide)
+            pending = pending and not _CAPTURING.difference(self._captures)
+        key, self._key = self._key, _CLOSED_KEY
+        try:
+            if pending:  # host objects may still be read by the device: wait before letting go
+                if _THREAD.ctx != key:
+                    call(drv.cuCtxSetCurrent, "cuCtxSetCurrent", self._ctx)
+                    _THREAD.ctx = key
+                call_teardown(drv.cuCtxSynchronize, "cuCtxSynchronize")
+        except Exception as exc:
+            _log.debug("close of CUDA device %d: the final synchronize failed: %s", self._ordinal, exc)
+        with self._lock:
+            self._orphans.keep.clear()
+            for stream in self._streams:
+                stream.keep.clear()
+            self._streams.clear()
+            _CAPTURING.difference_update(self._captures)
+            self._captures.clear()
+        try:
+            call_teardown(drv.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", self._device)
+        except Exception as exc:
+            _log.warning("close of CUDA device %d: primary context release failed: %s", self._ordinal, exc)
+        if _THREAD.ctx == key:
+            _THREAD.ctx = 0
+        _log.debug("closed CUDA device %d", self._ordinal)
+
+    # -- memory ---------------------------------------------------------------
+
+    def alloc(self, nbytes: int, kind: AllocKind) -> int:
+        """``cuMemAlloc`` (``"device"``, ``"arena"``) or ``cuMemAllocManaged`` (``"managed"``)."""
+        self._bind_checked()
+        if kind == "managed":
+            ptr = call1(
+                drv.cuMemAllocManaged,
+                f"cuMemAllocManaged of {nbytes} bytes",
+                nbytes,
+                _d.MEM_ATTACH_GLOBAL,
+                requested=nbytes,
+            )
+        elif kind in ("device", "arena"):
+            ptr = call1(drv.cuMemAlloc, f"cuMemAlloc of {nbytes} bytes", nbytes, requested=nbytes)
+        else:
+            raise InvalidArgumentError(f"alloc: unknown allocation kind {kind!r}")
+        return int(ptr)
+
+    def free(self, ptr: int, kind: AllocKind) -> None:
+        """``cuMemFree`` (every kind)."""
+        self._bind_checked()
+        call_teardown(drv.cuMemFree, "cuMemFree", ptr)
+
+    def alloc_host(self, nbytes: int) -> tuple[int, memoryview]:
+        """``cuMemAllocHost``: the pinned memory's address and a writable ``'B'`` view of it."""
+        self._bind_checked()
+        raw = call1(drv.cuMemAllocHost, f"cuMemAllocHost of {nbytes} bytes", nbytes, requested=nbytes)
+        ptr = int(raw)
+        try:
+            view = memoryview((ctypes.c_ubyte * nbytes).from_address(ptr)).cast("B")
+        except Exception as exc:
+            call_teardown(drv.cuMemFreeHost, "cuMemFreeHost", ptr)
+            raise InvalidArgumentError(f"alloc_host: cannot view {nbytes} bytes at {ptr:#x}: {exc}") from exc
+        return ptr, view
+
+    def free_host(self, ptr: int) -> None:
+        """``cuMemFreeHost``."""
+        self._bind_checked()
+        call_teardown(drv.cuMemFreeHost, "cuMemFreeHost", ptr)
+
+    def memset(self, ptr: int, value: int, nbytes: int, stream: object) -> None:
+        """``cuMemsetD8Async``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        call(drv.cuMemsetD8Async, "cuMemsetD8Async", ptr, value, nbytes, cast(_Stream, stream).handle)
+
+    def copy_htod(self, dst: int, src: memoryview, stream: object, *, pinned: bool) -> None:
+        """``cuMemcpyHtoDAsync`` of all of ``src``; ``src`` stays alive until the stream is idle."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        s = cast(_Stream, stream)
+        call(drv.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync", dst, src, src.nbytes, s.handle)
+        self._hold(s, src)
+
+    def copy_dtoh(self, dst: memoryview, src: int, stream: object, *, pinned: bool) -> None:
+        """``cuMemcpyDtoHAsync`` filling all of ``dst``; ``dst`` stays alive until the stream is idle.
+
+        Into pageable memory (``pinned`` false) the copy has completed on
+        return: the driver does so for memory that really is pageable, and a
+        ``cuStreamSynchronize`` makes it so for host memory that someone else
+        page-locked (a pinned tensor passed as a plain buffer), while no
+        capture is active in the process (measured: the driver itself allows a
+        pageable copy on another stream during a capture, a synchronize not).
+        """
+        if dst.readonly:
+            raise InvalidArgumentError("copy_dtoh: the host destination is read-only")
+        if _THREAD.ctx != self._key:
+            self._bind()
+        s = cast(_Stream, stream)
+        call(drv.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync", dst, src, dst.nbytes, s.handle)
+        self._hold(s, dst)
+        if not pinned and not _CAPTURING:
+            self.stream_synchronize(s)
+
+    def copy_dtod(self, dst: int, src: int, nbytes: int, stream: object) -> None:
+        """``cuMemcpyDtoDAsync``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        call(drv.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync", dst, src, nbytes, cast(_Stream, stream).handle)
+
+    # -- streams and events ---------------------------------------------------
+
+    def stream_create(self) -> object:
+        """``cuStreamCreate(CU_STREAM_NON_BLOCKING)``."""
+        self._bind_checked()
+        stream = _Stream(call1(drv.cuStreamCreate, "cuStreamCreate", _d.STREAM_NON_BLOCKING))
+        with self._lock:
+            self._streams.add(stream)
+        return stream
+
+    def stream_destroy(self, stream: object) -> None:
+        """``cuStreamDestroy``; host objects still in flight wait for the next ``synchronize``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        s = cast(_Stream, stream)
+        call_teardown(drv.cuStreamDestroy, "cuStreamDestroy", s.handle)
+        with self._lock:
+            self._streams.discard(s)
+            self._captures.pop(s, None)
+            _CAPTURING.discard(s)
+            self._orphans.keep.extend(s.keep)
+            s.dropped += len(s.keep)
+            s.keep.clear()
+
+    def stream_synchronize(self, stream: object) -> None:
+        """``cuStreamSynchronize``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        s = cast(_Stream, stream)
+        mark = self._mark(s)
+        call(drv.cuStreamSynchronize, "cuStreamSynchronize", s.handle)
+        self._release(s, mark)
+
+    def stream_query(self, stream: object) -> bool:
+        """``cuStreamQuery``: ``False`` on ``CUDA_ERROR_NOT_READY``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        s = cast(_Stream, stream)
+        if not s.keep:
+            return call_ready(drv.cuStreamQuery, "cuStreamQuery", s.handle)
+        mark = self._mark(s)
+        if call_ready(drv.cuStreamQuery, "cuStreamQuery", s.handle):
+            self._release(s, mark)
+            return True
+        return False
+
+    def stream_wait_event(self, stream: object, event: object) -> None:
+        """``cuStreamWaitEvent(stream, event, 0)``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        call(drv.cuStreamWaitEvent, "cuStreamWaitEvent", cast(_Stream, stream).handle, event, 0)
+
+    def event_create(self) -> object:
+        """``cuEventCreate(CU_EVENT_DEFAULT)``: timing enabled."""
+        self._bind_checked()
+        return call1(drv.cuEventCreate, "cuEventCreate", _d.EVENT_DEFAULT)
+
+    def event_destroy(self, event: object) -> None:
+        """``cuEventDestroy``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        call_teardown(drv.cuEventDestroy, "cuEventDestroy", event)
+
+    def event_record(self, event: object, stream: object) -> None:
+        """``cuEventRecord``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        call(drv.cuEventRecord, "cuEventRecord", event, cast(_Stream, stream).handle)
+
+    def event_synchronize(self, event: object) -> None:
+        """``cuEventSynchronize``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        call(drv.cuEventSynchronize, "cuEventSynchronize", event)
+
+    def event_query(self, event: object) -> bool:
+        """``cuEventQuery``: ``False`` on ``CUDA_ERROR_NOT_READY``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        return call_ready(drv.cuEventQuery, "cuEventQuery", event)
+
+    def event_elapsed_ms(self, start: object, end: object) -> float:
+        """``cuEventElapsedTime`` (``_v2`` where the bindings name it so)."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        return float(call1(_d.EVENT_ELAPSED_TIME, "cuEventElapsedTime", start, end))
+
+    def synchronize(self) -> None:
+        """``cuCtxSynchronize``; lets go of every host object issued before it."""
+        self._bind_checked()
+        with self._lock:
+            streams = (self._orphans, *self._streams)
+        marks = [(s, self._mark(s)) for s in streams if s.keep]
+        call(drv.cuCtxSynchronize, "cuCtxSynchronize")
+        for s, mark in marks:
+            self._release(s, mark)
+
+    # -- capture and graphs ---------------------------------------------------
+
+    def begin_capture(self, stream: object) -> None:
+        """``cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL)``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        s = cast(_Stream, stream)
+        call(drv.cuStreamBeginCapture, "cuStreamBeginCapture", s.handle, _d.CAPTURE_MODE_GLOBAL)
+        with self._lock:
+            self._captures[s] = []
+            _CAPTURING.add(s)
+
+    def end_capture(self, stream: object) -> object:
+        """``cuStreamEndCapture``: the graph, which keeps the host objects its copies touch."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        s = cast(_Stream, stream)
+        with self._lock:
+            held = self._captures.pop(s, [])
+            _CAPTURING.discard(s)
+        graph = call1(drv.cuStreamEndCapture, "cuStreamEndCapture", s.handle)
+        return _Graph(graph, tuple(held))
+
+    def is_capturing(self, stream: object) -> bool:
+        """``cuStreamIsCapturing``: status other than ``NONE`` (active or invalidated)."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        status = call1(drv.cuStreamIsCapturing, "cuStreamIsCapturing", cast(_Stream, stream).handle)
+        return int(status) != 0  # CU_STREAM_CAPTURE_STATUS_NONE
+
+    def graph_instantiate(self, graph: object) -> object:
+        """``cuGraphInstantiate(graph, 0)`` (``...WithFlags`` where the bindings offer it)."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        g = cast(_Graph, graph)
+        return _GraphExec(call1(_d.GRAPH_INSTANTIATE, "cuGraphInstantiate", g.handle, 0), g.keep)
+
+    def graph_launch(self, graph_exec: object, stream: object) -> None:
+        """``cuGraphLaunch``; the graph's host objects stay alive until the stream is idle."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        e = cast(_GraphExec, graph_exec)
+        s = cast(_Stream, stream)
+        call(drv.cuGraphLaunch, "cuGraphLaunch", e.handle, s.handle)
+        if e.keep:
+            self._hold(s, e.keep)
+
+    def graph_destroy(self, graph: object) -> None:
+        """``cuGraphDestroy``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        call_teardown(drv.cuGraphDestroy, "cuGraphDestroy", cast(_Graph, graph).handle)
+
+    def graph_exec_destroy(self, graph_exec: object) -> None:
+        """``cuGraphExecDestroy``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        call_teardown(drv.cuGraphExecDestroy, "cuGraphExecDestroy", cast(_GraphExec, graph_exec).handle)

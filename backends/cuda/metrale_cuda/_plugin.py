@@ -1,0 +1,55 @@
+"""The CUDA backend's plugin: registered through ``metrale.backends`` like any other.
+
+Importing it is cheap: ``cuda.bindings`` is imported only when the backend is
+probed or opened.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from metrale_core import BackendRegistration, MetraleError, MetraleSettings, RawDevice, hookimpl
+
+__all__ = ["metrale_backend", "open_device", "probe"]
+
+_log = logging.getLogger("metrale.cuda")
+
+
+def probe(settings: MetraleSettings) -> str | None:
+    """``None`` when a CUDA driver answers ``cuInit`` and reports a device, else why not.
+
+    Never raises: a reason in words a user can act on (no driver library,
+    ``cuInit``'s failure with its code's name, no device, cuda-bindings
+    missing).
+    """
+    try:
+        from ._driver import init_driver
+
+        init_driver()
+    except MetraleError as exc:
+        return str(exc)
+    except Exception as exc:  # a probe never raises
+        _log.debug("the CUDA probe failed unexpectedly", exc_info=True)
+        return f"the CUDA backend could not be probed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def open_device(settings: MetraleSettings, ordinal: int) -> RawDevice:
+    """Open CUDA device ``ordinal`` in its primary context.
+
+    Raises :class:`~metrale_core.BackendUnavailableError` naming the ordinal
+    and the reason when it cannot.
+    """
+    from ._device import CudaDevice
+
+    return CudaDevice.open(ordinal)
+
+
+@hookimpl
+def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
+    """The CUDA backend: available where an NVIDIA driver and a device answer."""
+    return BackendRegistration(
+        open=open_device,
+        probe=probe,
+        description="NVIDIA GPUs through the CUDA driver API (cuda-bindings)",
+    )
