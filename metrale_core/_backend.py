@@ -456,7 +456,6 @@ class GpuBackend:
         what = "copy_to_device"
         view, hb = self._host_view(src, what, writable=False)
         ptr, count, buf = self._span(dst, offset, view.nbytes, what)
-        self._refuse_pageable_in_capture(stream, hb, what)
         self._issue(
             stream, what, (buf,),
             lambda s: self._raw.copy_htod(ptr, view, s, pinned=hb is not None) if count else None,
@@ -476,7 +475,6 @@ class GpuBackend:
         what = "copy_to_host"
         view, hb = self._host_view(dst, what, writable=True)
         ptr, count, buf = self._span(src, offset, view.nbytes, what)
-        self._refuse_pageable_in_capture(stream, hb, what)
         self._issue(
             stream, what, (buf,),
             lambda s: self._raw.copy_dtoh(view, ptr, s, pinned=hb is not None) if count else None,
@@ -503,19 +501,6 @@ class GpuBackend:
             stream, what, (dst_buf, src_buf),
             lambda s: self._raw.copy_dtod(dst_ptr, src_ptr, count, s) if count else None,
         )
-
-    def _refuse_pageable_in_capture(self, stream: Stream | None, hb: HostBuffer | None, what: str) -> None:
-        target = self._stream(stream, what)
-        capture = target._capture
-        if hb is None and capture is not None and not capture.invalidated:
-            capture.invalidate(f"{what} with pageable host memory")
-            err = error_for_code("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", what)
-            raise CaptureError(
-                f"{what}: a graph cannot hold a copy to or from pageable host memory; the capture "
-                f"is now invalidated. Use a HostBuffer from alloc_host() inside captures",
-                code=err.code,
-                name=err.name,
-            )
 
     # -- streams, events, synchronization ---------------------------------------
 

@@ -189,7 +189,8 @@ _ADVICE: Final[dict[str, str]] = {
     "call end_capture to discard it, then capture again",
     "CUDA_ERROR_STREAM_CAPTURE_ISOLATION": "a capturing stream may only wait on events recorded "
     "in the same capture",
-    "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED": "end_capture must be called on the stream that began the capture",
+    "CUDA_ERROR_ILLEGAL_STATE": "the stream is in the wrong capture state for this call: begin_capture "
+    "needs a stream that is not capturing, end_capture the stream that began the capture",
 }
 
 

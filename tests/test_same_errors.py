@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import pytest
@@ -34,19 +35,15 @@ def _alloc_during_capture(gpu: GpuBackend) -> None:
     try:
         gpu.alloc(64)
     finally:
-        try:
+        with contextlib.suppress(MetraleError):
             gpu.end_capture(stream)
-        except MetraleError:
-            pass
 
 
 def _end_invalidated_capture(gpu: GpuBackend) -> None:
     stream = gpu.create_stream()
     gpu.begin_capture(stream)
-    try:
+    with contextlib.suppress(MetraleError):
         gpu.synchronize()
-    except MetraleError:
-        pass
     gpu.end_capture(stream)
 
 
@@ -56,10 +53,8 @@ def _sync_capturing_stream(gpu: GpuBackend) -> None:
     try:
         stream.synchronize()
     finally:
-        try:
+        with contextlib.suppress(MetraleError):
             gpu.end_capture(stream)
-        except MetraleError:
-            pass
 
 
 def _wait_outside_event(gpu: GpuBackend) -> None:
@@ -69,10 +64,8 @@ def _wait_outside_event(gpu: GpuBackend) -> None:
     try:
         stream.wait(event)
     finally:
-        try:
+        with contextlib.suppress(MetraleError):
             gpu.end_capture(stream)
-        except MetraleError:
-            pass
 
 
 def _launch_freed_graph(gpu: GpuBackend) -> None:
