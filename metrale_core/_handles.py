@@ -189,6 +189,10 @@ class HostBuffer(_Handle):
         self._live()
         return self._view
 
+    def __buffer__(self, flags: int) -> memoryview:
+        """The buffer protocol (Python 3.12+): ``memoryview(host_buffer)``, ``numpy.asarray`` etc."""
+        return self.view()
+
     def __len__(self) -> int:
         return self.nbytes
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite on a GPU machine, in the two configurations the CUDA backend must pass:
+# default settings, and the scale variant with red zones. Run from the repository root, with the
+# wheels of ../shared/gpu/fetch-wheels.sh in .whl/ (the GPU test machine has no network).
+# Logs go to $OUT (or ./gpu-logs); extra arguments go to pytest.
+set -uo pipefail
+out=${OUT:-gpu-logs}
+mkdir -p "$out"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+python3 -m pip install -q --no-index --no-build-isolation --no-deps -e . -e backends/fake -e backends/cuda || exit 1
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
+python3 -c 'import cuda.bindings, numpy, sys; print("python", sys.version.split()[0], "cuda-bindings", cuda.bindings.__version__, "numpy", numpy.__version__)' | tee -a "$out/gpu.txt"
+python3 -m metrale_core backends | tee "$out/backends.txt"
+python3 -m metrale_core selftest 2>&1 | tee "$out/selftest.txt"
+rc=${PIPESTATUS[0]}
+python3 -m pytest -q -p no:cacheprovider --hypothesis-profile=ci -rs tests "$@" 2>&1 | tee "$out/pytest-default.txt"
+rc=$(( rc | PIPESTATUS[0] ))
+METRALE_TARGET_HW=strix-halo METRALE_REDZONE=256 \
+  python3 -m pytest -q -p no:cacheprovider --hypothesis-profile=ci -rs tests "$@" 2>&1 | tee "$out/pytest-strix-redzone.txt"
+rc=$(( rc | PIPESTATUS[0] ))
+echo "gpu-suite: exit $rc"
+exit $rc
