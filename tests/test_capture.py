@@ -154,3 +154,38 @@ def test_events_time_work(gpu: GpuBackend) -> None:
     end.record()
     end.synchronize()
     assert end.query() and start.elapsed_ms(end) >= 0.0
+
+
+def test_host_memory_of_an_async_copy_stays_alive(gpu: GpuBackend) -> None:
+    import gc
+
+    buf = gpu.alloc(1 << 20)
+    stream = gpu.create_stream()
+    gpu.copy_to_device(buf, bytes([5]) * (1 << 20), stream=stream)  # the only reference is the copy's
+    gc.collect()
+    stream.synchronize()
+    out = bytearray(1 << 20)
+    gpu.copy_to_host(out, buf, stream=stream)
+    assert out == bytes([5]) * (1 << 20)
+
+
+def test_work_from_another_thread(gpu: GpuBackend) -> None:
+    import threading
+
+    buf = gpu.alloc(256)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            gpu.memset(buf, 0x42)
+            gpu.synchronize()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    out = bytearray(256)
+    gpu.copy_to_host(out, buf)
+    assert out == b"\x42" * 256

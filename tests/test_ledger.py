@@ -8,7 +8,7 @@ import threading
 import pytest
 from conftest import SETTINGS
 
-from metrale_core import GpuBackend, open_backend
+from metrale_core import GpuBackend, InvalidBufferError, open_backend
 
 
 def test_site_is_the_callers_line(gpu: GpuBackend) -> None:
@@ -95,3 +95,14 @@ def test_many_threads(gpu: GpuBackend) -> None:
     assert not errors, errors
     assert len(seen) == len(set(seen)) == threads * (rounds - rounds // 3)
     assert gpu.live_alloc_len() == 0
+
+
+def test_two_backends_keep_separate_ledgers(backend_name: str) -> None:
+    with open_backend(backend_name, settings=SETTINGS) as a, open_backend(backend_name, settings=SETTINGS) as b:
+        x = a.alloc(64)
+        y = b.alloc(64)
+        assert (a.live_alloc_len(), b.live_alloc_len()) == (1, 1)
+        with pytest.raises(InvalidBufferError):
+            a.free(y)  # not on a's ledger
+        a.free(x)
+        assert (a.live_alloc_len(), b.live_alloc_len()) == (0, 1)
