@@ -13,6 +13,7 @@ from metrale_core import CaptureError, GpuBackend, InvalidBufferError, MetraleEr
 def test_event_recorded_in_capture_may_be_waited_on(gpu: GpuBackend) -> None:
     buf = gpu.alloc(256)
     gpu.memset(buf, 0)
+    gpu.synchronize()  # the default stream does not order with other streams
     stream = gpu.create_stream()
     event = gpu.create_event()
     gpu.begin_capture(stream)
@@ -72,6 +73,7 @@ def test_host_copies_are_recorded(gpu: GpuBackend, pinned: bool) -> None:
     """CUDA records host copies in a capture, from pinned and (measured on an H200) pageable memory."""
     buf = gpu.alloc(64)
     gpu.memset(buf, 0)
+    gpu.synchronize()  # the default stream does not order with other streams
     source: object
     if pinned:
         host = gpu.alloc_host(64)

@@ -69,7 +69,12 @@ def test_defer_free_runs_pending_work_first(deferred: GpuBackend) -> None:
     assert host.view().tobytes() == b"\x09" * 16
 
 
-def test_pointers_are_aligned_nonzero_and_resolved(fake: GpuBackend) -> None:
+def test_pointers_are_aligned_nonzero_and_resolved() -> None:
+    with open_backend("fake", settings=SETTINGS.model_copy(update={"redzone": 0})) as fake:
+        _check_pointers(fake)
+
+
+def _check_pointers(fake: GpuBackend) -> None:
     a, b = fake.alloc(1000), fake.alloc_managed(3)
     assert a.ptr % 256 == 0 and b.ptr % 256 == 0 and 0 not in (a.ptr, b.ptr)
     fake.memset(a.ptr + 10, 7, nbytes=990)  # inside: fine

@@ -57,7 +57,7 @@ def test_fake_integrated_reports_host_available() -> None:
         host = read_mem_available()
         if host is not None:
             assert info.effective_free == min(host, info.total)
-    with open_backend("fake", settings=SETTINGS.model_copy(update={"fake_memory_bytes": 1 << 20})) as gpu:
+    with open_backend("fake", settings=SETTINGS.model_copy(update={"fake_memory_bytes": 1 << 20, "redzone": 0})) as gpu:
         gpu.alloc(1 << 10)
         info = gpu.memory_info()
         assert (info.free, info.total, info.effective_free, info.integrated) == (
