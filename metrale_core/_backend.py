@@ -395,6 +395,7 @@ class GpuBackend:
 
     def ledger_probe(self) -> LedgerProbe:
         """A reader of this backend's ledger that outlives the backend."""
+        self._check_open()
         return LedgerProbe(self._ledger)
 
     def sweep_unreleased(self) -> int:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ._handles import HostBuffer, Stream
     from ._types import DeviceBuffer
 
-__all__ = ["Capture", "active_captures", "forbid_during_capture"]
+__all__ = ["Capture", "active_captures", "captured_event_error", "forbid_during_capture", "invalidated_error"]
 
 _LOCK = threading.Lock()
 _ACTIVE: dict[int, Capture] = {}
@@ -85,9 +85,23 @@ def forbid_during_capture(what: str) -> None:
 
 def invalidated_error(capture: Capture, what: str) -> CaptureError:
     err = error_for_code("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", what)
+    todo = (
+        "the capture has ended and its work is discarded: capture again without the forbidden call"
+        if what == "end_capture"
+        else "call end_capture to discard it, then capture again"
+    )
     return CaptureError(
-        f"{what} failed: the capture on this stream was invalidated ({capture.reason}); "
-        f"call end_capture to discard it, then capture again",
+        f"{what} failed: the capture on this stream was invalidated ({capture.reason}); {todo}",
+        code=err.code,
+        name=err.name,
+    )
+
+
+def captured_event_error(what: str) -> CaptureError:
+    err = error_for_code("CUDA_ERROR_CAPTURED_EVENT", what)
+    return CaptureError(
+        f"{what}: the event was last recorded inside a capture, so it marks a point in a graph, not "
+        f"in a stream's work; record it again on a stream outside any capture first",
         code=err.code,
         name=err.name,
     )

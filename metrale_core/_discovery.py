@@ -59,7 +59,7 @@ def _discover(settings: MetraleSettings) -> dict[str, _Found]:
     loaded: dict[str, object] = {}
 
     def unavailable(name: str, dist: str | None, reason: str, package: str = "") -> None:
-        found[name] = _Found(BackendInfo(name, False, reason, dist), None, package)
+        found[name] = _Found(BackendInfo(name, False, _one_line(reason), dist), None, package)
 
     for name, eps in sorted(by_name.items()):
         dists = sorted({_distribution(ep) or "?" for ep in eps})
@@ -108,9 +108,14 @@ def _discover(settings: MetraleSettings) -> dict[str, _Found]:
             reason = registration.probe(settings)
         except Exception as exc:
             reason = f"its availability probe raised {type(exc).__name__}: {exc}"
-        info = BackendInfo(name, reason is None, reason, dist, registration.description)
+        info = BackendInfo(name, reason is None, None if reason is None else _one_line(reason), dist,
+                           registration.description)
         found[name] = _Found(info, registration, package)
     return dict(sorted(found.items()))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 def available_backends(settings: MetraleSettings | None = None) -> dict[str, BackendInfo]:
@@ -143,8 +148,9 @@ def open_backend(
     if entry is None:
         if name is None:
             raise BackendUnavailableError(
-                f"METRALE_BACKEND={requested!r} names no installed backend (installed: {installed}); "
-                f"set it to one of those or to auto"
+                f"the configured backend {requested!r} (settings.backend, from METRALE_BACKEND or a "
+                f"keyword) names no installed backend (installed: {installed}); set it to one of those "
+                f"or to auto"
             )
         raise BackendNotFoundError(
             f"no backend named {requested!r} is installed (installed: {installed}); "

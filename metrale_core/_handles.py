@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._capture import Capture, forbid_during_capture, invalidated_error
+from ._capture import Capture, captured_event_error, forbid_during_capture, invalidated_error
 from ._errors import CaptureError, InvalidBufferError, MetraleError, error_for_code
 
 if TYPE_CHECKING:
@@ -86,7 +86,9 @@ class Stream(_Handle):
                     code=err.code,
                     name=err.name,
                 )
-        elif event._captured_in is not None and event._captured_in.active:
+        elif event._captured_in is not None and not event._captured_in.active:
+            raise captured_event_error("Stream.wait(event)")
+        elif event._captured_in is not None:
             raise CaptureError(
                 "Stream.wait(event) on a stream that is not capturing, with an event recorded "
                 "in a capture in progress, would join this stream to the capture; metrale "
@@ -139,12 +141,16 @@ class Event(_Handle):
         """Wait until the work before the event's last record has completed."""
         raw = self._live()
         forbid_during_capture("Event.synchronize()")
+        if self._captured_in is not None:
+            raise captured_event_error("Event.synchronize()")
         self._backend._raw.event_synchronize(raw)
 
     def query(self) -> bool:
         """Whether the work before the event's last record has completed."""
         raw = self._live()
         forbid_during_capture("Event.query()")
+        if self._captured_in is not None:
+            raise captured_event_error("Event.query()")
         return self._backend._raw.event_query(raw)
 
     def elapsed_ms(self, end: Event) -> float:

@@ -167,7 +167,7 @@ def _steps(gpu: GpuBackend) -> Iterator[tuple[str, Callable[[], str]]]:
 def run_selftest(settings: MetraleSettings, report: Callable[[Check], None]) -> list[Check]:
     """Open the configured backend and run every check; red zones are turned on if off."""
     if settings.redzone == 0:
-        settings = settings.model_copy(update={"redzone": 256})
+        settings = settings.updated(redzone=256)
     checks: list[Check] = []
 
     def record(check: Check) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
 import re
 from typing import Any, ClassVar, Final
 
@@ -12,6 +15,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ._errors import ConfigError
 
 __all__ = ["MetraleSettings"]
+
+_log = logging.getLogger("metrale.settings")
 
 ENV_PREFIX: Final = "METRALE_"
 
@@ -85,6 +90,14 @@ class MetraleSettings(BaseSettings):
             super().__init__(**values)
         except pydantic.ValidationError as exc:
             raise _config_error(exc, set(values)) from None
+        _warn_unknown_variables()
+
+    def updated(self, **changes: Any) -> MetraleSettings:
+        """A copy with ``changes`` applied and validated (unlike pydantic's ``model_copy``).
+
+        A bad value raises :class:`~metrale_core.ConfigError` naming the field.
+        """
+        return type(self)(**{**self.model_dump(), **changes})
 
     @field_validator("redzone", "redzone_min_idx", "redzone_fill", "fake_memory_bytes", mode="before")
     @classmethod
@@ -102,6 +115,16 @@ class MetraleSettings(BaseSettings):
         return self.target_hw.lower().startswith("strix")
 
 
+def _warn_unknown_variables() -> None:
+    """One WARNING per ``METRALE_*`` variable that names no setting (a typo is otherwise silent)."""
+    known = {ENV_PREFIX + name.upper() for name in MetraleSettings.model_fields}
+    for variable in sorted(os.environ):
+        if variable.startswith(ENV_PREFIX) and variable not in known:
+            close = difflib.get_close_matches(variable, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            _log.warning("%s is not a metrale setting and is ignored%s", variable, hint)
+
+
 def _config_error(exc: pydantic.ValidationError, keywords: set[str]) -> ConfigError:
     problems = []
     for err in exc.errors():
@@ -112,4 +135,4 @@ def _config_error(exc: pydantic.ValidationError, keywords: set[str]) -> ConfigEr
         problems.append(f"{source}{err.get('input')!r}: {reason}")
     first = problems[0] if problems else str(exc)
     more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})" if len(problems) > 1 else ""
-    return ConfigError(f"invalid setting {first}{more}; fix or unset it (see `metrale info`)")
+    return ConfigError(f"invalid setting {first}{more}; fix or unset it (docs/settings.md lists every setting)")

@@ -132,7 +132,7 @@ def test_double_begin_and_end_without_begin(gpu: GpuBackend) -> None:
 
 
 def test_scale_variant_never_asks_the_driver() -> None:
-    settings = SETTINGS.model_copy(update={"target_hw": "strix-halo"})
+    settings = SETTINGS.updated(target_hw="strix-halo")
     with open_backend("fake", settings=settings) as gpu:
         stream = gpu.create_stream()
         gpu.inject_fault("is_capturing", code="CUDA_ERROR_NOT_SUPPORTED")  # type: ignore[attr-defined]
@@ -141,7 +141,7 @@ def test_scale_variant_never_asks_the_driver() -> None:
         assert gpu.stream_is_capturing(stream)
         gpu.end_capture(stream).close()
         assert not gpu.stream_is_capturing(stream)
-    with open_backend("fake", settings=SETTINGS.model_copy(update={"target_hw": ""})) as gpu:
+    with open_backend("fake", settings=SETTINGS.updated(target_hw="")) as gpu:
         gpu.inject_fault("is_capturing", code="CUDA_ERROR_NOT_SUPPORTED")  # type: ignore[attr-defined]
         with pytest.raises(MetraleError) as info:
             gpu.stream_is_capturing()
@@ -191,3 +191,25 @@ def test_work_from_another_thread(gpu: GpuBackend) -> None:
     out = bytearray(256)
     gpu.copy_to_host(out, buf)
     assert out == b"\x42" * 256
+
+
+def test_event_recorded_again_outside_capture_is_usable(gpu: GpuBackend) -> None:
+    stream, event = gpu.create_stream(), gpu.create_event()
+    gpu.begin_capture(stream)
+    event.record(stream)
+    gpu.end_capture(stream)
+    with pytest.raises(CaptureError) as info:
+        event.query()
+    assert info.value.name == "CUDA_ERROR_CAPTURED_EVENT"
+    event.record(stream)
+    event.synchronize()
+    assert event.query()
+
+
+def test_unknown_variables_warn(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from metrale_core import MetraleSettings
+
+    monkeypatch.setenv("METRALE_REDZONES", "64")
+    with caplog.at_level(logging.WARNING, logger="metrale"):
+        MetraleSettings()
+    assert any("did you mean METRALE_REDZONE?" in r.getMessage() for r in caplog.records)

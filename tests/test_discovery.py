@@ -115,8 +115,8 @@ def test_probe_that_raises_is_unavailable(site: Path) -> None:
 def test_unknown_names() -> None:
     with pytest.raises(BackendNotFoundError, match="fake"):
         open_backend("nonexistent", settings=SETTINGS)
-    with pytest.raises(BackendUnavailableError, match="METRALE_BACKEND='nonexistent'"):
-        open_backend(settings=SETTINGS.model_copy(update={"backend": "nonexistent"}))
+    with pytest.raises(BackendUnavailableError, match="configured backend 'nonexistent'"):
+        open_backend(settings=SETTINGS.updated(backend="nonexistent"))
 
 
 def test_auto_picks_cuda_only_when_it_answers() -> None:

@@ -21,7 +21,7 @@ from metrale_core import (
 
 @pytest.fixture
 def deferred() -> Iterator[GpuBackend]:
-    with open_backend("fake", settings=SETTINGS.model_copy(update={"fake_defer": True})) as gpu:
+    with open_backend("fake", settings=SETTINGS.updated(fake_defer=True)) as gpu:
         yield gpu
 
 
@@ -70,7 +70,7 @@ def test_defer_free_runs_pending_work_first(deferred: GpuBackend) -> None:
 
 
 def test_pointers_are_aligned_nonzero_and_resolved() -> None:
-    with open_backend("fake", settings=SETTINGS.model_copy(update={"redzone": 0})) as fake:
+    with open_backend("fake", settings=SETTINGS.updated(redzone=0)) as fake:
         _check_pointers(fake)
 
 
@@ -88,7 +88,7 @@ def _check_pointers(fake: GpuBackend) -> None:
 
 
 def test_out_of_memory_names_the_holders() -> None:
-    settings = SETTINGS.model_copy(update={"fake_memory_bytes": 1 << 20, "redzone": 0})
+    settings = SETTINGS.updated(fake_memory_bytes=1 << 20, redzone=0)
     with open_backend("fake", settings=settings) as gpu:
         held = gpu.alloc(600 << 10)
         with pytest.raises(OutOfMemoryError) as info:
@@ -156,7 +156,7 @@ def test_large_copies_round_trip(fake: GpuBackend) -> None:
 def test_redzone_trace_logs_the_allocating_stack(caplog: pytest.LogCaptureFixture) -> None:
     with open_backend("fake", settings=SETTINGS) as probe_gpu:
         nxt = probe_gpu.alloc(8).index + 1
-    settings = SETTINGS.model_copy(update={"redzone": 64, "redzone_trace_idx": nxt})
+    settings = SETTINGS.updated(redzone=64, redzone_trace_idx=nxt)
     with open_backend("fake", settings=settings) as gpu, caplog.at_level(logging.WARNING, logger="metrale"):
         buf = gpu.alloc(8)
         assert buf.index == nxt
@@ -166,7 +166,7 @@ def test_redzone_trace_logs_the_allocating_stack(caplog: pytest.LogCaptureFixtur
 
 
 def test_redzone_lead_and_min_idx(caplog: pytest.LogCaptureFixture) -> None:
-    settings = SETTINGS.model_copy(update={"redzone": 100, "redzone_lead": True})
+    settings = SETTINGS.updated(redzone=100, redzone_lead=True)
     with open_backend("fake", settings=settings) as gpu:
         buf = gpu.alloc(10)
         assert buf.ptr % 256 == 0
@@ -177,7 +177,7 @@ def test_redzone_lead_and_min_idx(caplog: pytest.LogCaptureFixture) -> None:
         assert [(v.side, v.offset) for v in found] == [("lead", 255), ("trail", 99)]
         assert len(caplog.records) == 2 and "allocation #" in caplog.records[0].getMessage()
         nxt = gpu.alloc(8).index + 1
-    later = SETTINGS.model_copy(update={"redzone": 64, "redzone_min_idx": nxt + 1})
+    later = SETTINGS.updated(redzone=64, redzone_min_idx=nxt + 1)
     with open_backend("fake", settings=later) as gpu:
         early, late = gpu.alloc(8), gpu.alloc(8)
         assert (early.index, late.index) == (nxt, nxt + 1)

@@ -50,14 +50,14 @@ def test_effective_free(cu_free: int, available: int | None, integrated: bool | 
 
 
 def test_fake_integrated_reports_host_available() -> None:
-    settings = SETTINGS.model_copy(update={"fake_integrated": True, "fake_memory_bytes": 1 << 60})
+    settings = SETTINGS.updated(fake_integrated=True, fake_memory_bytes=1 << 60)
     with open_backend("fake", settings=settings) as gpu:
         info = gpu.memory_info()
         assert info.integrated
         host = read_mem_available()
         if host is not None:
             assert info.effective_free == min(host, info.total)
-    with open_backend("fake", settings=SETTINGS.model_copy(update={"fake_memory_bytes": 1 << 20, "redzone": 0})) as gpu:
+    with open_backend("fake", settings=SETTINGS.updated(fake_memory_bytes=1 << 20, redzone=0)) as gpu:
         gpu.alloc(1 << 10)
         info = gpu.memory_info()
         assert (info.free, info.total, info.effective_free, info.integrated) == (

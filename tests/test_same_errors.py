@@ -68,6 +68,22 @@ def _wait_outside_event(gpu: GpuBackend) -> None:
             gpu.end_capture(stream)
 
 
+def _query_captured_event(gpu: GpuBackend) -> None:
+    stream, event = gpu.create_stream(), gpu.create_event()
+    gpu.begin_capture(stream)
+    event.record(stream)
+    gpu.end_capture(stream)
+    event.query()
+
+
+def _sync_captured_event(gpu: GpuBackend) -> None:
+    stream, event = gpu.create_stream(), gpu.create_event()
+    gpu.begin_capture(stream)
+    event.record(stream)
+    gpu.end_capture(stream)
+    event.synchronize()
+
+
 def _launch_freed_graph(gpu: GpuBackend) -> None:
     buf = gpu.alloc(64)
     stream = gpu.create_stream()
@@ -90,6 +106,8 @@ CASES: dict[str, Callable[[GpuBackend], None]] = {
     "end of an invalidated capture": _end_invalidated_capture,
     "synchronize a capturing stream": _sync_capturing_stream,
     "wait on an event from outside the capture": _wait_outside_event,
+    "query an event last recorded in a capture": _query_captured_event,
+    "synchronize an event last recorded in a capture": _sync_captured_event,
     "launch a graph whose buffer was freed": _launch_freed_graph,
     "alloc past the device's memory": _oversized_alloc,
 }

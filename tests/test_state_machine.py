@@ -9,8 +9,8 @@ from metrale_core.testing import backend_state_machine
 
 CONFIGS = {
     "env": SETTINGS,
-    "zones": SETTINGS.model_copy(update={"redzone": 128, "redzone_lead": True, "redzone_min_idx": 0}),
-    "scale": SETTINGS.model_copy(update={"target_hw": "strix-halo", "redzone": 256}),
+    "zones": SETTINGS.updated(redzone=128, redzone_lead=True, redzone_min_idx=0),
+    "scale": SETTINGS.updated(target_hw="strix-halo", redzone=256),
 }
 
 
@@ -28,7 +28,7 @@ for _param in backend_params():
         _case = _make(_param, _config)
         globals()[_case.__name__] = _case
 
-_defer = backend_state_machine("fake", SETTINGS.model_copy(update={"fake_defer": True, "redzone": 64})).TestCase
+_defer = backend_state_machine("fake", SETTINGS.updated(fake_defer=True, redzone=64)).TestCase
 TestMachine_fake_defer = _defer
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestCollectionWarning")

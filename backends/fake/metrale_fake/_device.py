@@ -175,9 +175,7 @@ class FakeDevice(RawDevice):
             start = ptr - alloc.base
             if start + nbytes <= alloc.size:
                 return alloc.data[start : start + nbytes]
-        raise error_for_code(
-            "CUDA_ERROR_INVALID_VALUE", f"{what}: [{ptr:#x}, {ptr + nbytes:#x}) is not inside one allocation"
-        )
+        raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake {what} of [{ptr:#x}, {ptr + nbytes:#x})")
 
     # -- work on streams ------------------------------------------------------------
 
