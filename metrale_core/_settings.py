@@ -20,7 +20,7 @@ _log = logging.getLogger("metrale.settings")
 
 ENV_PREFIX: Final = "METRALE_"
 
-_SIZE_RE: Final = re.compile(r"^\s*(0[xX][0-9a-fA-F]+|\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
+_SIZE_RE: Final = re.compile(r"^\s*(0[xX][0-9a-fA-F]+|-?\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
 _UNITS: Final = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 
 
