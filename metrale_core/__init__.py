@@ -30,8 +30,18 @@ from ._errors import (
     error_for_code,
 )
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
+from ._kernels import (
+    Kernel,
+    KernelImplementation,
+    KernelNotFoundError,
+    KernelRegistry,
+    LaunchArg,
+    RunMetrics,
+    kernel_implementation,
+)
 from ._ledger import LedgerProbe
 from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
+from ._ptx import ArchitectureError, Param, PtxImage, parse_ptx
 from ._raw import AllocKind, RawDevice
 from ._registration import BackendRegistration
 from ._settings import MetraleSettings
@@ -44,6 +54,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "AllocKind",
     "AllocRecord",
+    "ArchitectureError",
     "BackendInfo",
     "BackendNotFoundError",
     "BackendRegistration",
@@ -60,13 +71,21 @@ __all__ = [
     "HostBuffer",
     "InvalidArgumentError",
     "InvalidBufferError",
+    "Kernel",
+    "KernelImplementation",
+    "KernelNotFoundError",
+    "KernelRegistry",
+    "LaunchArg",
     "LedgerProbe",
     "MemoryInfo",
     "MetraleError",
     "MetraleSettings",
     "OutOfMemoryError",
+    "Param",
+    "PtxImage",
     "RawDevice",
     "RedZoneViolation",
+    "RunMetrics",
     "Stream",
     "__version__",
     "available_backends",
@@ -74,7 +93,9 @@ __all__ = [
     "effective_free_bytes",
     "error_for_code",
     "hookimpl",
+    "kernel_implementation",
     "open_backend",
     "parse_mem_available",
+    "parse_ptx",
     "read_mem_available",
 ]

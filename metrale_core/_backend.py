@@ -9,17 +9,21 @@ once they hold. Collaborators keep their own state: :class:`Ledger`,
 
 from __future__ import annotations
 
+import collections
 import logging
 import operator
 import threading
 import traceback
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
-from ._capture import Capture, forbid_during_capture, invalidated_error
+from ._capture import Capture, active_captures, forbid_during_capture, invalidated_error
 from ._errors import (
     CaptureError,
+    DeviceFaultError,
+    DriverError,
     InvalidArgumentError,
     InvalidBufferError,
     MetraleError,
@@ -27,6 +31,16 @@ from ._errors import (
     error_for_code,
 )
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
+from ._kernels import (
+    MAX_BLOCK,
+    MAX_GRID,
+    MAX_THREADS_PER_BLOCK,
+    Kernel,
+    KernelImplementation,
+    KernelRegistry,
+    RunMetrics,
+    pack_args,
+)
 from ._ledger import (
     Ledger,
     LedgerProbe,
@@ -37,6 +51,7 @@ from ._ledger import (
     next_index,
 )
 from ._meminfo import effective_free_bytes, read_mem_available
+from ._ptx import check_architecture, parse_ptx
 from ._raw import AllocKind, RawDevice
 from ._redzone import Layout, RedZones
 from ._settings import MetraleSettings
@@ -50,6 +65,41 @@ _log = logging.getLogger("metrale")
 
 #: Top-level packages whose frames are never a call site.
 CORE_PACKAGES: Final = frozenset({"metrale_core"})
+
+
+class _GuardedRaw:
+    """The raw layer as the core calls it: one place that watches every raw call.
+
+    A foreign exception (a plugin's bug) becomes a ``DriverError`` naming the
+    call, so none reaches the user; a ``DeviceFaultError`` marks the backend
+    faulted, so every later call reports the first fault.
+    """
+
+    def __init__(self, target: RawDevice, backend: GpuBackend) -> None:
+        self._target = target
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+        backend = self._backend
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except DeviceFaultError as exc:
+                raise backend._faulted_by(exc) from None
+            except MetraleError:
+                raise
+            except Exception as exc:
+                raise DriverError(
+                    f"the {backend.name} backend's raw {name}() raised {type(exc).__name__}: {exc}; "
+                    f"this is a bug in that backend"
+                ) from exc
+
+        self.__dict__[name] = call  # looked up once per name
+        return call
 
 
 class GpuBackend:
@@ -73,9 +123,15 @@ class GpuBackend:
         self.name: Final = name
         self.ordinal: Final = ordinal
         self.settings: Final = settings
-        self._raw = raw
+        self._target = raw
+        self._raw: RawDevice = cast(RawDevice, _GuardedRaw(raw, self))
         self._internal = CORE_PACKAGES | frozenset(internal_packages)
         self._closed = False
+        self._fault: str | None = None
+        self._fault_code: tuple[int | None, str | None] = (None, None)
+        self._recent: collections.deque[str] = collections.deque(maxlen=8)
+        self._metrics = RunMetrics()
+        self._registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
         self._lock = threading.RLock()
         self._ledger = Ledger()
         self._redzones = RedZones(settings)
@@ -95,7 +151,7 @@ class GpuBackend:
     @property
     def raw(self) -> RawDevice:
         """The backend's raw layer (for backend subclasses and diagnostics)."""
-        return self._raw
+        return self._target
 
     @property
     def default_stream(self) -> Stream:
@@ -114,6 +170,33 @@ class GpuBackend:
             raise MetraleError(
                 f"backend {self.name}:{self.ordinal} is closed; open a new one with open_backend()"
             )
+        if self._fault is not None:
+            raise DeviceFaultError(
+                f"backend {self.name}:{self.ordinal} is unusable after a device fault: {self._fault}. "
+                f"Close it (close() still tears down) and open a new one, in a new process for CUDA",
+                code=self._fault_code[0],
+                name=self._fault_code[1],
+            )
+
+    def _recent_launches(self) -> str:
+        return "; ".join(self._recent) or "none"
+
+    def _faulted_by(self, exc: DeviceFaultError) -> DeviceFaultError:
+        """Mark the backend faulted (once: the first fault is the one reported) and describe it."""
+        with self._lock:
+            if self._fault is None:
+                self._fault = f"{exc} (most recent launches, oldest first: {self._recent_launches()})"
+                self._fault_code = (exc.code, exc.name)
+                _log.error("backend %s:%d faulted: %s", self.name, self.ordinal, self._fault)
+            first = self._fault
+        return DeviceFaultError(
+            f"{exc}; the backend is now faulted. First fault: {first}", code=exc.code, name=exc.name
+        )
+
+    @property
+    def faulted(self) -> str | None:
+        """The first device fault this backend met, with the launches before it; ``None`` if none."""
+        return self._fault
 
     def _adopt(self, handle: _H) -> _H:
         with self._lock:
@@ -589,6 +672,142 @@ class GpuBackend:
             return target._capture is not None
         return self._raw.is_capturing(target._raw)
 
+    # -- kernels ------------------------------------------------------------------
+
+    def load_modules(self, images: Mapping[str, bytes | str]) -> KernelRegistry:
+        """Load named PTX images; returns the registry that hands out their kernels.
+
+        Every image is checked against the device's compute capability first;
+        the images the device cannot run are refused together, in one
+        :class:`~metrale_core.ArchitectureError`, and nothing is loaded.
+        """
+        self._check_open()
+        forbid_during_capture("load_modules")
+        if not isinstance(images, Mapping) or not images:
+            raise self._invalid_argument("load_modules", "a non-empty mapping of module name to PTX image", images)
+        texts: dict[str, bytes] = {}
+        for name, image in images.items():
+            if not isinstance(name, str) or not isinstance(image, bytes | bytearray | str):
+                raise self._invalid_argument("load_modules", "str names and PTX images as bytes or str", (name, image))
+            texts[name] = image.encode() if isinstance(image, str) else bytes(image)
+        parsed = {name: parse_ptx(name, text) for name, text in texts.items()}
+        check_architecture(parsed, self._raw.compute_capability(), self._raw.device_name())
+        loaded: dict[str, object] = {}
+        try:
+            for name, text in texts.items():
+                loaded[name] = self._raw.module_load(name, text)
+        except MetraleError:
+            for module in loaded.values():
+                self._quietly("module unload", self._raw.module_unload, module)
+            raise
+        registry = KernelRegistry(self, parsed, loaded)
+        self._registries.add(registry)
+        return registry
+
+    def add_kernel_implementations(self, *implementations: KernelImplementation) -> None:
+        """Python implementations of kernels, for a backend that runs kernels on the CPU (the fake).
+
+        Backends that run kernels on a device ignore them.
+        """
+        self._check_open()
+        for impl in implementations:
+            if not isinstance(impl, KernelImplementation):
+                raise self._invalid_argument(
+                    "add_kernel_implementations", "functions decorated with @kernel_implementation", impl
+                )
+        self._raw.add_kernel_implementations(implementations)
+
+    def launch(
+        self,
+        kernel: Kernel,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        args: Sequence[object],
+        *,
+        shared_mem: int = 0,
+        stream: Stream | None = None,
+    ) -> None:
+        """Launch ``kernel`` with ``grid`` x ``block`` threads on ``stream``.
+
+        ``args`` holds one value per kernel parameter: a ``DeviceBuffer``
+        (checked live), an ``int`` device pointer (unchecked), or an
+        explicitly typed scalar (a numpy scalar or a ctypes value) of the
+        parameter's type. Anything else is refused before the driver sees it.
+        In a capture the launch is recorded. With ``debug_sync_kernels`` the
+        stream is synchronized after the launch (outside captures) and a
+        failure names this launch.
+        """
+        self._check_open()
+        what = "launch"
+        if not isinstance(kernel, Kernel) or kernel.registry._backend is not self:
+            raise self._invalid_argument(what, "a Kernel of a registry of this backend", kernel)
+        if kernel.registry.closed:
+            raise MetraleError(f"{what}: the registry of {kernel.signature} was closed; load the modules again")
+        g = self._dims(grid, "grid", MAX_GRID)
+        b = self._dims(block, "block", MAX_BLOCK)
+        if b[0] * b[1] * b[2] > MAX_THREADS_PER_BLOCK:
+            raise InvalidArgumentError(f"{what}: block {b} has more than {MAX_THREADS_PER_BLOCK} threads")
+        shm = self._integer(shared_mem, what, "shared_mem")
+        packed = pack_args(kernel, args, what, lambda buf: self._require_live(buf, what))
+        target = self._stream(stream, what)
+        buffers = [a for a in args if isinstance(a, DeviceBuffer)]
+        described = (
+            f"{kernel.module}.{kernel.name}<<<{g}, {b}>>>({', '.join(a.describe() for a in packed)})"
+        )
+        outside_capture = target._capture is None and not active_captures()
+        timing = self.settings.kernel_timing and outside_capture
+        start = end = None
+        if timing:
+            start, end = self._raw.event_create(), self._raw.event_create()
+            self._raw.event_record(start, target._raw)
+        self._recent.append(described)
+        try:
+            self._issue(target, what, buffers, lambda s: self._raw.launch(kernel._raw, g, b, shm, s, packed))
+            if timing:
+                self._raw.event_record(end, target._raw)
+                self._metrics.pending.append(((kernel.module, kernel.name), start, end))
+            self._metrics.launched((kernel.module, kernel.name))
+            if self.settings.debug_sync_kernels and outside_capture:
+                self._raw.stream_synchronize(target._raw)
+        except MetraleError as exc:
+            if isinstance(exc, CaptureError):
+                raise
+            raise type(exc)(f"{what} of {described} failed: {exc}", code=exc.code, name=exc.name) from exc
+
+    @staticmethod
+    def _dims(value: object, name: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
+        dims = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        if isinstance(dims, str | bytes) or not isinstance(dims, Sequence) or not 1 <= len(dims) <= 3:
+            raise InvalidArgumentError(f"launch: {name} must be an int or 1 to 3 ints, got {value!r}")
+        out = []
+        for d in dims:
+            if isinstance(d, bool) or not hasattr(d, "__index__"):
+                raise InvalidArgumentError(f"launch: {name} must hold integers, got {value!r}")
+            out.append(operator.index(d))
+        out += [1] * (3 - len(out))
+        for n, limit in zip(out, limits, strict=True):
+            if not 1 <= n <= limit:
+                raise InvalidArgumentError(f"launch: {name} {tuple(out)} is outside 1..{limits} per dimension")
+        return out[0], out[1], out[2]
+
+    def run_metrics(self) -> RunMetrics:
+        """Kernels looked up, launches per kernel and (with ``kernel_timing``) GPU time, since this backend opened.
+
+        Resolving the timings waits for their events, so this is refused during a capture.
+        """
+        self._check_open()
+        pending = self._metrics.pending
+        if pending:
+            forbid_during_capture("run_metrics()")
+            while pending:
+                key, start, end = pending.pop(0)
+                self._raw.event_synchronize(end)
+                ms = self._raw.event_elapsed_ms(start, end)
+                self._metrics.gpu_ms[key] = self._metrics.gpu_ms.get(key, 0.0) + ms
+                self._quietly("event destroy", self._raw.event_destroy, start)
+                self._quietly("event destroy", self._raw.event_destroy, end)
+        return self._metrics
+
     # -- red zones and memory -----------------------------------------------------
 
     def scan_redzones(self) -> list[RedZoneViolation]:
@@ -664,10 +883,16 @@ class GpuBackend:
                         Stream: self._raw.stream_destroy,
                     }[kind]
                     self._quietly(f"destroy {kind.__name__}", destroy, handle._raw)
+        for registry in list(self._registries):
+            registry.close()
+        for _, start, end in self._metrics.pending:
+            self._quietly("event destroy", self._raw.event_destroy, start)
+            self._quietly("event destroy", self._raw.event_destroy, end)
+        self._metrics.pending.clear()
         self._default_stream._closed = True
         self._quietly("destroy default stream", self._raw.stream_destroy, self._default_stream._raw)
         try:
-            self._raw.close()
+            self._target.close()
         except Exception as exc:  # close never raises, whatever a plugin does
             _log.warning("close of %s:%d: the backend's raw close failed: %s", self.name, self.ordinal, exc)
 

@@ -24,6 +24,7 @@ from ._errors import (
     InvalidArgumentError,
     MetraleError,
 )
+from ._kernels import KernelImplementation
 from ._registration import BackendRegistration
 from ._settings import MetraleSettings
 from ._types import BackendInfo
@@ -49,6 +50,10 @@ def _distribution(ep: importlib.metadata.EntryPoint) -> str | None:
 
 
 def _discover(settings: MetraleSettings) -> dict[str, _Found]:
+    return _discover_with_plugins(settings)[0]
+
+
+def _discover_with_plugins(settings: MetraleSettings) -> tuple[dict[str, _Found], pluggy.PluginManager]:
     by_name: dict[str, list[importlib.metadata.EntryPoint]] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         by_name.setdefault(ep.name, []).append(ep)
@@ -111,7 +116,26 @@ def _discover(settings: MetraleSettings) -> dict[str, _Found]:
         info = BackendInfo(name, reason is None, None if reason is None else _one_line(reason), dist,
                            registration.description)
         found[name] = _Found(info, registration, package)
-    return dict(sorted(found.items()))
+    return dict(sorted(found.items())), pm
+
+
+def _kernel_implementations(pm: pluggy.PluginManager, settings: MetraleSettings) -> list[KernelImplementation]:
+    """Every plugin's ``metrale_kernel_implementations``, each called on its own."""
+    collected: list[KernelImplementation] = []
+    for impl in pm.hook.metrale_kernel_implementations.get_hookimpls():
+        try:
+            records = list(impl.function(settings=settings) or ())  # type: ignore[call-overload]
+        except Exception as exc:
+            _log.warning("plugin %s: metrale_kernel_implementations raised %s: %s", impl.plugin_name,
+                         type(exc).__name__, exc)
+            continue
+        bad = [r for r in records if not isinstance(r, KernelImplementation)]
+        if bad:
+            _log.warning("plugin %s: metrale_kernel_implementations returned %r, not KernelImplementation "
+                         "records; skipped", impl.plugin_name, bad[:3])
+            continue
+        collected.extend(records)
+    return collected
 
 
 def _one_line(text: str) -> str:
@@ -138,7 +162,7 @@ def open_backend(
     if isinstance(ordinal, bool) or not hasattr(ordinal, "__index__") or operator.index(ordinal) < 0:
         raise InvalidArgumentError(f"open_backend: ordinal must be a non-negative integer, got {ordinal!r}")
     requested = settings.backend if name is None else name
-    found = _discover(settings)
+    found, plugins = _discover_with_plugins(settings)
     if requested == "auto":
         cuda = found.get("cuda")
         requested = "cuda" if cuda is not None and cuda.info.available else "fake"
@@ -170,7 +194,11 @@ def open_backend(
         ) from exc
     cls = registration.backend_class or GpuBackend
     try:
-        return cls(requested, operator.index(ordinal), settings, raw, internal_packages={entry.package})
+        backend = cls(requested, operator.index(ordinal), settings, raw, internal_packages={entry.package})
     except BaseException:
         raw.close()
         raise
+    implementations = _kernel_implementations(plugins, settings)
+    if implementations:
+        backend.add_kernel_implementations(*implementations)
+    return backend

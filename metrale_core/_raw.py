@@ -23,7 +23,13 @@ Conventions for implementers:
 from __future__ import annotations
 
 import abc
-from typing import Literal
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Literal
+
+from ._errors import error_for_code
+
+if TYPE_CHECKING:
+    from ._kernels import KernelImplementation, LaunchArg
 
 __all__ = ["AllocKind", "RawDevice"]
 
@@ -176,3 +182,36 @@ class RawDevice(abc.ABC):
     @abc.abstractmethod
     def graph_exec_destroy(self, graph_exec: object) -> None:
         """Destroy an executable graph of :meth:`graph_instantiate`."""
+
+    # -- kernel modules (optional: the defaults say the backend runs no kernels) --------
+
+    def compute_capability(self) -> tuple[int, int]:
+        """``(major, minor)``, read without needing a current context."""
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} runs no kernels: compute_capability")
+
+    def module_load(self, name: str, image: bytes) -> object:
+        """Load a PTX image (already checked against the device's architecture)."""
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} runs no kernels: module_load")
+
+    def module_unload(self, module: object) -> None:
+        """Unload a module of :meth:`module_load`."""
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} runs no kernels: module_unload")
+
+    def module_function(self, module: object, kernel: str) -> object:
+        """The handle of kernel ``kernel`` in ``module`` (which the core checked it holds)."""
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} runs no kernels: module_function")
+
+    def launch(
+        self,
+        function: object,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: object,
+        args: Sequence[LaunchArg],
+    ) -> None:
+        """Launch ``function`` on ``stream`` with ``args``, already checked and packed."""
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} runs no kernels: launch")
+
+    def add_kernel_implementations(self, implementations: Iterable[KernelImplementation]) -> None:  # noqa: B027
+        """Python implementations of kernels, for a backend that runs kernels on the CPU; others ignore them."""

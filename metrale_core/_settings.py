@@ -78,9 +78,13 @@ class MetraleSettings(BaseSettings):
     redzone_trace_idx: int | None = Field(
         None, ge=0, description="Log the full stack of the allocation with this creation index."
     )
+    kernel_timing: bool = Field(False, description="Time every kernel launch with events (see `run_metrics()`).")
     target_hw: str = Field("", description="A value starting with `strix` selects the scale variant.")
     fake_memory_bytes: int = Field(16 << 30, gt=0, description="The fake device's capacity.")
     fake_integrated: bool = Field(False, description="The fake reports an integrated device.")
+    fake_compute_capability: str = Field(
+        "9.0", pattern=r"^\d+\.\d+$", description="The compute capability the fake reports, `major.minor`."
+    )
     fake_defer: bool = Field(
         False, description="The fake runs stream work only when it must (see the fake backend)."
     )

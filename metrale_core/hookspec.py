@@ -26,10 +26,13 @@ from typing import TYPE_CHECKING, Final
 import pluggy
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ._kernels import KernelImplementation
     from ._registration import BackendRegistration
     from ._settings import MetraleSettings
 
-__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "metrale_backend"]
+__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "metrale_backend", "metrale_kernel_implementations"]
 
 #: The pluggy project name of metrale's hooks.
 PROJECT_NAME: Final = "metrale"
@@ -54,5 +57,25 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration | None:
         environment.
     :returns: a :class:`~metrale_core.BackendRegistration`, or ``None`` when
         the plugin provides no backend (it is then listed as unavailable).
+    """
+    raise RuntimeError("hook specification: never called directly")  # pragma: no cover
+
+
+@hookspec
+def metrale_kernel_implementations(settings: MetraleSettings) -> Iterable[KernelImplementation]:
+    """Provide Python implementations of kernels, for backends that run kernels on the CPU.
+
+    Called for each plugin on its own when a backend opens; the fake backend
+    runs a launch of ``(module, kernel)`` through the implementation
+    registered for it. A plugin that raises, or returns something other than
+    :class:`~metrale_core.KernelImplementation` records, is skipped with a
+    WARNING naming it.
+
+    **Results:** the records of every plugin are concatenated; where two
+    plugins implement one kernel, the one registered last wins.
+
+    :param settings: the settings the backend opens with.
+    :returns: an iterable of :class:`~metrale_core.KernelImplementation`
+        (made with :func:`~metrale_core.kernel_implementation`).
     """
     raise RuntimeError("hook specification: never called directly")  # pragma: no cover

@@ -1,0 +1,127 @@
+"""Reading PTX images: target architecture, kernels and their parameters; the arch preflight."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Final
+
+from ._errors import InvalidArgumentError, error_for_code
+
+__all__ = ["ArchitectureError", "Param", "PtxImage", "check_architecture", "parse_ptx"]
+
+_TARGET_RE: Final = re.compile(r"^\s*\.target\s+sm_(\d+)([af]?)\b", re.MULTILINE)
+_VERSION_RE: Final = re.compile(r"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
+_ENTRY_RE: Final = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)", re.DOTALL)
+_PARAM_RE: Final = re.compile(
+    r"\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(8|16|32|64)\s+(?:\.ptr\s+(?:\.\w+\s+)*)?"
+    r"([A-Za-z_$][\w$]*)(?:\[(\d+)\])?"
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Param:
+    """One kernel parameter as PTX declares it.
+
+    ``kind`` is PTX's ``u``/``s``/``b``/``f`` (unsigned, signed, untyped bits,
+    float), ``size`` its size in bytes; an array (a struct passed by value)
+    has ``count > 1`` and is given as that many raw bytes.
+    """
+
+    name: str
+    kind: str
+    size: int
+    count: int = 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.count
+
+    @property
+    def pointer_sized(self) -> bool:
+        """Whether a device pointer fits here (a 64-bit integer parameter)."""
+        return self.count == 1 and self.size == 8 and self.kind in "usb"
+
+    def describe(self) -> str:
+        text = f".{self.kind}{self.size * 8}"
+        return f"{text}[{self.count}]" if self.count > 1 else text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PtxImage:
+    """What metrale reads from a PTX image."""
+
+    sm: int
+    suffix: str
+    version: tuple[int, int] | None
+    entries: Mapping[str, tuple[Param, ...]]
+
+    @property
+    def target(self) -> str:
+        return f"sm_{self.sm}{self.suffix}"
+
+    def runs_on(self, capability: tuple[int, int]) -> bool:
+        """Whether a device of compute ``capability`` can load this image.
+
+        Plain PTX is forward compatible (the driver compiles it for newer
+        devices); ``sm_XXa`` images run only on exactly that architecture and
+        ``sm_XXf`` ones on that family (same major, minor at least as high).
+        """
+        device = capability[0] * 10 + capability[1]
+        if self.suffix == "a":
+            return device == self.sm
+        if self.suffix == "f":
+            return capability[0] == self.sm // 10 and capability[1] >= self.sm % 10
+        return device >= self.sm
+
+
+class ArchitectureError(InvalidArgumentError):
+    """PTX images target an architecture the device cannot run (``CUDA_ERROR_NO_BINARY_FOR_GPU``)."""
+
+
+def _text(image: bytes | str) -> str:
+    return image.decode("utf-8", errors="replace") if isinstance(image, bytes | bytearray) else str(image)
+
+
+def parse_ptx(module: str, image: bytes | str) -> PtxImage:
+    """Parse one PTX image; an image without a ``.target`` raises ``InvalidArgumentError``."""
+    text = _text(image)
+    target = _TARGET_RE.search(text)
+    if target is None:
+        raise InvalidArgumentError(
+            f"module {module!r} is not a PTX image with a `.target sm_XX` line; pass the text "
+            f"`nvcc -ptx` writes"
+        )
+    version = _VERSION_RE.search(text)
+    entries: dict[str, tuple[Param, ...]] = {}
+    for entry in _ENTRY_RE.finditer(text):
+        params = tuple(
+            Param(name=m.group(4), kind=m.group(2), size=int(m.group(3)) // 8, count=int(m.group(5) or 1))
+            for m in _PARAM_RE.finditer(entry.group(2))
+        )
+        entries[entry.group(1)] = params
+    return PtxImage(
+        sm=int(target.group(1)),
+        suffix=target.group(2),
+        version=(int(version.group(1)), int(version.group(2))) if version else None,
+        entries=entries,
+    )
+
+
+def check_architecture(
+    images: Mapping[str, PtxImage], capability: tuple[int, int], device: str
+) -> None:
+    """Refuse, in one error listing every one, the images ``device`` cannot run."""
+    refused = [(name, img.target) for name, img in images.items() if not img.runs_on(capability)]
+    if not refused:
+        return
+    err = error_for_code("CUDA_ERROR_NO_BINARY_FOR_GPU", "load_modules")
+    listing = ", ".join(f"{name} (targets {target})" for name, target in refused)
+    raise ArchitectureError(
+        f"load_modules: {device} has compute capability {capability[0]}.{capability[1]} (sm_"
+        f"{capability[0]}{capability[1]}) and cannot run {listing}; rebuild those modules with "
+        f"`nvcc -ptx -arch=compute_{capability[0]}{capability[1]}` or older",
+        code=err.code,
+        name=err.name,
+    )
