@@ -184,14 +184,17 @@ class GpuBackend:
     def _faulted_by(self, exc: DeviceFaultError) -> DeviceFaultError:
         """Mark the backend faulted (once: the first fault is the one reported) and describe it."""
         with self._lock:
-            if self._fault is None:
+            first = self._fault is None
+            if first:
                 self._fault = f"{exc} (most recent launches, oldest first: {self._recent_launches()})"
                 self._fault_code = (exc.code, exc.name)
                 _log.error("backend %s:%d faulted: %s", self.name, self.ordinal, self._fault)
-            first = self._fault
-        return DeviceFaultError(
-            f"{exc}; the backend is now faulted. First fault: {first}", code=exc.code, name=exc.name
-        )
+        if first:
+            return DeviceFaultError(
+                f"{self._fault}; the backend is now unusable: close it and open a new one",
+                code=exc.code, name=exc.name,
+            )
+        return DeviceFaultError(f"{exc}; the first fault was: {self._fault}", code=exc.code, name=exc.name)
 
     @property
     def faulted(self) -> str | None:
@@ -500,10 +503,7 @@ class GpuBackend:
             with self._lock:
                 raw_ptr = self._raw_base.pop(rec.ptr, rec.ptr)
             self._redzones.remove(rec.ptr)
-            try:
-                self._raw.free(raw_ptr, rec.kind)  # type: ignore[arg-type]
-            except MetraleError as exc:
-                _log.warning("sweep: freeing allocation #%d at %#x failed: %s", rec.index, rec.ptr, exc)
+            self._quietly(f"sweep: freeing allocation #{rec.index} at {rec.ptr:#x}", self._raw.free, raw_ptr, rec.kind)
         return len(records)
 
     # -- work on streams --------------------------------------------------------
@@ -692,7 +692,7 @@ class GpuBackend:
             texts[name] = image.encode() if isinstance(image, str) else bytes(image)
         parsed = {name: parse_ptx(name, text) for name, text in texts.items()}
         check_architecture(parsed, self._raw.compute_capability(), self._raw.device_name())
-        loaded: dict[str, object] = {}
+        loaded: dict[str, object] = {}  # nothing is loaded until every image passed
         try:
             for name, text in texts.items():
                 loaded[name] = self._raw.module_load(name, text)
@@ -703,6 +703,17 @@ class GpuBackend:
         registry = KernelRegistry(self, parsed, loaded)
         self._registries.add(registry)
         return registry
+
+    def compute_capability(self) -> tuple[int, int]:
+        """The device's compute capability, ``(major, minor)``."""
+        self._check_open()
+        return self._raw.compute_capability()
+
+    def preflight(self, images: Mapping[str, bytes | str]) -> None:
+        """Check PTX images against the device without loading them; raises like :meth:`load_modules`."""
+        self._check_open()
+        parsed = {name: parse_ptx(name, image) for name, image in images.items()}
+        check_architecture(parsed, self._raw.compute_capability(), self._raw.device_name())
 
     def add_kernel_implementations(self, *implementations: KernelImplementation) -> None:
         """Python implementations of kernels, for a backend that runs kernels on the CPU (the fake).
@@ -896,12 +907,13 @@ class GpuBackend:
         except Exception as exc:  # close never raises, whatever a plugin does
             _log.warning("close of %s:%d: the backend's raw close failed: %s", self.name, self.ordinal, exc)
 
-    @staticmethod
-    def _quietly(what: str, fn: Callable[..., object], *args: object) -> None:
+    def _quietly(self, what: str, fn: Callable[..., object], *args: object) -> None:
         try:
             fn(*args)
         except MetraleError as exc:
-            _log.warning("close: %s failed: %s", what, exc)
+            # after a device fault every call fails: that is expected, not news
+            level = logging.DEBUG if self._fault is not None else logging.WARNING
+            _log.log(level, "%s failed: %s", what, exc)
 
     def __enter__(self) -> GpuBackend:
         return self

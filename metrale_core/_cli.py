@@ -1,4 +1,4 @@
-"""The ``metrale`` command line: ``backends``, ``info``, ``selftest``."""
+"""The ``metrale`` command line: ``backends``, ``info``, ``selftest``, ``preflight``."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ._discovery import available_backends, open_backend
 from ._errors import ConfigError, MetraleError
 from ._ledger import format_bytes
+from ._ptx import PtxImage, parse_ptx
 from ._selftest import Check, run_selftest
 from ._settings import MetraleSettings
 
@@ -56,6 +58,28 @@ def _selftest(settings: MetraleSettings) -> int:
     return 1 if failed else 0
 
 
+def _preflight(settings: MetraleSettings, paths: Sequence[str]) -> int:
+    images: dict[str, PtxImage] = {}
+    for path in paths:
+        try:
+            images[Path(path).stem] = parse_ptx(Path(path).stem, Path(path).read_bytes())
+        except OSError as exc:
+            print(f"metrale preflight: cannot read {path}: {exc.strerror}", file=sys.stderr)
+            return 2
+    with open_backend(settings=settings) as gpu:
+        capability = gpu.compute_capability()
+        device = gpu.device_name
+    rows = [("module", "target", f"on {device} (sm_{capability[0]}{capability[1]})")]
+    refused = 0
+    for name, image in images.items():
+        ok = image.runs_on(capability)
+        refused += not ok
+        rows.append((name, image.target, "ok" if ok else f"REFUSED: needs {image.requirement()}"))
+    print(_table(rows))
+    print(f"preflight: {len(images) - refused} ok, {refused} refused")
+    return 1 if refused else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``metrale`` console script."""
     parser = argparse.ArgumentParser(prog="metrale", description="metrale: a backend-neutral GPU runtime")
@@ -64,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("backends", help="list every discovered backend and whether it can run here")
     sub.add_parser("info", help="the chosen backend, its device and memory")
     sub.add_parser("selftest", help="run a representative workload and check every step")
+    pre = sub.add_parser("preflight", help="check PTX files against the device's architecture, loading nothing")
+    pre.add_argument("paths", nargs="+", metavar="PATH", help="PTX files (the module name is the file's stem)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -76,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     commands = {"backends": _backends, "info": _info, "selftest": _selftest}
     try:
+        if args.command == "preflight":
+            return _preflight(settings, args.paths)
         return commands[args.command](settings)
     except MetraleError as exc:
         print(f"metrale {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import operator
+import struct
 import threading
 import weakref
 from collections import Counter
@@ -52,9 +53,14 @@ class LaunchArg:
     pointer: int | None = None
 
     def describe(self) -> str:
+        """The argument's value as the kernel sees it: a pointer in hex, a number, or a byte count."""
         if self.pointer is not None:
-            return f"{self.param.name}={self.pointer:#x}"
-        return f"{self.param.name}=0x{self.data[::-1].hex()}" if len(self.data) <= 8 else self.param.name
+            return f"{self.pointer:#x}"
+        if self.param.count > 1:
+            return f"<{len(self.data)} bytes>"
+        if self.param.kind == "f" and self.param.size in (4, 8):
+            return repr(struct.unpack("<f" if self.param.size == 4 else "<d", self.data)[0])
+        return str(int.from_bytes(self.data, "little", signed=self.param.kind == "s"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

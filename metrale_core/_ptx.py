@@ -61,6 +61,14 @@ class PtxImage:
     def target(self) -> str:
         return f"sm_{self.sm}{self.suffix}"
 
+    def requirement(self) -> str:
+        """What the image needs, in words: ``"sm_80 or newer"``, ``"exactly sm_90a"``..."""
+        if self.suffix == "a":
+            return f"exactly {self.target}"
+        if self.suffix == "f":
+            return f"the sm_{self.sm // 10}x family at sm_{self.sm} or later"
+        return f"{self.target} or newer"
+
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether a device of compute ``capability`` can load this image.
 
@@ -113,11 +121,11 @@ def check_architecture(
     images: Mapping[str, PtxImage], capability: tuple[int, int], device: str
 ) -> None:
     """Refuse, in one error listing every one, the images ``device`` cannot run."""
-    refused = [(name, img.target) for name, img in images.items() if not img.runs_on(capability)]
+    refused = [(name, img) for name, img in images.items() if not img.runs_on(capability)]
     if not refused:
         return
     err = error_for_code("CUDA_ERROR_NO_BINARY_FOR_GPU", "load_modules")
-    listing = ", ".join(f"{name} (targets {target})" for name, target in refused)
+    listing = ", ".join(f"{name} (targets {img.target}: needs {img.requirement()})" for name, img in refused)
     raise ArchitectureError(
         f"load_modules: {device} has compute capability {capability[0]}.{capability[1]} (sm_"
         f"{capability[0]}{capability[1]}) and cannot run {listing}; rebuild those modules with "

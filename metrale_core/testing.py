@@ -37,8 +37,10 @@ from ._errors import (
     MetraleError,
 )
 from ._handles import HostBuffer, Stream
+from ._kernels import Kernel
 from ._settings import MetraleSettings
 from ._types import DeviceBuffer
+from .kernels import shipped_modules
 
 __all__ = ["BAD_INPUTS", "BadInput", "BadInputFixture", "backend_state_machine", "check_bad_input"]
 
@@ -82,6 +84,7 @@ class BackendMachine(RuleBasedStateMachine):
         self.stale: list[DeviceBuffer] = []
         self.dirty: dict[tuple[int, str], int] = {}  # (index, side) -> first changed offset
         self.can_inject = callable(getattr(self.gpu, "inject_fault", None))
+        self.fill = self._load_fill_kernel()
         rz = self.gpu.settings
         self.redzone = rz.redzone
         self.redzone_min_idx = rz.redzone_min_idx
@@ -92,6 +95,16 @@ class BackendMachine(RuleBasedStateMachine):
         assert self.probe.live_count() == 0, "the ledger is not empty after close()"
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _load_fill_kernel(self) -> Kernel | None:
+        """The shipped ``vector.fill_u32``, or ``None`` where the backend runs no kernels."""
+        try:
+            registry = self.gpu.load_modules(shipped_modules("vector"))
+        except MetraleError as exc:
+            if exc.name == "CUDA_ERROR_NOT_SUPPORTED":
+                return None
+            raise
+        return registry.kernel("vector", "fill_u32")
 
     def _all(self) -> dict[int, tuple[DeviceBuffer, _Contents]]:
         return {**self.live, **self.arena}
@@ -254,6 +267,30 @@ class BackendMachine(RuleBasedStateMachine):
             return
         raise AssertionError(f"a memset of freed allocation #{buf.index} reached the device")
 
+    @precondition(lambda self: self.fill is not None and any(b.nbytes >= 4 for b, _ in self._all().values()))
+    @rule(data=st.data(), value=st.integers(0, (1 << 32) - 1), captured=st.booleans())
+    def launch_fill(self, data: st.DataObject, value: int, captured: bool) -> None:
+        assert self.fill is not None
+        pool = {i: v for i, v in self._all().items() if v[0].nbytes >= 4}
+        buf, contents = self._pick(data, pool)
+        n = data.draw(st.integers(1, buf.nbytes // 4), label="elements")
+        args = [buf, _u32(n), _u32(value)]
+        grid = -(-n // 128)
+        if captured:
+            stream = self.gpu.create_stream()
+            self.gpu.begin_capture(stream)
+            self.gpu.launch(self.fill, grid, 128, args, stream=stream)
+            graph = self.gpu.end_capture(stream)
+            exe = graph.instantiate()
+            exe.launch(stream)
+            stream.synchronize()
+            exe.close()
+            graph.close()
+            stream.close()
+        else:
+            self.gpu.launch(self.fill, grid, 128, args)
+        contents.write(0, value.to_bytes(4, "little") * n)
+
     # -- capture ---------------------------------------------------------------------------
 
     @precondition(lambda self: self.live or self.arena)
@@ -411,6 +448,13 @@ class BackendMachine(RuleBasedStateMachine):
             b = self.live[r.index][0]
             assert (r.ptr, r.nbytes, r.kind, r.site) == (b.ptr, b.nbytes, b.kind, b.site)
         assert all(b.kind != "arena" for b in (self.live[r.index][0] for r in records))
+
+
+def _u32(value: int) -> object:
+    """A 32-bit unsigned kernel argument (ctypes: the core needs no numpy)."""
+    import ctypes
+
+    return ctypes.c_uint32(value)
 
 
 def _expect(cls: type[MetraleError], name: str | None, call: Callable[[], object]) -> MetraleError:

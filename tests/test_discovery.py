@@ -123,3 +123,38 @@ def test_auto_picks_cuda_only_when_it_answers() -> None:
     cuda = available_backends(SETTINGS).get("cuda")
     with open_backend("auto", settings=SETTINGS) as gpu:
         assert gpu.name == ("cuda" if cuda is not None and cuda.available else "fake")
+
+
+KERNELS = """
+    import numpy as np
+    from metrale_core import hookimpl, kernel_implementation
+
+    @kernel_implementation("app", "mine")
+    def mine(launch, p):
+        p[:4] = 42
+
+    @hookimpl
+    def metrale_kernel_implementations(settings):
+        return [mine]
+"""
+JUNK_KERNELS = """
+    from metrale_core import hookimpl
+
+    @hookimpl
+    def metrale_kernel_implementations(settings):
+        return [print]
+"""
+
+
+def test_plugins_provide_kernel_implementations(site: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _install(site, "mtp-kernels", "mtp_kernels", KERNELS, {"kernels": "mtp_kernels"})
+    _install(site, "mtp-junk", "mtp_junk", JUNK_KERNELS, {"junk": "mtp_junk"})
+    image = b".version 8.0\n.target sm_80\n.visible .entry mine(.param .u64 p)\n{ ret; }\n"
+    with caplog.at_level("WARNING", logger="metrale"), open_backend("fake", settings=SETTINGS) as gpu:
+        kernel = gpu.load_modules({"app": image}).kernel("app", "mine")
+        buf = gpu.alloc(4)
+        gpu.launch(kernel, 1, 1, [buf])
+        out = bytearray(4)
+        gpu.copy_to_host(out, buf)
+        assert out == b"\x2a" * 4
+    assert any("junk" in r.getMessage() and "KernelImplementation" in r.getMessage() for r in caplog.records)

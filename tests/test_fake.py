@@ -137,7 +137,7 @@ def test_injected_sticky_fault_is_a_device_fault(fake: GpuBackend) -> None:
     assert info.value.code == 700
 
 
-@pytest.mark.parametrize(("op", "nth", "code"), [("launch", 1, "CUDA_ERROR_UNKNOWN"), ("free", 0, "CUDA_ERROR_UNKNOWN"),
+@pytest.mark.parametrize(("op", "nth", "code"), [("kernel", 1, "CUDA_ERROR_UNKNOWN"), ("free", 0, "CUDA_ERROR_UNKNOWN"),
                                                  ("free", 1, "CUDA_SUCCESS"), ("free", 1, "oops")])
 def test_inject_fault_rejects_bad_arguments(fake: GpuBackend, op: str, nth: int, code: str) -> None:
     with pytest.raises(InvalidArgumentError):

@@ -15,6 +15,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
 python3 -c 'import cuda.bindings, numpy, sys; print("python", sys.version.split()[0], "cuda-bindings", cuda.bindings.__version__, "numpy", numpy.__version__)' | tee -a "$out/gpu.txt"
 python3 -m metrale_core backends | tee "$out/backends.txt"
+python3 -m metrale_core preflight metrale_core/kernels/*.ptx 2>&1 | tee "$out/preflight.txt"
 python3 -m metrale_core selftest 2>&1 | tee "$out/selftest.txt"
 rc=${PIPESTATUS[0]}
 python3 -m pytest -q -p no:cacheprovider --hypothesis-profile=ci -rs tests "$@" 2>&1 | tee "$out/pytest-default.txt"

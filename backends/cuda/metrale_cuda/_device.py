@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any, Final, cast
 
 from metrale_core import (
@@ -34,6 +35,7 @@ from metrale_core import (
     BackendUnavailableError,
     DriverError,
     InvalidArgumentError,
+    LaunchArg,
     MetraleError,
     RawDevice,
 )
@@ -518,3 +520,55 @@ class CudaDevice(RawDevice):
         if _THREAD.ctx != self._key:
             self._bind()
         call_teardown(drv.cuGraphExecDestroy, "cuGraphExecDestroy", cast(_GraphExec, graph_exec).handle)
+
+    # -- kernel modules -------------------------------------------------------
+
+    def compute_capability(self) -> tuple[int, int]:
+        """``(major, minor)`` from ``cuDeviceGetAttribute``: no current context needed."""
+        major = call1(drv.cuDeviceGetAttribute, "cuDeviceGetAttribute", _d.ATTRIBUTE_CC_MAJOR, self._device)
+        minor = call1(drv.cuDeviceGetAttribute, "cuDeviceGetAttribute", _d.ATTRIBUTE_CC_MINOR, self._device)
+        return int(major), int(minor)
+
+    def module_load(self, name: str, image: bytes) -> object:
+        """``cuModuleLoadData`` of a PTX image (NUL-terminated here, as the driver wants text)."""
+        self._bind_checked()
+        text = image if image.endswith(b"\0") else image + b"\0"
+        return call1(drv.cuModuleLoadData, f"cuModuleLoadData of module {name!r}", text)
+
+    def module_unload(self, module: object) -> None:
+        """``cuModuleUnload``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        call_teardown(drv.cuModuleUnload, "cuModuleUnload", module)
+
+    def module_function(self, module: object, kernel: str) -> object:
+        """``cuModuleGetFunction``."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        return call1(drv.cuModuleGetFunction, f"cuModuleGetFunction of {kernel!r}", module, kernel.encode())
+
+    def launch(
+        self,
+        function: object,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: object,
+        args: Sequence[LaunchArg],
+    ) -> None:
+        """``cuLaunchKernel`` with each argument's packed bytes (the driver copies them at the call)."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        storage = [ctypes.create_string_buffer(a.data, len(a.data)) for a in args]
+        pointers = (ctypes.c_void_p * max(len(storage), 1))(*[ctypes.addressof(b) for b in storage])
+        call(
+            drv.cuLaunchKernel,
+            "cuLaunchKernel",
+            function,
+            *grid,
+            *block,
+            shared_mem,
+            cast(_Stream, stream).handle,
+            ctypes.addressof(pointers) if storage else None,
+            None,
+        )

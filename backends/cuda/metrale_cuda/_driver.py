@@ -179,6 +179,8 @@ if drv is not None:
     MEM_ATTACH_GLOBAL: Any = drv.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL
     CAPTURE_MODE_GLOBAL: Any = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
     ATTRIBUTE_INTEGRATED: Any = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_INTEGRATED
+    ATTRIBUTE_CC_MAJOR: Any = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    ATTRIBUTE_CC_MINOR: Any = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
 
 
 def bindings_version() -> str:

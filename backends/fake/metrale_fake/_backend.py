@@ -21,7 +21,8 @@ class FakeBackend(GpuBackend):
         failure would. ``op`` is one of ``alloc`` (device, managed, arena and
         host), ``free``, ``memcpy`` (a red-zone read counts), ``memset`` (a
         red-zone fill counts), ``graph_instantiate``, ``graph_launch``,
-        ``synchronize`` (stream, event and device) and ``is_capturing``.
+        ``synchronize`` (stream, event and device), ``is_capturing`` and
+        ``launch`` (a kernel launch).
         """
         self._check_open()
         if op not in FAULT_OPS:

@@ -11,19 +11,28 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Final, cast
 
 import numpy as np
 
-from metrale_core import AllocKind, MetraleSettings, RawDevice, error_for_code
+from metrale_core import (
+    AllocKind,
+    KernelImplementation,
+    LaunchArg,
+    MetraleSettings,
+    RawDevice,
+    error_for_code,
+    parse_ptx,
+)
 from metrale_core._ledger import format_bytes
 
 __all__ = ["FAULT_OPS", "FakeDevice"]
 
 #: The raw operations :meth:`FakeDevice.inject_fault` can make fail.
 FAULT_OPS: Final = frozenset(
-    {"alloc", "free", "memcpy", "memset", "graph_instantiate", "graph_launch", "synchronize", "is_capturing"}
+    {"alloc", "free", "memcpy", "memset", "graph_instantiate", "graph_launch", "synchronize", "is_capturing",
+     "launch"}
 )
 
 _DEVICE_BASE: Final = 0x7F00_0000_0000
@@ -32,6 +41,36 @@ _ALIGN: Final = 256
 _GAP: Final = 4096  # unmapped bytes between allocations, as a real address space has
 
 Work = Callable[[], None]
+
+_DTYPES: Final = {
+    ("u", 1): np.uint8, ("u", 2): np.uint16, ("u", 4): np.uint32, ("u", 8): np.uint64,
+    ("b", 1): np.uint8, ("b", 2): np.uint16, ("b", 4): np.uint32, ("b", 8): np.uint64,
+    ("s", 1): np.int8, ("s", 2): np.int16, ("s", 4): np.int32, ("s", 8): np.int64,
+    ("f", 2): np.float16, ("f", 4): np.float32, ("f", 8): np.float64,
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FakeLaunch:
+    """What a fake kernel implementation learns about its launch."""
+
+    module: str
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+
+    @property
+    def threads(self) -> int:
+        """Threads in the whole launch."""
+        g, b = self.grid, self.block
+        return g[0] * g[1] * g[2] * b[0] * b[1] * b[2]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _FakeModule:
+    name: str
+    kernels: frozenset[str]
 
 
 @dataclasses.dataclass(slots=True)
@@ -85,6 +124,10 @@ class FakeDevice(RawDevice):
         self._host: dict[int, np.ndarray] = {}
         self._streams: set[_FakeStream] = set()
         self._faults: dict[str, list[list[object]]] = {}
+        self._sticky: tuple[str, str] | None = None  # (CUDA name, cause) of a sticky fault
+        self._implementations: dict[tuple[str, str], KernelImplementation] = {}
+        major, minor = settings.fake_compute_capability.split(".")
+        self._capability = (int(major), int(minor))
 
     # -- fault injection ----------------------------------------------------------
 
@@ -94,6 +137,8 @@ class FakeDevice(RawDevice):
             self._faults.setdefault(op, []).append([nth, code])
 
     def _fault(self, op: str, what: str) -> None:
+        if self._sticky is not None:  # as CUDA: after a sticky fault every call returns it
+            self._raise_sticky(what)
         pending = self._faults.get(op)
         if not pending:
             return
@@ -121,6 +166,7 @@ class FakeDevice(RawDevice):
 
     def close(self) -> None:
         with self._lock:
+            self._sticky = None
             self._allocs.clear()
             self._bases.clear()
             self._host.clear()
@@ -197,6 +243,13 @@ class FakeDevice(RawDevice):
             seq, work = s.queue.popleft()
             s.done = seq
             work()
+        if self._sticky is not None:  # a kernel that ran just now faulted: this call reports it
+            self._raise_sticky("synchronization")
+
+    def _raise_sticky(self, what: str) -> None:
+        assert self._sticky is not None
+        name, cause = self._sticky
+        raise error_for_code(name, f"{what} (the device faulted: {cause})")
 
     def _drain_all(self) -> None:
         for s in list(self._streams):
@@ -267,12 +320,14 @@ class FakeDevice(RawDevice):
 
     def stream_query(self, stream: object) -> bool:
         with self._lock:
+            self._fault("", "stream query")
             s = _as_stream(stream)
             self._drain(s, s.issued)
             return True
 
     def stream_wait_event(self, stream: object, event: object) -> None:
         with self._lock:
+            self._fault("", "stream wait event")
             e = _as_event(event)
             if e.stream is not None and e.stream.capture is None:
                 self._drain(e.stream, e.seq)
@@ -285,6 +340,7 @@ class FakeDevice(RawDevice):
 
     def event_record(self, event: object, stream: object) -> None:
         with self._lock:
+            self._fault("", "event record")
             e = _as_event(event)
             s = _as_stream(stream)
 
@@ -306,6 +362,7 @@ class FakeDevice(RawDevice):
 
     def event_query(self, event: object) -> bool:
         with self._lock:
+            self._fault("", "event query")
             e = _as_event(event)
             if e.stream is not None:
                 self._drain(e.stream, e.seq)
@@ -372,6 +429,86 @@ class FakeDevice(RawDevice):
         pass
 
 
+    # -- kernels ---------------------------------------------------------------------------
+
+    def compute_capability(self) -> tuple[int, int]:
+        return self._capability
+
+    def module_load(self, name: str, image: bytes) -> object:
+        with self._lock:
+            self._fault("", f"module load of {name}")
+            return _FakeModule(name, frozenset(parse_ptx(name, image).entries))
+
+    def module_unload(self, module: object) -> None:
+        if not isinstance(module, _FakeModule):
+            raise error_for_code("CUDA_ERROR_INVALID_HANDLE", "module unload")
+
+    def module_function(self, module: object, kernel: str) -> object:
+        if not isinstance(module, _FakeModule) or kernel not in module.kernels:
+            raise error_for_code("CUDA_ERROR_NOT_FOUND", f"kernel {kernel!r}")
+        return (module.name, kernel)
+
+    def add_kernel_implementations(self, implementations: Iterable[KernelImplementation]) -> None:
+        with self._lock:
+            for impl in implementations:
+                self._implementations[(impl.module, impl.kernel)] = impl
+
+    def launch(
+        self,
+        function: object,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: object,
+        args: Sequence[LaunchArg],
+    ) -> None:
+        with self._lock:
+            self._fault("launch", "kernel launch")
+            if not isinstance(function, tuple):
+                raise error_for_code("CUDA_ERROR_INVALID_HANDLE", "kernel launch")
+            module, kernel = cast(tuple[str, str], function)
+            impl = self._implementations.get((module, kernel))
+            if impl is None:
+                err = error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"fake launch of {module}.{kernel}")
+                raise type(err)(
+                    f"the fake backend has no Python implementation of kernel {kernel!r} of module "
+                    f"{module!r}: decorate one with @metrale_core.kernel_implementation({module!r}, "
+                    f"{kernel!r}) and register it with backend.add_kernel_implementations(...), or "
+                    f"return it from a plugin's metrale_kernel_implementations hook",
+                    code=err.code,
+                    name=err.name,
+                )
+            launch = FakeLaunch(module, kernel, grid, block, shared_mem)
+            frozen = tuple(args)
+
+            def work() -> None:
+                if self._sticky is not None:
+                    return
+                try:
+                    impl.function(launch, *(self._kernel_arg(a) for a in frozen))
+                except (IndexError, ValueError) as exc:
+                    self._sticky = ("CUDA_ERROR_ILLEGAL_ADDRESS", f"kernel {module}.{kernel} accessed memory "
+                                    f"outside any allocation ({exc})")
+                except Exception as exc:
+                    self._sticky = ("CUDA_ERROR_LAUNCH_FAILED", f"kernel {module}.{kernel} raised "
+                                    f"{type(exc).__name__}: {exc}")
+
+            self._submit(stream, work)
+
+    def _kernel_arg(self, arg: LaunchArg) -> object:
+        if arg.pointer is not None:
+            i = bisect.bisect_right(self._bases, arg.pointer) - 1
+            if i >= 0:
+                alloc = self._allocs[self._bases[i]]
+                start = arg.pointer - alloc.base
+                if start <= alloc.size:
+                    return alloc.data[start:]
+            return np.empty(0, dtype=np.uint8)  # any access faults, as an unmapped address does
+        if arg.param.count > 1:
+            return arg.data
+        return np.frombuffer(arg.data, dtype=_DTYPES[(arg.param.kind, arg.param.size)])[0]
+
+
 def _as_stream(stream: object) -> _FakeStream:
     if not isinstance(stream, _FakeStream):
         raise error_for_code("CUDA_ERROR_INVALID_HANDLE", f"stream {stream!r}")
@@ -382,4 +519,3 @@ def _as_event(event: object) -> _FakeEvent:
     if not isinstance(event, _FakeEvent):
         raise error_for_code("CUDA_ERROR_INVALID_HANDLE", f"event {event!r}")
     return event
-

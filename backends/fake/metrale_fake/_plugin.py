@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from metrale_core import BackendRegistration, MetraleSettings, hookimpl
+from collections.abc import Iterable
+
+from metrale_core import BackendRegistration, KernelImplementation, MetraleSettings, hookimpl
 
 from ._backend import FakeBackend
 from ._device import FakeDevice
+from ._kernels import SHIPPED
 
 
 def _open(settings: MetraleSettings, ordinal: int) -> FakeDevice:
@@ -20,3 +23,9 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
         backend_class=FakeBackend,
         description="in-memory device for development and tests without a GPU",
     )
+
+
+@hookimpl
+def metrale_kernel_implementations(settings: MetraleSettings) -> Iterable[KernelImplementation]:
+    """The fake's implementations of the kernels metrale ships."""
+    return SHIPPED
