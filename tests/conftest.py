@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from metrale_core import GpuBackend, MetraleSettings, available_backends, open_backend
 
@@ -19,6 +19,8 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
 )
+# "gpu": the "ci" examples without shrinking, so a failure on a lent GPU costs seconds, not minutes.
+settings.register_profile("gpu", settings.get_profile("ci"), phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.register_profile(
     "thorough",
     max_examples=400,

@@ -18,10 +18,10 @@ python3 -m metrale_core backends | tee "$out/backends.txt"
 python3 -m metrale_core preflight metrale_core/kernels/*.ptx 2>&1 | tee "$out/preflight.txt"
 python3 -m metrale_core selftest 2>&1 | tee "$out/selftest.txt"
 rc=${PIPESTATUS[0]}
-python3 -m pytest -q -p no:cacheprovider --hypothesis-profile=ci -rs tests "$@" 2>&1 | tee "$out/pytest-default.txt"
+python3 -m pytest -q -p no:cacheprovider --hypothesis-profile=${HYPOTHESIS_PROFILE:-gpu} -rs tests "$@" 2>&1 | tee "$out/pytest-default.txt"
 rc=$(( rc | PIPESTATUS[0] ))
 METRALE_TARGET_HW=strix-halo METRALE_REDZONE=256 \
-  python3 -m pytest -q -p no:cacheprovider --hypothesis-profile=ci -rs tests "$@" 2>&1 | tee "$out/pytest-strix-redzone.txt"
+  python3 -m pytest -q -p no:cacheprovider --hypothesis-profile=${HYPOTHESIS_PROFILE:-gpu} -rs tests "$@" 2>&1 | tee "$out/pytest-strix-redzone.txt"
 rc=$(( rc | PIPESTATUS[0] ))
 echo "gpu-suite: exit $rc"
 exit $rc

@@ -570,5 +570,5 @@ class CudaDevice(RawDevice):
             shared_mem,
             cast(_Stream, stream).handle,
             ctypes.addressof(pointers) if storage else None,
-            None,
+            0,  # extra: void_ptr, NULL
         )
