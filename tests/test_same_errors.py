@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from conftest import SETTINGS
 
-from metrale_core import GpuBackend, MetraleError, open_backend
+from metrale_core import Event, GpuBackend, MetraleError, open_backend
 
 
 def _double_free(gpu: GpuBackend) -> None:
@@ -68,20 +68,21 @@ def _wait_outside_event(gpu: GpuBackend) -> None:
             gpu.end_capture(stream)
 
 
-def _query_captured_event(gpu: GpuBackend) -> None:
+def _captured_event(gpu: GpuBackend) -> Event:
+    """An event whose last record was inside a capture that has ended."""
     stream, event = gpu.create_stream(), gpu.create_event()
     gpu.begin_capture(stream)
     event.record(stream)
     gpu.end_capture(stream)
-    event.query()
+    return event
+
+
+def _query_captured_event(gpu: GpuBackend) -> None:
+    _captured_event(gpu).query()
 
 
 def _sync_captured_event(gpu: GpuBackend) -> None:
-    stream, event = gpu.create_stream(), gpu.create_event()
-    gpu.begin_capture(stream)
-    event.record(stream)
-    gpu.end_capture(stream)
-    event.synchronize()
+    _captured_event(gpu).synchronize()
 
 
 def _launch_freed_graph(gpu: GpuBackend) -> None:
