@@ -139,7 +139,7 @@ class GpuBackend:
         self._arenas: dict[int, DeviceBuffer] = {}
         self._host: dict[int, HostBuffer] = {}
         self._handles: dict[int, _Handle] = {}
-        self._default_stream = Stream(self, raw.stream_create(), default=True)
+        self._default_stream = Stream(self, self._raw.stream_create(), default=True)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -165,11 +165,15 @@ class GpuBackend:
         self._check_open()
         return self._raw.device_name()
 
-    def _check_open(self) -> None:
+    def _check_not_closed(self) -> None:
         if self._closed:
             raise MetraleError(
                 f"backend {self.name}:{self.ordinal} is closed; open a new one with open_backend()"
             )
+
+    def _check_open(self) -> None:
+        """Refuse use after close, and after a device fault (the ledger can still be read then)."""
+        self._check_not_closed()
         if self._fault is not None:
             raise DeviceFaultError(
                 f"backend {self.name}:{self.ordinal} is unusable after a device fault: {self._fault}. "
@@ -476,12 +480,12 @@ class GpuBackend:
 
     def live_alloc_len(self) -> int:
         """How many allocations are on the ledger."""
-        self._check_open()
+        self._check_not_closed()
         return len(self._ledger)
 
     def ledger_probe(self) -> LedgerProbe:
         """A reader of this backend's ledger that outlives the backend."""
-        self._check_open()
+        self._check_not_closed()
         return LedgerProbe(self._ledger)
 
     def sweep_unreleased(self) -> int:
