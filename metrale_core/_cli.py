@@ -1,4 +1,4 @@
-"""The ``metrale`` command line: ``backends``, ``info``, ``selftest``, ``preflight``."""
+"""The ``metrale`` command line: ``backends``, ``info``, ``selftest``, ``preflight``, ``conformance``."""
 
 from __future__ import annotations
 
@@ -80,6 +80,19 @@ def _preflight(settings: MetraleSettings, paths: Sequence[str]) -> int:
     return 1 if refused else 0
 
 
+def _conformance(settings: MetraleSettings, args: argparse.Namespace) -> int:
+    from ._conformance import run_conformance
+
+    def progress(line: str) -> None:
+        print(f"  ... {line}", file=sys.stderr, flush=True)
+
+    report = run_conformance(
+        args.name, settings, examples=args.examples, steps=args.steps, seed=args.seed, progress=progress
+    )
+    print(report.render())
+    return 0 if report.ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``metrale`` console script."""
     parser = argparse.ArgumentParser(prog="metrale", description="metrale: a backend-neutral GPU runtime")
@@ -90,6 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("selftest", help="run a representative workload and check every step")
     pre = sub.add_parser("preflight", help="check PTX files against the device's architecture, loading nothing")
     pre.add_argument("paths", nargs="+", metavar="PATH", help="PTX files (the module name is the file's stem)")
+    conf = sub.add_parser(
+        "conformance", help="run the conformance state machine and the bad-input table against a backend"
+    )
+    conf.add_argument("name", help="the backend's name, as `metrale backends` lists it")
+    conf.add_argument("--examples", type=int, default=50, help="programs the state machine runs (default 50)")
+    conf.add_argument("--steps", type=int, default=30, help="steps per program (default 30)")
+    conf.add_argument("--seed", type=int, default=None, help="random programs from this seed (default: derandomized)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -104,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "preflight":
             return _preflight(settings, args.paths)
+        if args.command == "conformance":
+            return _conformance(settings, args)
         return commands[args.command](settings)
     except MetraleError as exc:
         print(f"metrale {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)

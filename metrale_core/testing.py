@@ -19,8 +19,9 @@ This module needs ``hypothesis`` (the ``test`` extra).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
@@ -42,7 +43,15 @@ from ._settings import MetraleSettings
 from ._types import DeviceBuffer
 from .kernels import shipped_modules
 
-__all__ = ["BAD_INPUTS", "BadInput", "BadInputFixture", "backend_state_machine", "check_bad_input"]
+__all__ = [
+    "BAD_INPUTS",
+    "BackendMachine",
+    "BadInput",
+    "BadInputFixture",
+    "backend_state_machine",
+    "bad_input_fixture",
+    "check_bad_input",
+]
 
 _MAX_BYTES = 4096
 
@@ -549,6 +558,24 @@ def _cases() -> tuple[BadInput, ...]:
 
 #: At least twenty bad calls, each with its typed error; each must change nothing.
 BAD_INPUTS: tuple[BadInput, ...] = _cases()
+
+
+@contextlib.contextmanager
+def bad_input_fixture(gpu: GpuBackend) -> Iterator[BadInputFixture]:
+    """The handles the bad-input cases use, on ``gpu`` (a second backend of the same name gives the foreign stream)."""
+    with open_backend(gpu.name, ordinal=gpu.ordinal, settings=gpu.settings) as other:
+        freed = gpu.alloc(64)
+        gpu.free(freed)
+        buf = gpu.alloc(256)
+        gpu.memset(buf, 0x3C)
+        yield BadInputFixture(
+            gpu=gpu,
+            buf=buf,
+            arena=gpu.alloc_arena(128),
+            freed=freed,
+            host=gpu.alloc_host(64),
+            foreign_stream=other.create_stream(),
+        )
 
 
 def check_bad_input(fixture: BadInputFixture, case: BadInput) -> MetraleError:

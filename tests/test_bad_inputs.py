@@ -5,27 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from conftest import SETTINGS
 
-from metrale_core import GpuBackend, open_backend
-from metrale_core.testing import BAD_INPUTS, BadInput, BadInputFixture, check_bad_input
+from metrale_core import GpuBackend
+from metrale_core.testing import BAD_INPUTS, BadInput, BadInputFixture, bad_input_fixture, check_bad_input
 
 
 @pytest.fixture
 def fixture(gpu: GpuBackend) -> Iterator[BadInputFixture]:
-    with open_backend("fake", settings=SETTINGS) as other:
-        freed = gpu.alloc(64)
-        gpu.free(freed)
-        buf = gpu.alloc(256)
-        gpu.memset(buf, 0x3C)
-        yield BadInputFixture(
-            gpu=gpu,
-            buf=buf,
-            arena=gpu.alloc_arena(128),
-            freed=freed,
-            host=gpu.alloc_host(64),
-            foreign_stream=other.create_stream(),
-        )
+    with bad_input_fixture(gpu) as handles:
+        yield handles
 
 
 def test_the_table_is_large_enough() -> None:

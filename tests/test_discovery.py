@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SETTINGS
+from conftest import SETTINGS, install_distribution
 
 from metrale_core import (
     BackendNotFoundError,
@@ -17,17 +14,6 @@ from metrale_core import (
     available_backends,
     open_backend,
 )
-
-
-def _install(site: Path, dist: str, module: str, source: str, eps: dict[str, str]) -> None:
-    """Lay out an installed distribution (dist-info and module), as pip would."""
-    (site / f"{module}.py").write_text(textwrap.dedent(source))
-    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-    lines = "\n".join(f"{name} = {value}" for name, value in eps.items())
-    (info / "entry_points.txt").write_text(f"[metrale.backends]\n{lines}\n")
-
 
 GOOD = """
     from metrale_core import BackendRegistration, hookimpl
@@ -39,14 +25,6 @@ GOOD = """
 """
 
 
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield tmp_path
-    for name in [m for m in sys.modules if m.startswith("mtp_")]:
-        del sys.modules[name]
-
-
 def test_bundled_backends_register_through_entry_points() -> None:
     infos = available_backends(SETTINGS)
     assert infos["fake"].available and infos["fake"].distribution == "metrale-fake"
@@ -56,7 +34,7 @@ def test_bundled_backends_register_through_entry_points() -> None:
 
 
 def test_third_party_backend_opens(site: Path) -> None:
-    _install(site, "mtp-good", "mtp_good", GOOD, {"thirdparty": "mtp_good"})
+    install_distribution(site, "mtp-good", "mtp_good", GOOD, {"thirdparty": "mtp_good"})
     info = available_backends(SETTINGS)["thirdparty"]
     assert (info.available, info.distribution, info.description) == (True, "mtp-good", "a third-party test backend")
     with open_backend("thirdparty", settings=SETTINGS) as gpu:
@@ -67,7 +45,7 @@ def test_third_party_backend_opens(site: Path) -> None:
 
 
 def test_broken_plugin_does_not_take_others_down(site: Path) -> None:
-    _install(site, "mtp-broken", "mtp_broken", "import no_such_module_anywhere\n", {"broken": "mtp_broken"})
+    install_distribution(site, "mtp-broken", "mtp_broken", "import no_such_module_anywhere\n", {"broken": "mtp_broken"})
     infos = available_backends(SETTINGS)
     assert infos["fake"].available
     broken = infos["broken"]
@@ -80,8 +58,8 @@ def test_broken_plugin_does_not_take_others_down(site: Path) -> None:
 
 
 def test_name_clash_names_both_distributions(site: Path) -> None:
-    _install(site, "mtp-one", "mtp_one", GOOD, {"twin": "mtp_one"})
-    _install(site, "mtp-two", "mtp_two", GOOD, {"twin": "mtp_two"})
+    install_distribution(site, "mtp-one", "mtp_one", GOOD, {"twin": "mtp_one"})
+    install_distribution(site, "mtp-two", "mtp_two", GOOD, {"twin": "mtp_two"})
     twin = available_backends(SETTINGS)["twin"]
     assert not twin.available
     assert "mtp-one" in (twin.reason or "") and "mtp-two" in (twin.reason or "")
@@ -99,7 +77,7 @@ def test_name_clash_names_both_distributions(site: Path) -> None:
 )
 def test_hook_results_are_validated(site: Path, body: str) -> None:
     source = f"from metrale_core import hookimpl\n\n@hookimpl\ndef metrale_backend(settings):\n{body}\n"
-    _install(site, "mtp-odd", "mtp_odd", source, {"odd": "mtp_odd"})
+    install_distribution(site, "mtp-odd", "mtp_odd", source, {"odd": "mtp_odd"})
     odd = available_backends(SETTINGS)["odd"]
     assert not odd.available and "mtp-odd" in (odd.reason or "")
     assert available_backends(SETTINGS)["fake"].available
@@ -107,7 +85,7 @@ def test_hook_results_are_validated(site: Path, body: str) -> None:
 
 def test_probe_that_raises_is_unavailable(site: Path) -> None:
     source = GOOD.replace('description="a third-party test backend"', "probe=lambda s: 1 / 0")
-    _install(site, "mtp-probe", "mtp_probe", source, {"probing": "mtp_probe"})
+    install_distribution(site, "mtp-probe", "mtp_probe", source, {"probing": "mtp_probe"})
     info = available_backends(SETTINGS)["probing"]
     assert not info.available and "ZeroDivisionError" in (info.reason or "")
 
@@ -147,8 +125,8 @@ JUNK_KERNELS = """
 
 
 def test_plugins_provide_kernel_implementations(site: Path, caplog: pytest.LogCaptureFixture) -> None:
-    _install(site, "mtp-kernels", "mtp_kernels", KERNELS, {"kernels": "mtp_kernels"})
-    _install(site, "mtp-junk", "mtp_junk", JUNK_KERNELS, {"junk": "mtp_junk"})
+    install_distribution(site, "mtp-kernels", "mtp_kernels", KERNELS, {"kernels": "mtp_kernels"})
+    install_distribution(site, "mtp-junk", "mtp_junk", JUNK_KERNELS, {"junk": "mtp_junk"})
     image = b".version 8.0\n.target sm_80\n.visible .entry mine(.param .u64 p)\n{ ret; }\n"
     with caplog.at_level("WARNING", logger="metrale"), open_backend("fake", settings=SETTINGS) as gpu:
         kernel = gpu.load_modules({"app": image}).kernel("app", "mine")
