@@ -23,9 +23,14 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
-PACKAGES = [".[test,lint]", "backends/fake", "backends/cuda"]
-PROJECT_FILES = ["pyproject.toml", "backends/fake/pyproject.toml", "backends/cuda/pyproject.toml"]
-LINTED = ["metrale_core", "backends/fake/metrale_fake", "backends/cuda/metrale_cuda"]
+PACKAGES = [".[test,lint]", "backends/fake", "backends/cuda", "examples/tracing-backend"]
+PROJECT_FILES = ["pyproject.toml"] + [f"{p}/pyproject.toml" for p in PACKAGES[1:]]
+LINTED = [
+    "metrale_core",
+    "backends/fake/metrale_fake",
+    "backends/cuda/metrale_cuda",
+    "examples/tracing-backend/metrale_tracing",
+]
 
 
 def run(*cmd: str | Path) -> int:
@@ -64,7 +69,8 @@ def main(argv: list[str]) -> int:
     if command == "metrale":
         return run(BIN / "metrale", *rest)
     if command == "lint":
-        return run(PY, "-m", "ruff", "check", *LINTED, "tests", "dev.py") or run(PY, "-m", "mypy", *LINTED)
+        ruff = run(PY, "-m", "ruff", "check", *LINTED, "tests", "examples", "conftest.py", "dev.py")
+        return ruff or run(PY, "-m", "mypy", *LINTED)
     profile = "thorough" if "--thorough" in rest else "ci"
     rest = [a for a in rest if a != "--thorough"]
     # pytest exits 5 when it collected no test: that is a failure here too.

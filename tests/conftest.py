@@ -8,30 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
 from metrale_core import GpuBackend, MetraleSettings, available_backends, open_backend
-
-# "ci" is derandomized so CI is stable; "thorough" (python3 dev.py test --thorough) explores more.
-settings.register_profile(
-    "ci",
-    derandomize=True,
-    max_examples=40,
-    stateful_step_count=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
-# "gpu": the "ci" examples without shrinking, so a failure on a lent GPU costs seconds, not minutes.
-settings.register_profile("gpu", settings.get_profile("ci"), phases=[Phase.explicit, Phase.reuse, Phase.generate])
-settings.register_profile(
-    "thorough",
-    max_examples=400,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
 
 #: The settings of this run, from METRALE_* (the GPU runs set METRALE_TARGET_HW and METRALE_REDZONE).
 SETTINGS = MetraleSettings()

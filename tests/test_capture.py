@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from conftest import SETTINGS
 
+from conftest import SETTINGS
 from metrale_core import CaptureError, GpuBackend, InvalidBufferError, MetraleError, open_backend
 
 

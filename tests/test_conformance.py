@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from conftest import SETTINGS, install_distribution
-
 from metrale_core._conformance import run_conformance
 
 # A backend whose raw memset stops one byte short: the kind of bug the state machine exists to find.

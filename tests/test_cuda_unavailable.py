@@ -10,8 +10,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from metrale_cuda._driver import check
-from metrale_cuda._plugin import metrale_backend, probe
 
 from metrale_core import (
     BackendUnavailableError,
@@ -20,6 +18,8 @@ from metrale_core import (
     available_backends,
     open_backend,
 )
+from metrale_cuda._driver import check
+from metrale_cuda._plugin import metrale_backend, probe
 
 SETTINGS = MetraleSettings()
 _REASON = probe(SETTINGS)

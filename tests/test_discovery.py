@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import SETTINGS, install_distribution
 
+from conftest import SETTINGS, install_distribution
 from metrale_core import (
     BackendNotFoundError,
     BackendUnavailableError,

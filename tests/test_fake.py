@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import SETTINGS
 
+from conftest import SETTINGS
 from metrale_core import (
     DeviceFaultError,
     DriverError,

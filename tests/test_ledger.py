@@ -6,8 +6,8 @@ import logging
 import threading
 
 import pytest
-from conftest import SETTINGS
 
+from conftest import SETTINGS
 from metrale_core import GpuBackend, InvalidBufferError, open_backend
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import SETTINGS
 
+from conftest import SETTINGS
 from metrale_core import effective_free_bytes, open_backend, parse_mem_available, read_mem_available
 
 # Recorded from a Strix Halo APU (128 GiB, 96 GiB carved for the GPU) and a discrete-GPU server.

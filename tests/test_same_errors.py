@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Callable
 
 import pytest
-from conftest import SETTINGS
 
+from conftest import SETTINGS
 from metrale_core import Event, GpuBackend, MetraleError, open_backend
 
 

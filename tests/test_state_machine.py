@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import SETTINGS, backend_params
 
+from conftest import SETTINGS, backend_params
 from metrale_core.testing import backend_state_machine
 
 CONFIGS = {

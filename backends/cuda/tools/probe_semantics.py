@@ -382,9 +382,8 @@ def raw_device_checks(p: Probe) -> None:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, here)
     try:
-        from metrale_cuda._device import CudaDevice
-
         from metrale_core import MetraleError
+        from metrale_cuda._device import CudaDevice
     except Exception as exc:
         report("(r) CudaDevice", f"not importable here ({type(exc).__name__}: {exc}); skipped")
         return

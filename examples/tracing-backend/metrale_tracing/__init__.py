@@ -1,0 +1,18 @@
+"""metrale-tracing: a third-party backend written only against metrale's public plugin contract.
+
+It wraps the fake device (``metrale_fake.FakeDevice``) and records every raw
+call the core makes, so a host application can see exactly which driver
+calls its metrale calls turn into::
+
+    from metrale_core import open_backend
+
+    with open_backend("tracing") as gpu:
+        gpu.free(gpu.alloc(64))
+        print(gpu.raw_calls())   # ['stream_create', 'alloc', 'free']
+"""
+
+from __future__ import annotations
+
+from ._device import TracingBackend, TracingDevice
+
+__all__ = ["TracingBackend", "TracingDevice"]

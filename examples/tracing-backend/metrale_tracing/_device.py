@@ -1,0 +1,61 @@
+"""The raw layer: every ``RawDevice`` primitive delegated to an inner device, and recorded."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import Any, Final
+
+from metrale_core import GpuBackend, RawDevice
+
+__all__ = ["TracingBackend", "TracingDevice"]
+
+#: How many calls the trace keeps (the oldest are dropped first).
+TRACE_LENGTH: Final = 10_000
+
+#: The primitives of the contract: the abstract ones and the optional kernel ones.
+_PRIMITIVES: Final = sorted(
+    RawDevice.__abstractmethods__
+    | {"bind_to_thread", "compute_capability", "module_load", "module_unload", "module_function", "launch",
+       "add_kernel_implementations"}
+)
+
+
+class TracingDevice(RawDevice):
+    """Delegates every primitive to ``inner`` and records its name, thread-safely."""
+
+    def __init__(self, inner: RawDevice) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+        self.calls: collections.deque[str] = collections.deque(maxlen=TRACE_LENGTH)
+
+    def _record(self, name: str) -> None:
+        with self._lock:
+            self.calls.append(name)
+
+
+def _delegate(name: str) -> Callable[..., Any]:
+    def primitive(self: TracingDevice, *args: Any, **kwargs: Any) -> Any:
+        self._record(name)
+        return getattr(self.inner, name)(*args, **kwargs)
+
+    primitive.__name__ = primitive.__qualname__ = name
+    primitive.__doc__ = f"``{name}`` of the inner device, recorded."
+    return primitive
+
+
+for _name in _PRIMITIVES:
+    setattr(TracingDevice, _name, _delegate(_name))
+TracingDevice.__abstractmethods__ = frozenset()
+
+
+class TracingBackend(GpuBackend):
+    """The backend object ``open_backend("tracing")`` returns: a ``GpuBackend`` with the trace."""
+
+    def raw_calls(self) -> list[str]:
+        """The raw primitives called so far, oldest first."""
+        raw = self.raw
+        assert isinstance(raw, TracingDevice)
+        with raw._lock:
+            return list(raw.calls)
