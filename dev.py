@@ -23,13 +23,14 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
-PACKAGES = [".[test,lint]", "backends/fake", "backends/cuda", "examples/tracing-backend"]
+PACKAGES = [".[test,lint]", "backends/fake", "backends/cuda", "examples/tracing-backend", "examples/pipeline"]
 PROJECT_FILES = ["pyproject.toml"] + [f"{p}/pyproject.toml" for p in PACKAGES[1:]]
 LINTED = [
     "metrale_core",
     "backends/fake/metrale_fake",
     "backends/cuda/metrale_cuda",
     "examples/tracing-backend/metrale_tracing",
+    "examples/pipeline/metrale_pipeline",
 ]
 
 

@@ -17,7 +17,7 @@ import sysconfig
 import numpy as np
 import pytest
 
-from metrale_core import Event, MetraleError, MetraleSettings, Stream, available_backends, open_backend
+from metrale_core import MetraleError, MetraleSettings, available_backends, open_backend
 from metrale_fake import FakeBackend
 from metrale_pipeline import Pipeline, run_pipeline
 
@@ -80,18 +80,6 @@ def test_fake_defer_runs_work_only_when_it_must_and_the_pipeline_is_still_right(
     with open_backend("fake", settings=SETTINGS.updated(fake_defer=True)) as gpu:
         result = run_pipeline(gpu, batches=6, size=SIZE, seed=3)
         assert result.ok, result
-        assert gpu.live_alloc_len() == 0
-
-
-def test_fake_defer_catches_a_missing_synchronize(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the stream synchronize, fake_defer makes the pipeline read stale staging, as a GPU would."""
-    monkeypatch.setattr(Stream, "synchronize", lambda self: None)
-    monkeypatch.setattr(Event, "elapsed_ms", lambda self, end: 0.0)  # the events have not run either
-    with open_backend("fake", settings=SETTINGS.updated(fake_defer=True)) as gpu:
-        result = run_pipeline(gpu, batches=3, size=SIZE, seed=4)
-        assert result.bad_batches == (0, 1, 2)
-        assert result.acc_max_error > 0.0
-        assert not result.ok
         assert gpu.live_alloc_len() == 0
 
 
