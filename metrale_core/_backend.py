@@ -190,7 +190,7 @@ class GpuBackend:
         with self._lock:
             first = self._fault is None
             if first:
-                self._fault = f"{exc} (most recent launches, oldest first: {self._recent_launches()})"
+                self._fault = f"{exc.message} (most recent launches, oldest first: {self._recent_launches()})"
                 self._fault_code = (exc.code, exc.name)
                 _log.error("backend %s:%d faulted: %s", self.name, self.ordinal, self._fault)
         if first:
@@ -198,7 +198,7 @@ class GpuBackend:
                 f"{self._fault}; the backend is now unusable: close it and open a new one",
                 code=exc.code, name=exc.name,
             )
-        return DeviceFaultError(f"{exc}; the first fault was: {self._fault}", code=exc.code, name=exc.name)
+        return DeviceFaultError(f"{exc.message}; the first fault was: {self._fault}", code=exc.code, name=exc.name)
 
     @property
     def faulted(self) -> str | None:
@@ -777,6 +777,8 @@ class GpuBackend:
             self._raw.event_record(start, target._raw)
         self._recent.append(described)
         try:
+            if target._capture is not None:
+                target._capture.registries[id(kernel.registry)] = kernel.registry
             self._issue(target, what, buffers, lambda s: self._raw.launch(kernel._raw, g, b, shm, s, packed))
             if timing:
                 self._raw.event_record(end, target._raw)
@@ -787,7 +789,7 @@ class GpuBackend:
         except MetraleError as exc:
             if isinstance(exc, CaptureError):
                 raise
-            raise type(exc)(f"{what} of {described} failed: {exc}", code=exc.code, name=exc.name) from exc
+            raise type(exc)(f"{what} of {described} failed: {exc.message}", code=exc.code, name=exc.name) from exc
 
     @staticmethod
     def _dims(value: object, name: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -23,6 +23,7 @@ from ._errors import CaptureError, error_for_code
 
 if TYPE_CHECKING:
     from ._handles import HostBuffer, Stream
+    from ._kernels import KernelRegistry
     from ._types import DeviceBuffer
 
 __all__ = ["Capture", "active_captures", "captured_event_error", "forbid_during_capture", "invalidated_error"]
@@ -34,7 +35,7 @@ _ACTIVE: dict[int, Capture] = {}
 class Capture:
     """One capture in progress: its stream, whether it is invalidated, and what it touched."""
 
-    __slots__ = ("active", "buffers", "host_buffers", "invalidated", "reason", "stream")
+    __slots__ = ("active", "buffers", "host_buffers", "invalidated", "reason", "registries", "stream")
 
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
@@ -43,6 +44,7 @@ class Capture:
         self.reason = ""
         self.buffers: dict[tuple[int, int], DeviceBuffer] = {}
         self.host_buffers: dict[int, HostBuffer] = {}
+        self.registries: dict[int, KernelRegistry] = {}  # whose kernels the capture launched
 
     def invalidate(self, reason: str) -> None:
         if not self.invalidated:

@@ -60,9 +60,12 @@ def _selftest(settings: MetraleSettings) -> int:
 
 def _preflight(settings: MetraleSettings, paths: Sequence[str]) -> int:
     images: dict[str, PtxImage] = {}
+    stems = [Path(p).stem for p in paths]
     for path in paths:
+        # the module is named by its file's stem, or by its path where two files share a stem
+        name = Path(path).stem if stems.count(Path(path).stem) == 1 else path
         try:
-            images[Path(path).stem] = parse_ptx(Path(path).stem, Path(path).read_bytes())
+            images[name] = parse_ptx(name, Path(path).read_bytes())
         except OSError as exc:
             print(f"metrale preflight: cannot read {path}: {exc.strerror}", file=sys.stderr)
             return 2

@@ -63,6 +63,8 @@ class ConformanceReport:
 
 def _machine_failure(exc: BaseException, rules: set[str]) -> tuple[str, str | None, list[str]]:
     """The error text, the rule it came from, and the program Hypothesis printed in its notes."""
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
     rule = None
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if frame.name in rules:
@@ -122,6 +124,7 @@ def run_conformance(
         "database": None,
         "suppress_health_check": list(hypothesis.HealthCheck),
         "print_blob": False,
+        "report_multiple_bugs": False,  # one verdict: the first bug, shrunk
     }
     if seed is None:
         options["derandomize"] = True

@@ -54,6 +54,11 @@ class MetraleError(Exception):
         self.code = code
         self.name = name
 
+    @property
+    def message(self) -> str:
+        """The message without the ``[NAME (code)]`` suffix ``str()`` adds, for wrapping in another message."""
+        return str(self.args[0]) if self.args else ""
+
     def __str__(self) -> str:
         text = super().__str__()
         if self.name is not None:

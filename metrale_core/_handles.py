@@ -13,6 +13,7 @@ from ._errors import CaptureError, InvalidBufferError, MetraleError, error_for_c
 
 if TYPE_CHECKING:
     from ._backend import GpuBackend
+    from ._kernels import KernelRegistry
     from ._types import DeviceBuffer
 
 __all__ = ["Event", "Graph", "GraphExec", "HostBuffer", "Stream"]
@@ -209,19 +210,22 @@ class HostBuffer(_Handle):
 class Graph(_Handle):
     """Work recorded by a stream capture; instantiate it to run it."""
 
-    __slots__ = ("_buffers", "_host_buffers")
+    __slots__ = ("_buffers", "_host_buffers", "_registries")
     _what = "graph"
 
     def __init__(self, backend: GpuBackend, raw: object, capture: Capture) -> None:
         super().__init__(backend, raw)
         self._buffers = tuple(capture.buffers.values())
         self._host_buffers = tuple(capture.host_buffers.values())
+        self._registries = tuple(capture.registries.values())
 
     def instantiate(self) -> GraphExec:
         """An executable graph that replays the recorded work."""
         raw = self._live()
         exec_raw = self._backend._raw.graph_instantiate(raw)
-        return self._backend._adopt(GraphExec(self._backend, exec_raw, self._buffers, self._host_buffers))
+        return self._backend._adopt(
+            GraphExec(self._backend, exec_raw, self._buffers, self._host_buffers, self._registries)
+        )
 
     @property
     def buffers(self) -> tuple[DeviceBuffer, ...]:
@@ -240,7 +244,7 @@ class Graph(_Handle):
 class GraphExec(_Handle):
     """An instantiated graph: ``launch`` replays its work on a stream."""
 
-    __slots__ = ("_buffers", "_host_buffers")
+    __slots__ = ("_buffers", "_host_buffers", "_registries")
     _what = "executable graph"
 
     def __init__(
@@ -249,10 +253,12 @@ class GraphExec(_Handle):
         raw: object,
         buffers: tuple[DeviceBuffer, ...],
         host_buffers: tuple[HostBuffer, ...],
+        registries: tuple[KernelRegistry, ...] = (),
     ) -> None:
         super().__init__(backend, raw)
         self._buffers = buffers
         self._host_buffers = host_buffers
+        self._registries = registries  # held: the modules of its kernels stay loaded while it lives
 
     @property
     def buffers(self) -> tuple[DeviceBuffer, ...]:
@@ -270,6 +276,12 @@ class GraphExec(_Handle):
                     f"({buf.nbytes} bytes from {buf.site}), which is no longer live; its "
                     f"address may belong to another allocation now. Capture the graph again "
                     f"with live buffers"
+                )
+        for registry in self._registries:
+            if registry.closed:
+                raise MetraleError(
+                    f"GraphExec.launch: the graph launches kernels of {registry!r}, whose modules "
+                    f"were unloaded; keep the registry open while its graphs run, or capture again"
                 )
         for hb in self._host_buffers:
             if hb.closed:

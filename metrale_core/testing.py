@@ -286,6 +286,7 @@ class BackendMachine(RuleBasedStateMachine):
         args = [buf, _u32(n), _u32(value)]
         grid = -(-n // 128)
         if captured:
+            self.gpu.default_stream.synchronize()  # the graph runs on another stream: order it after earlier work
             stream = self.gpu.create_stream()
             self.gpu.begin_capture(stream)
             self.gpu.launch(self.fill, grid, 128, args, stream=stream)

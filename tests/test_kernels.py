@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -303,3 +304,42 @@ def test_faulting_kernel_in_a_subprocess(backend_name: str, debug: bool) -> None
 def test_add_kernel_implementations_takes_records_only(fake: GpuBackend) -> None:
     with pytest.raises(InvalidArgumentError, match="kernel_implementation"):
         fake.add_kernel_implementations(print)  # type: ignore[arg-type]
+
+
+def test_graph_refuses_to_launch_after_its_modules_unload(gpu: GpuBackend) -> None:
+    registry = gpu.load_modules(shipped_modules("vector"))
+    buf = gpu.alloc(256)
+    stream = gpu.create_stream()
+    gpu.begin_capture(stream)
+    gpu.launch(registry.kernel("vector", "fill_u32"), 1, 64, [buf, np.uint32(64), np.uint32(1)], stream=stream)
+    exe = gpu.end_capture(stream).instantiate()
+    exe.launch(stream)
+    registry.close()
+    with pytest.raises(MetraleError, match="unloaded"):
+        exe.launch(stream)
+
+
+def test_fake_fill_past_the_allocation_faults() -> None:
+    with open_backend("fake", settings=SETTINGS.updated(redzone=0, debug_sync_kernels=True)) as gpu:
+        registry = gpu.load_modules(shipped_modules("vector"))
+        buf = gpu.alloc(64)
+        with pytest.raises(MetraleError) as info:
+            gpu.launch(registry.kernel("vector", "fill_u32"), 1, 32, [buf, np.uint32(17), np.uint32(1)])
+        assert info.value.name == "CUDA_ERROR_ILLEGAL_ADDRESS"
+        assert str(info.value).count("[CUDA_ERROR_ILLEGAL_ADDRESS (700)]") == 1
+
+
+def test_preflight_cli_keeps_files_with_one_stem_apart(tmp_path: Path) -> None:
+    ok = shipped_modules("vector")["vector"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "vector.ptx").write_bytes(ok.replace(b".target sm_75", b".target sm_200"))
+    (tmp_path / "b" / "vector.ptx").write_bytes(ok)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
+    env["METRALE_BACKEND"] = "fake"
+    out = subprocess.run(
+        [sys.executable, "-m", "metrale_core", "preflight", str(tmp_path / "a" / "vector.ptx"),
+         str(tmp_path / "b" / "vector.ptx")],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )
+    assert out.returncode == 1 and "1 ok, 1 refused" in out.stdout, out.stdout + out.stderr

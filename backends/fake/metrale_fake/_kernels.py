@@ -16,20 +16,27 @@ def _count(launch: FakeLaunch, n: np.integer) -> int:
     return min(int(n), launch.threads)
 
 
+def _span(view: np.ndarray, nbytes: int) -> np.ndarray:
+    """The first ``nbytes`` of a pointer's view; past the allocation (and its red zone) is a fault."""
+    if len(view) < nbytes:
+        raise IndexError(f"{nbytes} bytes from this pointer run past its allocation ({len(view)} bytes)")
+    return view[:nbytes]
+
+
 @kernel_implementation("vector", "vector_add")
 def vector_add(launch: FakeLaunch, a: np.ndarray, b: np.ndarray, out: np.ndarray, n: np.uint32) -> None:
     count = _count(launch, n) * 4
-    out[:count].view(np.float32)[:] = a[:count].view(np.float32) + b[:count].view(np.float32)
+    _span(out, count).view(np.float32)[:] = _span(a, count).view(np.float32) + _span(b, count).view(np.float32)
 
 
 @kernel_implementation("vector", "fill_u32")
 def fill_u32(launch: FakeLaunch, p: np.ndarray, n: np.uint32, value: np.uint32) -> None:
-    p[: _count(launch, n) * 4].view(np.uint32)[:] = value
+    _span(p, _count(launch, n) * 4).view(np.uint32)[:] = value
 
 
 @kernel_implementation("fault", "write_to")
 def write_to(launch: FakeLaunch, address: np.ndarray, value: np.uint32) -> None:
-    address[:4].view(np.uint32)[0] = value  # an address no allocation holds gives an empty view: a fault
+    _span(address, 4).view(np.uint32)[0] = value  # an address no allocation holds gives an empty view: a fault
 
 
 #: The implementations the fake plugin registers through ``metrale_kernel_implementations``.
