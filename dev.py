@@ -5,6 +5,7 @@
     python3 dev.py test         # the whole test suite (derandomized Hypothesis profile "ci")
     python3 dev.py test --thorough   # more Hypothesis examples, random seeds
     python3 dev.py lint         # ruff and mypy --strict on the packages
+    python3 dev.py docs         # build the documentation site (mkdocs build --strict) into site/
     python3 dev.py metrale ...  # any metrale command in the environment
 
 Extra arguments after `test` go to pytest.
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
-PACKAGES = [".[test,lint]", "backends/fake", "backends/cuda", "examples/tracing-backend", "examples/pipeline"]
+PACKAGES = [".[test,lint,docs]", "backends/fake", "backends/cuda", "examples/tracing-backend", "examples/pipeline"]
 PROJECT_FILES = ["pyproject.toml"] + [f"{p}/pyproject.toml" for p in PACKAGES[1:]]
 LINTED = [
     "metrale_core",
@@ -60,7 +61,7 @@ def ensure_env() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"selftest", "test", "lint", "metrale"}:
+    if not argv or argv[0] not in {"selftest", "test", "lint", "docs", "metrale"}:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -69,6 +70,8 @@ def main(argv: list[str]) -> int:
         return run(BIN / "metrale", "selftest", *rest)
     if command == "metrale":
         return run(BIN / "metrale", *rest)
+    if command == "docs":
+        return run(BIN / "mkdocs", "build", "--strict", *rest)
     if command == "lint":
         ruff = run(PY, "-m", "ruff", "check", *LINTED, "tests", "examples", "conftest.py", "dev.py")
         return ruff or run(PY, "-m", "mypy", *LINTED)

@@ -67,26 +67,60 @@ class MetraleSettings(BaseSettings):
         validate_default=True,
     )
 
-    backend: str = Field("auto", description="Backend name, or `auto` (cuda when a GPU answers, else fake).")
-    debug_sync_kernels: bool = Field(False, description="Synchronize after every kernel launch.")
-    redzone: int = Field(0, ge=0, description="Guard-band bytes after each `alloc`; 0 turns red zones off.")
+    backend: str = Field(
+        "auto",
+        description="The backend `open_backend()` opens when no name is given: a backend's name, or `auto` (`cuda` "
+        "when a CUDA driver and device answer, else `fake`).",
+    )
+    debug_sync_kernels: bool = Field(
+        False,
+        description="Synchronize the stream after every kernel launch made outside a capture, so a kernel's fault is "
+        "raised by the launch that caused it, naming it; costs a synchronization per launch.",
+    )
+    redzone: int = Field(
+        0, ge=0,
+        description="Bytes of the guard band after each `alloc` buffer; `0` turns red zones off.",
+    )
     redzone_min_idx: int = Field(
         0, ge=0, description="Only allocations with a creation index at least this get red zones."
     )
-    redzone_fill: int = Field(0xA5, ge=0, le=255, description="The byte red zones are filled with.")
-    redzone_lead: bool = Field(False, description="Also guard the front of each allocation.")
+    redzone_fill: int = Field(0xA5, ge=0, le=255, description="The byte red zones are filled with, 0..255.")
+    redzone_lead: bool = Field(
+        False,
+        description="Also guard the front of each zoned allocation; the leading zone is `redzone` rounded up to a "
+        "multiple of 256 bytes, so the pointer stays aligned.",
+    )
     redzone_trace_idx: int | None = Field(
         None, ge=0, description="Log the full stack of the allocation with this creation index."
     )
-    kernel_timing: bool = Field(False, description="Time every kernel launch with events (see `run_metrics()`).")
-    target_hw: str = Field("", description="A value starting with `strix` selects the scale variant.")
-    fake_memory_bytes: int = Field(16 << 30, gt=0, description="The fake device's capacity.")
-    fake_integrated: bool = Field(False, description="The fake reports an integrated device.")
+    kernel_timing: bool = Field(
+        False,
+        description="Time every kernel launch made outside a capture with a pair of events; `run_metrics()` turns "
+        "them into GPU milliseconds per kernel.",
+    )
+    target_hw: str = Field(
+        "",
+        description="A value starting with `strix` (any case) selects the scale variant: `stream_is_capturing` "
+        "answers from metrale's own record and never asks the driver.",
+    )
+    fake_memory_bytes: int = Field(
+        16 << 30, gt=0,
+        description="The fake device's capacity; an allocation past it raises `OutOfMemoryError`.",
+    )
+    fake_integrated: bool = Field(
+        False,
+        description="The fake reports an integrated device, so `memory_info().effective_free` follows the host's "
+        "`MemAvailable`.",
+    )
     fake_compute_capability: str = Field(
-        "9.0", pattern=r"^\d+\.\d+$", description="The compute capability the fake reports, `major.minor`."
+        "9.0",
+        pattern=r"^\d+\.\d+$",
+        description="The compute capability the fake reports, `major.minor`; PTX images are checked against it.",
     )
     fake_defer: bool = Field(
-        False, description="The fake runs stream work only when it must (see the fake backend)."
+        False,
+        description="The fake runs stream work only when it must (a synchronize, a query, a pageable copy, "
+        "a free), so a missing synchronization reads stale data as on a GPU.",
     )
 
     def __init__(self, **values: Any) -> None:
