@@ -34,11 +34,11 @@ def _type(annotation: Any) -> str:
 
 def settings_table() -> str:
     """The Markdown table of every setting, from ``MetraleSettings`` itself."""
-    rows = ["| variable | field | type | default | meaning |", "| --- | --- | --- | --- | --- |"]
+    rows = ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
     for name, field in MetraleSettings.model_fields.items():
         kind = _type(field.annotation) + (" (size)" if name in _SIZES else "")
         rows.append(
-            f"| `{ENV_PREFIX}{name.upper()}` | `{name}` | {kind} | {_default(name, field.default)} "
+            f"| `{ENV_PREFIX}{name.upper()}` | {kind} | {_default(name, field.default)} "
             f"| {field.description or ''} |"
         )
     return "\n".join(rows)
