@@ -63,6 +63,9 @@ _H = TypeVar("_H", bound=_Handle)
 
 _log = logging.getLogger("metrale")
 
+#: Timed launches whose events are kept before the finished ones are resolved (``kernel_timing``).
+_MAX_PENDING_TIMINGS: Final = 4096
+
 #: Top-level packages whose frames are never a call site.
 CORE_PACKAGES: Final = frozenset({"metrale_core"})
 
@@ -204,6 +207,13 @@ class GpuBackend:
     def faulted(self) -> str | None:
         """The first device fault this backend met, with the launches before it; ``None`` if none."""
         return self._fault
+
+    def _destroy(self, destroy: Callable[[object], None], raw: object) -> None:
+        """Destroy a handle's raw object; after a device fault, where every call fails, quietly."""
+        if self._fault is None:
+            destroy(raw)
+        else:
+            self._quietly("destroy after a device fault", destroy, raw)
 
     def _adopt(self, handle: _H) -> _H:
         with self._lock:
@@ -783,6 +793,8 @@ class GpuBackend:
             if timing:
                 self._raw.event_record(end, target._raw)
                 self._metrics.pending.append(((kernel.module, kernel.name), start, end))
+                if len(self._metrics.pending) > _MAX_PENDING_TIMINGS:
+                    self._resolve_timings(wait=False)
             self._metrics.launched((kernel.module, kernel.name))
             if self.settings.debug_sync_kernels and outside_capture:
                 self._raw.stream_synchronize(target._raw)
@@ -813,17 +825,28 @@ class GpuBackend:
         Resolving the timings waits for their events, so this is refused during a capture.
         """
         self._check_open()
-        pending = self._metrics.pending
-        if pending:
+        if self._metrics.pending:
             forbid_during_capture("run_metrics()")
-            while pending:
-                key, start, end = pending.pop(0)
-                self._raw.event_synchronize(end)
-                ms = self._raw.event_elapsed_ms(start, end)
-                self._metrics.gpu_ms[key] = self._metrics.gpu_ms.get(key, 0.0) + ms
-                self._quietly("event destroy", self._raw.event_destroy, start)
-                self._quietly("event destroy", self._raw.event_destroy, end)
+            self._resolve_timings(wait=True)
         return self._metrics
+
+    def _resolve_timings(self, *, wait: bool) -> None:
+        """Turn timed launches into GPU milliseconds: all of them, or (``wait=False``) those already done.
+
+        Called outside any capture only, where event queries are allowed.
+        """
+        pending = self._metrics.pending
+        while pending:
+            key, start, end = pending[0]
+            if wait:
+                self._raw.event_synchronize(end)
+            elif not self._raw.event_query(end):
+                break
+            pending.pop(0)
+            ms = self._raw.event_elapsed_ms(start, end)
+            self._metrics.gpu_ms[key] = self._metrics.gpu_ms.get(key, 0.0) + ms
+            self._quietly("event destroy", self._raw.event_destroy, start)
+            self._quietly("event destroy", self._raw.event_destroy, end)
 
     # -- red zones and memory -----------------------------------------------------
 

@@ -109,7 +109,7 @@ class Stream(_Handle):
             raise CaptureError("this stream is capturing: call end_capture before closing it")
         self._closed = True
         self._backend._forget_handle(self)
-        self._backend._raw.stream_destroy(self._raw)
+        self._backend._destroy(self._backend._raw.stream_destroy, self._raw)
 
     def __repr__(self) -> str:
         kind = "default " if self._default else ""
@@ -172,7 +172,7 @@ class Event(_Handle):
             return
         self._closed = True
         self._backend._forget_handle(self)
-        self._backend._raw.event_destroy(self._raw)
+        self._backend._destroy(self._backend._raw.event_destroy, self._raw)
 
 
 class HostBuffer(_Handle):
@@ -238,7 +238,7 @@ class Graph(_Handle):
             return
         self._closed = True
         self._backend._forget_handle(self)
-        self._backend._raw.graph_destroy(self._raw)
+        self._backend._destroy(self._backend._raw.graph_destroy, self._raw)
 
 
 class GraphExec(_Handle):
@@ -296,4 +296,4 @@ class GraphExec(_Handle):
             return
         self._closed = True
         self._backend._forget_handle(self)
-        self._backend._raw.graph_exec_destroy(self._raw)
+        self._backend._destroy(self._backend._raw.graph_exec_destroy, self._raw)

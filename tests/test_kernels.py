@@ -343,3 +343,28 @@ def test_preflight_cli_keeps_files_with_one_stem_apart(tmp_path: Path) -> None:
         capture_output=True, text=True, env=env, timeout=120, check=False,
     )
     assert out.returncode == 1 and "1 ok, 1 refused" in out.stdout, out.stdout + out.stderr
+
+
+def test_timed_launches_do_not_pile_up() -> None:
+    with open_backend("fake", settings=SETTINGS.updated(kernel_timing=True)) as gpu:
+        fill = gpu.load_modules(shipped_modules("vector")).kernel("vector", "fill_u32")
+        buf = gpu.alloc(64)
+        metrics = gpu.run_metrics()  # the live metrics object: pending grows as timed launches are issued
+        for _ in range(5000):
+            gpu.launch(fill, 1, 16, [buf, np.uint32(16), np.uint32(1)])
+            assert len(metrics.pending) <= 4097, "finished timings are resolved as launches go"
+        assert len(gpu.run_metrics().pending) == 0
+        assert gpu.run_metrics().launches[("vector", "fill_u32")] == 5000
+        assert ("vector", "fill_u32") in gpu.run_metrics().gpu_ms
+
+
+def test_handles_close_quietly_after_a_device_fault() -> None:
+    with open_backend("fake", settings=SETTINGS) as gpu:
+        stream, event = gpu.create_stream(), gpu.create_event()
+        gpu.inject_fault("synchronize", code="CUDA_ERROR_ILLEGAL_ADDRESS")  # type: ignore[attr-defined]
+        with pytest.raises(MetraleError):
+            gpu.synchronize()
+        assert gpu.faulted is not None
+        stream.close()
+        event.close()
+        assert gpu.ledger_probe().live_count() == 0
