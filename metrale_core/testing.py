@@ -48,6 +48,7 @@ __all__ = [
     "BackendMachine",
     "BadInput",
     "BadInputFixture",
+    "backend_params",
     "backend_state_machine",
     "bad_input_fixture",
     "check_bad_input",
@@ -474,6 +475,29 @@ def _expect(cls: type[MetraleError], name: str | None, call: Callable[[], object
         assert exc.name == name, f"expected {cls.__name__} {name}, got {exc.name}: {exc}"
         return exc
     raise AssertionError(f"expected {cls.__name__} ({name}), but the call succeeded")
+
+
+def backend_params(settings: MetraleSettings | None = None, *, expected: tuple[str, ...] = ("cuda",)) -> list[Any]:
+    """``pytest.param``s of every discovered backend, for ``@pytest.fixture(params=...)``.
+
+    An unavailable backend, or one of ``expected`` that is not even
+    installed, is a param skipped with the reason, so a test report says
+    why it did not run there (a machine without a GPU skips ``cuda``).
+    """
+    import pytest
+
+    from ._discovery import available_backends
+
+    infos = available_backends(settings or MetraleSettings())
+    params = []
+    for name, info in infos.items():
+        marks = [] if info.available else [pytest.mark.skip(reason=f"backend {name} unavailable: {info.reason}")]
+        params.append(pytest.param(name, marks=marks, id=name))
+    for name in expected:
+        if name not in infos:
+            skip = pytest.mark.skip(reason=f"backend {name} is not installed")
+            params.append(pytest.param(name, marks=[skip], id=name))
+    return params
 
 
 def backend_state_machine(

@@ -9,22 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core import GpuBackend, MetraleSettings, available_backends, open_backend
+from metrale_core import GpuBackend, MetraleSettings, open_backend, testing
 
 #: The settings of this run, from METRALE_* (the GPU runs set METRALE_TARGET_HW and METRALE_REDZONE).
 SETTINGS = MetraleSettings()
-_INFOS = available_backends(SETTINGS)
 
 
 def backend_params() -> list[object]:
     """Every discovered backend; the unavailable ones are skipped with their reason."""
-    params: list[object] = []
-    for name, info in _INFOS.items():
-        marks = [] if info.available else [pytest.mark.skip(reason=f"backend {name} unavailable: {info.reason}")]
-        params.append(pytest.param(name, marks=marks, id=name))
-    if "cuda" not in _INFOS:
-        params.append(pytest.param("cuda", marks=[pytest.mark.skip(reason="metrale-cuda is not installed")], id="cuda"))
-    return params
+    return testing.backend_params(SETTINGS)
 
 
 @pytest.fixture(params=backend_params())

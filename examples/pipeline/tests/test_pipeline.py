@@ -17,26 +17,16 @@ import sysconfig
 import numpy as np
 import pytest
 
-from metrale_core import MetraleError, MetraleSettings, available_backends, open_backend
+from metrale_core import MetraleError, MetraleSettings, open_backend
+from metrale_core.testing import backend_params
 from metrale_fake import FakeBackend
 from metrale_pipeline import Pipeline, run_pipeline
 
 SETTINGS = MetraleSettings()
-_INFOS = available_backends(SETTINGS)
 SIZE = 3000  # not a multiple of the block: the last block has idle threads
 
 
-def _backend_params() -> list[object]:
-    params: list[object] = []
-    for name, info in _INFOS.items():
-        marks = [] if info.available else [pytest.mark.skip(reason=f"backend {name} unavailable: {info.reason}")]
-        params.append(pytest.param(name, marks=marks, id=name))
-    if "cuda" not in _INFOS:
-        params.append(pytest.param("cuda", marks=[pytest.mark.skip(reason="metrale-cuda is not installed")], id="cuda"))
-    return params
-
-
-@pytest.fixture(params=_backend_params())
+@pytest.fixture(params=backend_params(SETTINGS))
 def backend_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
