@@ -26,6 +26,7 @@ from ._errors import (
     InvalidBufferError,
     MetraleError,
     OutOfMemoryError,
+    RedZoneError,
     cuda_code,
     error_for_code,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "Param",
     "PtxImage",
     "RawDevice",
+    "RedZoneError",
     "RedZoneViolation",
     "RunMetrics",
     "Stream",

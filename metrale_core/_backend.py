@@ -28,6 +28,7 @@ from ._errors import (
     InvalidBufferError,
     MetraleError,
     OutOfMemoryError,
+    RedZoneError,
     error_for_code,
 )
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
@@ -53,7 +54,7 @@ from ._ledger import (
 from ._meminfo import effective_free_bytes, read_mem_available
 from ._ptx import check_architecture, parse_ptx
 from ._raw import AllocKind, RawDevice
-from ._redzone import Layout, RedZones
+from ._redzone import Layout, RedZones, Zone
 from ._settings import MetraleSettings
 from ._types import AllocRecord, DeviceBuffer, MemoryInfo, RedZoneViolation
 
@@ -135,6 +136,8 @@ class GpuBackend:
         self._recent: collections.deque[str] = collections.deque(maxlen=8)
         self._metrics = RunMetrics()
         self._registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+        self._observers: list[Callable[[str, RedZoneViolation], object]] = []
+        self._scratch: tuple[int, memoryview] | None = None  # pinned buffer for zone reads
         self._lock = threading.RLock()
         self._ledger = Ledger()
         self._redzones = RedZones(settings)
@@ -455,8 +458,13 @@ class GpuBackend:
         self._warn_if_graphed(buf)
         with self._lock:
             raw_ptr = self._raw_base.pop(buf.ptr, buf.ptr)
-        self._redzones.remove(buf.ptr)
-        self._raw.free(raw_ptr, record.kind)  # type: ignore[arg-type]
+        zones = self._redzones.remove(buf.ptr)
+        try:
+            # its own zones, read while the culprit is fresh (cuMemFree waits for the device anyway)
+            violations = self._read_zones(zones)
+        finally:
+            self._raw.free(raw_ptr, record.kind)  # type: ignore[arg-type]
+        self._report(violations, f"free of allocation #{buf.index}")
 
     def free_arena(self, buf: DeviceBuffer) -> None:
         """Release an ``alloc_arena`` buffer."""
@@ -851,23 +859,80 @@ class GpuBackend:
     # -- red zones and memory -----------------------------------------------------
 
     def scan_redzones(self) -> list[RedZoneViolation]:
-        """Wait for this backend's work, then report every live zone whose bytes changed."""
+        """Wait for this backend's work, then report every live zone whose bytes changed.
+
+        Each violation goes to the observers, then is logged (``redzone_action="warn"``,
+        the default) or raised as one :class:`~metrale_core.RedZoneError`
+        (``"raise"``).
+        """
         self._check_open()
         forbid_during_capture("scan_redzones()")
-        zones = self._redzones.live()
+        violations = self._read_zones(self._redzones.live())
+        self._report(violations, "scan_redzones()")
+        return violations
+
+    def on_redzone_violation(self, observer: Callable[[str, RedZoneViolation], object]) -> None:
+        """Call ``observer(backend_name, violation)`` for every violation this backend finds."""
+        self._check_open()
+        if not callable(observer):
+            raise self._invalid_argument("on_redzone_violation", "a callable", observer)
+        self._observers.append(observer)
+
+    def _read_zones(self, zones: Sequence[Zone]) -> list[RedZoneViolation]:
+        """Wait for the device, read every zone into one pinned buffer (one synchronize), judge each."""
         if not zones:
             return []
-        self._raw.synchronize()
+        total = sum(z.length for z in zones)
+        scratch = self._scan_scratch(total)
         stream = self._default_stream._raw
-        violations = []
+        self._raw.synchronize()
+        offset = 0
         for zone in zones:
-            data = bytearray(zone.length)
-            self._raw.copy_dtoh(memoryview(data), zone.start, stream, pinned=False)
-            violation = self._redzones.judge(zone, bytes(data))
+            self._raw.copy_dtoh(scratch[offset : offset + zone.length], zone.start, stream, pinned=True)
+            offset += zone.length
+        self._raw.stream_synchronize(stream)
+        violations = []
+        offset = 0
+        for zone in zones:
+            violation = self._redzones.judge(zone, bytes(scratch[offset : offset + zone.length]))
+            offset += zone.length
             if violation is not None:
-                _log.warning("%s", violation.describe())
                 violations.append(violation)
         return violations
+
+    def _scan_scratch(self, nbytes: int) -> memoryview:
+        """A pinned host buffer of at least ``nbytes`` for zone reads, kept and grown as needed."""
+        with self._lock:
+            if self._scratch is None or len(self._scratch[1]) < nbytes:
+                if self._scratch is not None:
+                    self._raw.free_host(self._scratch[0])
+                    self._scratch = None
+                self._scratch = self._raw.alloc_host(max(nbytes, 1 << 16))
+            return self._scratch[1]
+
+    def _report(self, violations: list[RedZoneViolation], when: str, *, may_raise: bool = True) -> None:
+        """Tell the observers, then log or raise, as ``redzone_action`` says."""
+        if not violations:
+            return
+        for violation in violations:
+            for observer in self._observers:
+                try:
+                    observer(self.name, violation)
+                except Exception as exc:  # an observer's bug must not hide the violation
+                    _log.warning("red-zone observer %r raised %s: %s", observer, type(exc).__name__, exc)
+        if self.settings.redzone_action == "raise" and may_raise:
+            raise RedZoneError(
+                f"{when} found {len(violations)} red-zone violation(s): "
+                + "; ".join(v.describe() for v in violations)
+                + ". Fix the write past the buffer's bounds (redzone_trace_idx=<index> logs where it was allocated)",
+                violations,
+            )
+        for violation in violations:
+            _log.warning("%s (found by %s)", violation.describe(), when)
+
+    def _after_graph_launch(self) -> None:
+        if self.settings.redzone_scan_graphs and not active_captures():
+            self._report(self._read_zones(self._redzones.live()), "the scan after GraphExec.launch")
 
     def memory_info(self) -> MemoryInfo:
         """Free and total device memory, and what an allocation can really have."""
@@ -905,12 +970,20 @@ class GpuBackend:
                 capture.finish()
                 self._discard_raw_capture(stream)
         self._quietly("synchronize", self._raw.synchronize)
+        if self._fault is None and not active_captures():
+            try:
+                self._report(self._read_zones(self._redzones.live()), "close()", may_raise=False)
+            except MetraleError as exc:
+                _log.warning("close: the red-zone scan failed: %s", exc)
         self._sweep()
         for buf in arenas:
             self._quietly("free_arena", self._raw.free, buf.ptr, "arena")
         for hb in hosts:
             hb._closed = True
             self._quietly("free host buffer", self._raw.free_host, hb.ptr)
+        if self._scratch is not None:
+            self._quietly("free the scan buffer", self._raw.free_host, self._scratch[0])
+            self._scratch = None
         order = (GraphExec, Graph, Event, Stream)
         for kind in order:
             for handle in handles:

@@ -12,6 +12,7 @@ import dataclasses
 import importlib.metadata
 import logging
 import operator
+from collections.abc import Callable
 from typing import Final
 
 import pluggy
@@ -27,7 +28,7 @@ from ._errors import (
 from ._kernels import KernelImplementation
 from ._registration import BackendRegistration
 from ._settings import MetraleSettings
-from ._types import BackendInfo
+from ._types import BackendInfo, RedZoneViolation
 
 __all__ = ["ENTRY_POINT_GROUP", "available_backends", "open_backend"]
 
@@ -201,4 +202,16 @@ def open_backend(
     implementations = _kernel_implementations(plugins, settings)
     if implementations:
         backend.add_kernel_implementations(*implementations)
+    for impl in plugins.hook.metrale_redzone_violation.get_hookimpls():
+        backend.on_redzone_violation(_observer(impl.function, tuple(impl.argnames)))
     return backend
+
+
+def _observer(function: Callable[..., object], argnames: tuple[str, ...]) -> Callable[[str, RedZoneViolation], object]:
+    """A plugin's ``metrale_redzone_violation`` as a backend observer (pluggy lets it take fewer arguments)."""
+
+    def observe(backend: str, violation: RedZoneViolation) -> object:
+        given = {"backend": backend, "violation": violation}
+        return function(**{name: given[name] for name in argnames})
+
+    return observe

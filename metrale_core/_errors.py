@@ -21,7 +21,7 @@ backend) carry ``code`` and ``name`` ``None``.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 __all__ = [
     "BackendNotFoundError",
@@ -34,6 +34,7 @@ __all__ = [
     "InvalidBufferError",
     "MetraleError",
     "OutOfMemoryError",
+    "RedZoneError",
     "cuda_code",
     "error_for_code",
 ]
@@ -113,6 +114,16 @@ class DeviceFaultError(MetraleError):
 
 class DriverError(MetraleError):
     """Any other failure the driver (or the fake, speaking for it) reported."""
+
+
+class RedZoneError(MetraleError):
+    """Red zones changed and ``redzone_action`` is ``"raise"``; ``violations`` lists them."""
+
+    violations: list[Any]
+
+    def __init__(self, message: str, violations: list[Any]) -> None:
+        super().__init__(message)
+        self.violations = violations
 
 
 #: CUDA's result codes that metrale names, from ``cuda.h`` (the same numbers in

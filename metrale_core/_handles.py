@@ -289,6 +289,7 @@ class GraphExec(_Handle):
                     f"GraphExec.launch: the graph recorded {hb!r}, which was freed; capture again"
                 )
         backend._issue(stream, "GraphExec.launch", self._buffers, lambda s: backend._raw.graph_launch(raw, s))
+        backend._after_graph_launch()
 
     def close(self) -> None:
         """Release the executable graph."""

@@ -72,9 +72,10 @@ class RedZones:
             with self._lock:
                 self._zones[zones[0].buffer.ptr] = zones
 
-    def remove(self, ptr: int) -> None:
+    def remove(self, ptr: int) -> tuple[Zone, ...]:
+        """Forget the zones of the allocation at ``ptr``; returns them (empty if it had none)."""
         with self._lock:
-            self._zones.pop(ptr, None)
+            return self._zones.pop(ptr, ())
 
     def live(self) -> list[Zone]:
         with self._lock:

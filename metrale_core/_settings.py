@@ -6,7 +6,7 @@ import difflib
 import logging
 import os
 import re
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Literal
 
 import pydantic
 from pydantic import Field, field_validator
@@ -92,6 +92,16 @@ class MetraleSettings(BaseSettings):
     )
     redzone_trace_idx: int | None = Field(
         None, ge=0, description="Log the full stack of the allocation with this creation index."
+    )
+    redzone_action: Literal["warn", "raise"] = Field(
+        "warn",
+        description="What a red-zone violation does: `warn` logs a WARNING on the `metrale` logger, `raise` raises "
+        "`RedZoneError` from the call that found it (a scan, a free, a graph launch; never `close()`).",
+    )
+    redzone_scan_graphs: bool = Field(
+        False,
+        description="Scan every live red zone after each graph launch (it waits for the device), so an overrun "
+        "is reported by the launch of the graph that made it.",
     )
     kernel_timing: bool = Field(
         False,

@@ -31,8 +31,16 @@ if TYPE_CHECKING:
     from ._kernels import KernelImplementation
     from ._registration import BackendRegistration
     from ._settings import MetraleSettings
+    from ._types import RedZoneViolation
 
-__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "metrale_backend", "metrale_kernel_implementations"]
+__all__ = [
+    "PROJECT_NAME",
+    "hookimpl",
+    "hookspec",
+    "metrale_backend",
+    "metrale_kernel_implementations",
+    "metrale_redzone_violation",
+]
 
 #: The pluggy project name of metrale's hooks.
 PROJECT_NAME: Final = "metrale"
@@ -79,3 +87,19 @@ def metrale_kernel_implementations(settings: MetraleSettings) -> Iterable[Kernel
         (made with :func:`~metrale_core.kernel_implementation`).
     """
     raise RuntimeError("hook specification: never called directly")  # pragma: no cover
+
+
+@hookspec
+def metrale_redzone_violation(backend: str, violation: RedZoneViolation) -> None:
+    """Observe a red-zone violation, wherever a backend finds one.
+
+    Called for each violation, on every plugin that implements it, before the
+    violation is logged or raised (``redzone_action``), whether a scan, a
+    ``free`` or a graph launch found it. An observer that raises is logged
+    and skipped; it cannot stop the others or the report.
+
+    **Results:** ignored.
+
+    :param backend: the name of the backend that found it.
+    :param violation: the :class:`~metrale_core.RedZoneViolation`.
+    """

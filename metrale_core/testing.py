@@ -36,8 +36,9 @@ from ._errors import (
     InvalidArgumentError,
     InvalidBufferError,
     MetraleError,
+    RedZoneError,
 )
-from ._handles import HostBuffer, Stream
+from ._handles import GraphExec, HostBuffer, Stream
 from ._kernels import Kernel
 from ._settings import MetraleSettings
 from ._types import DeviceBuffer
@@ -130,6 +131,18 @@ class BackendMachine(RuleBasedStateMachine):
         self.gpu.copy_to_host(out, buf)
         return bytes(out)
 
+    def _launch_graph(self, exe: GraphExec, stream: Stream) -> None:
+        """Launch, expecting the scan after it to raise where zones changed and the settings say so."""
+        settings = self.gpu.settings
+        expect = bool(self.dirty) and settings.redzone_scan_graphs and settings.redzone_action == "raise"
+        try:
+            exe.launch(stream)
+        except RedZoneError as exc:
+            assert expect, f"a graph launch raised {exc} with no changed zone in the model"
+            assert {(v.index, v.side): v.offset for v in exc.violations} == self.dirty
+        else:
+            assert not expect, "the scan after a graph launch missed a changed zone"
+
     def _zoned(self, buf: DeviceBuffer) -> bool:
         return buf.kind == "device" and self.redzone > 0 and buf.index >= self.redzone_min_idx
 
@@ -155,7 +168,17 @@ class BackendMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
         buf, _ = self._pick(data, self.live)
-        self.gpu.free(buf)
+        dirty = {side: off for (index, side), off in self.dirty.items() if index == buf.index}
+        if dirty and self.gpu.settings.redzone_action == "raise":
+            try:
+                self.gpu.free(buf)
+            except RedZoneError as exc:
+                assert {v.side: v.offset for v in exc.violations} == dirty, (exc.violations, dirty)
+            else:
+                raise AssertionError(f"free of allocation #{buf.index}, whose zone changed, did not raise")
+        else:
+            self.gpu.free(buf)  # a changed zone is logged (redzone_action="warn")
+        assert not any(r.index == buf.index for r in self.probe.records()), "free left the record on the ledger"
         self._forget(buf)
 
     @precondition(lambda self: self.arena)
@@ -293,7 +316,7 @@ class BackendMachine(RuleBasedStateMachine):
             self.gpu.launch(self.fill, grid, 128, args, stream=stream)
             graph = self.gpu.end_capture(stream)
             exe = graph.instantiate()
-            exe.launch(stream)
+            self._launch_graph(exe, stream)
             stream.synchronize()
             exe.close()
             graph.close()
@@ -321,7 +344,7 @@ class BackendMachine(RuleBasedStateMachine):
         assert self._read(buf) == before, "work issued to a capturing stream ran"
         exe = graph.instantiate()
         for _ in range(launches):
-            exe.launch(stream)
+            self._launch_graph(exe, stream)
         stream.synchronize()
         if launches:
             contents.write(offset, bytes([value]) * n)
@@ -388,7 +411,13 @@ class BackendMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.redzone > 0)
     @rule()
     def scan(self) -> None:
-        found = self.gpu.scan_redzones()
+        try:
+            found = self.gpu.scan_redzones()
+        except RedZoneError as exc:
+            assert self.gpu.settings.redzone_action == "raise" and self.dirty, exc
+            found = exc.violations
+        else:
+            assert not (self.dirty and self.gpu.settings.redzone_action == "raise"), "a scan did not raise"
         for v in found:
             live = self.live.get(v.index)
             assert live is not None, f"a violation was reported for allocation #{v.index}, which is not live"

@@ -166,7 +166,7 @@ def test_redzone_trace_logs_the_allocating_stack(caplog: pytest.LogCaptureFixtur
 
 
 def test_redzone_lead_and_min_idx(caplog: pytest.LogCaptureFixture) -> None:
-    settings = SETTINGS.updated(redzone=100, redzone_lead=True)
+    settings = SETTINGS.updated(redzone=100, redzone_lead=True, redzone_action="warn")
     with open_backend("fake", settings=settings) as gpu:
         buf = gpu.alloc(10)
         assert buf.ptr % 256 == 0
@@ -177,7 +177,7 @@ def test_redzone_lead_and_min_idx(caplog: pytest.LogCaptureFixture) -> None:
         assert [(v.side, v.offset) for v in found] == [("lead", 255), ("trail", 99)]
         assert len(caplog.records) == 2 and "allocation #" in caplog.records[0].getMessage()
         nxt = gpu.alloc(8).index + 1
-    later = SETTINGS.updated(redzone=64, redzone_min_idx=nxt + 1)
+    later = SETTINGS.updated(redzone=64, redzone_min_idx=nxt + 1, redzone_action="warn")
     with open_backend("fake", settings=later) as gpu:
         early, late = gpu.alloc(8), gpu.alloc(8)
         assert (early.index, late.index) == (nxt, nxt + 1)

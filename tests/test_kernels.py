@@ -80,7 +80,7 @@ def test_vector_add_in_a_captured_graph(gpu: GpuBackend, modules: KernelRegistry
 
 
 def test_fill_one_past_the_end_lands_in_the_red_zone(backend_name: str) -> None:
-    with open_backend(backend_name, settings=SETTINGS.updated(redzone=256)) as gpu:
+    with open_backend(backend_name, settings=SETTINGS.updated(redzone=256, redzone_action="warn")) as gpu:
         registry = gpu.load_modules(shipped_modules("vector"))
         buf = gpu.alloc(4 * 100)
         gpu.launch(registry.kernel("vector", "fill_u32"), 1, 128, [buf, np.uint32(101), np.uint32(5)])

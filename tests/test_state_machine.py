@@ -11,6 +11,7 @@ CONFIGS = {
     "env": SETTINGS,
     "zones": SETTINGS.updated(redzone=128, redzone_lead=True, redzone_min_idx=0),
     "scale": SETTINGS.updated(target_hw="strix-halo", redzone=256),
+    "raise": SETTINGS.updated(redzone=64, redzone_action="raise", redzone_scan_graphs=True),
 }
 
 
@@ -27,6 +28,7 @@ for _param in backend_params():
     for _config in CONFIGS:
         _case = _make(_param, _config)
         globals()[_case.__name__] = _case
+del _case, _param, _config  # else pytest collects the last class a second time under this name
 
 _defer = backend_state_machine("fake", SETTINGS.updated(fake_defer=True, redzone=64)).TestCase
 TestMachine_fake_defer = _defer

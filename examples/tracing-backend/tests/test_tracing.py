@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metrale_core import available_backends, open_backend
+from metrale_core import MetraleSettings, available_backends, open_backend
 from metrale_core.testing import BAD_INPUTS, BadInput, backend_state_machine, bad_input_fixture, check_bad_input
 from metrale_tracing import TracingBackend
 
@@ -24,7 +24,7 @@ def test_discovered_through_the_entry_point() -> None:
 
 
 def test_records_the_raw_calls() -> None:
-    with open_backend("tracing") as gpu:
+    with open_backend("tracing", settings=MetraleSettings(redzone=0)) as gpu:
         assert isinstance(gpu, TracingBackend)
         buf = gpu.alloc(64)
         gpu.memset(buf, 1)

@@ -1,0 +1,99 @@
+"""Red zones: when scans run, what a violation does, and who hears of it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from conftest import SETTINGS, install_distribution
+from metrale_core import GpuBackend, RedZoneError, RedZoneViolation, open_backend
+
+
+def _planted(gpu: GpuBackend) -> object:
+    buf = gpu.alloc(100)
+    gpu.memset(buf.ptr + buf.nbytes + 5, 0x00, nbytes=1)  # five bytes past the end: inside the zone
+    return buf
+
+
+def test_free_reports_its_own_zone(backend_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    with open_backend(backend_name, settings=SETTINGS.updated(redzone=64, redzone_action="warn")) as gpu:
+        buf = _planted(gpu)
+        with caplog.at_level(logging.WARNING, logger="metrale"):
+            gpu.free(buf)  # type: ignore[arg-type]
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("found by free of allocation" in m and "zone offset 5" in m for m in messages), messages
+        assert gpu.live_alloc_len() == 0
+
+
+def test_free_raises_after_releasing(backend_name: str) -> None:
+    with open_backend(backend_name, settings=SETTINGS.updated(redzone=64, redzone_action="raise")) as gpu:
+        buf = _planted(gpu)
+        with pytest.raises(RedZoneError) as info:
+            gpu.free(buf)  # type: ignore[arg-type]
+        assert [(v.side, v.offset) for v in info.value.violations] == [("trail", 5)]
+        assert gpu.live_alloc_len() == 0, "the record is off and the memory released before the report"
+        assert gpu.scan_redzones() == []
+
+
+def test_scan_after_graph_launch(backend_name: str) -> None:
+    settings = SETTINGS.updated(redzone=64, redzone_action="raise", redzone_scan_graphs=True)
+    with open_backend(backend_name, settings=settings) as gpu:
+        buf = gpu.alloc(100)
+        stream = gpu.create_stream()
+        gpu.begin_capture(stream)
+        gpu.memset(buf.ptr + 100, 0x00, nbytes=2, stream=stream)  # the graph's overrun
+        exe = gpu.end_capture(stream).instantiate()
+        with pytest.raises(RedZoneError, match=r"after GraphExec\.launch"):
+            exe.launch(stream)
+
+
+def test_close_scans(backend_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    gpu = open_backend(backend_name, settings=SETTINGS.updated(redzone=64, redzone_action="raise"))
+    _planted(gpu)
+    with caplog.at_level(logging.WARNING, logger="metrale"):
+        gpu.close()  # never raises: logs instead
+    assert any("found by close()" in r.getMessage() for r in caplog.records)
+
+
+def test_observers_hear_first(backend_name: str) -> None:
+    heard: list[tuple[str, RedZoneViolation]] = []
+    with open_backend(backend_name, settings=SETTINGS.updated(redzone=64, redzone_action="warn")) as gpu:
+        gpu.on_redzone_violation(lambda name, v: heard.append((name, v)))
+        gpu.on_redzone_violation(lambda name, v: 1 / 0)  # a broken observer is logged and skipped
+        buf = _planted(gpu)
+        found = gpu.scan_redzones()
+        assert [v for _, v in heard] == found and heard[0][0] == backend_name
+        assert found[0].index == buf.index  # type: ignore[attr-defined]
+
+
+OBSERVER = """
+    from metrale_core import hookimpl
+
+    SEEN = []
+
+    @hookimpl
+    def metrale_redzone_violation(violation):
+        SEEN.append(violation.offset)
+"""
+
+
+def test_plugins_observe_through_the_hook(site: Path) -> None:
+    install_distribution(site, "mtp-observer", "mtp_observer", OBSERVER, {"observer": "mtp_observer"})
+    import mtp_observer  # type: ignore[import-not-found]
+
+    with open_backend("fake", settings=SETTINGS.updated(redzone=64, redzone_action="warn")) as gpu:
+        _planted(gpu)
+        gpu.scan_redzones()
+    assert mtp_observer.SEEN == [5, 5], "once by the scan, once by close()"
+
+
+def test_many_zones_are_read_in_one_batch(backend_name: str) -> None:
+    with open_backend(backend_name, settings=SETTINGS.updated(redzone=256, redzone_action="warn")) as gpu:
+        bufs = [gpu.alloc(1000) for _ in range(300)]
+        for buf in bufs[::50]:
+            gpu.memset(buf.ptr + buf.nbytes + 255, 0x01, nbytes=1)
+        found = gpu.scan_redzones()
+        assert sorted(v.index for v in found) == [b.index for b in bufs[::50]]
+        assert {v.offset for v in found} == {255}
