@@ -9,7 +9,9 @@ once they hold. Collaborators keep their own state: :class:`Ledger`,
 
 from __future__ import annotations
 
+import array
 import collections
+import ctypes
 import logging
 import operator
 import threading
@@ -17,7 +19,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, Literal, TypeVar, cast
 
 from ._capture import Capture, active_captures, forbid_during_capture, invalidated_error
 from ._errors import (
@@ -57,6 +59,7 @@ from ._raw import AllocKind, RawDevice
 from ._redzone import Layout, RedZones, Zone
 from ._settings import MetraleSettings
 from ._types import AllocRecord, DeviceBuffer, MemoryInfo, RedZoneViolation
+from .kernels import shipped_modules
 
 __all__ = ["GpuBackend"]
 
@@ -138,6 +141,9 @@ class GpuBackend:
         self._registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
         self._observers: list[Callable[[str, RedZoneViolation], object]] = []
         self._scratch: tuple[int, memoryview] | None = None  # pinned buffer for zone reads
+        self._scanner: Kernel | Literal[False] | None = None  # None: not tried yet
+        self._scan_lock = threading.RLock()
+        self._scan_buffers: dict[str, tuple[int, int]] = {}  # role -> (raw arena pointer, bytes)
         self._lock = threading.RLock()
         self._ledger = Ledger()
         self._redzones = RedZones(settings)
@@ -458,12 +464,13 @@ class GpuBackend:
         self._warn_if_graphed(buf)
         with self._lock:
             raw_ptr = self._raw_base.pop(buf.ptr, buf.ptr)
-        zones = self._redzones.remove(buf.ptr)
-        try:
-            # its own zones, read while the culprit is fresh (cuMemFree waits for the device anyway)
-            violations = self._read_zones(zones)
-        finally:
-            self._raw.free(raw_ptr, record.kind)  # type: ignore[arg-type]
+        with self._scan_lock:  # no scan may read this zone once the memory is released
+            zones = self._redzones.remove(buf.ptr)
+            try:
+                # its own zones, read while the culprit is fresh (cuMemFree waits for the device anyway)
+                violations = self._read_zones(zones)
+            finally:
+                self._raw.free(raw_ptr, record.kind)  # type: ignore[arg-type]
         self._report(violations, f"free of allocation #{buf.index}")
 
     def free_arena(self, buf: DeviceBuffer) -> None:
@@ -524,8 +531,11 @@ class GpuBackend:
         for rec in records:
             with self._lock:
                 raw_ptr = self._raw_base.pop(rec.ptr, rec.ptr)
-            self._redzones.remove(rec.ptr)
-            self._quietly(f"sweep: freeing allocation #{rec.index} at {rec.ptr:#x}", self._raw.free, raw_ptr, rec.kind)
+            with self._scan_lock:
+                self._redzones.remove(rec.ptr)
+                self._quietly(
+                    f"sweep: freeing allocation #{rec.index} at {rec.ptr:#x}", self._raw.free, raw_ptr, rec.kind
+                )
         return len(records)
 
     # -- work on streams --------------------------------------------------------
@@ -867,7 +877,7 @@ class GpuBackend:
         """
         self._check_open()
         forbid_during_capture("scan_redzones()")
-        violations = self._read_zones(self._redzones.live())
+        violations = self._read_zones()
         self._report(violations, "scan_redzones()")
         return violations
 
@@ -878,14 +888,78 @@ class GpuBackend:
             raise self._invalid_argument("on_redzone_violation", "a callable", observer)
         self._observers.append(observer)
 
-    def _read_zones(self, zones: Sequence[Zone]) -> list[RedZoneViolation]:
-        """Wait for the device, read every zone into one pinned buffer (one synchronize), judge each."""
+    def _read_zones(self, zones: Sequence[Zone] | None = None) -> list[RedZoneViolation]:
+        """Wait for the device, then judge ``zones`` (every live zone when ``None``).
+
+        On the device where the backend runs kernels, else by reads. One scan
+        at a time per backend: the scan buffers are shared, and a free waits
+        for a scan that may read its zone.
+        """
+        with self._scan_lock:
+            return self._read_zones_locked(self._redzones.live() if zones is None else zones)
+
+    def _read_zones_locked(self, zones: Sequence[Zone]) -> list[RedZoneViolation]:
         if not zones:
             return []
+        self._raw.synchronize()
+        if self._scanner is None:
+            self._scanner = self._load_scanner()
+        if self._scanner is not False:
+            firsts = self._scan_on_device(self._scanner, zones)
+            return [
+                RedZoneViolation(z.buffer.ptr, z.buffer.nbytes, z.buffer.index, z.buffer.site, z.side, first - 1)
+                for z, first in zip(zones, firsts, strict=True)
+                if first
+            ]
+        return self._scan_by_reads(zones)
+
+    def _load_scanner(self) -> Kernel | Literal[False]:
+        """The shipped ``redzone.redzone_scan`` kernel, or ``False`` where it cannot load (then reads)."""
+        try:
+            registry = self.load_modules(shipped_modules("redzone"))
+            params = registry._images["redzone"].entries["redzone_scan"]
+            raw = self._raw.module_function(registry._modules["redzone"], "redzone_scan")
+        except MetraleError as exc:
+            _log.info("red-zone scans read each zone back: the scan kernel cannot load here (%s)", exc.message)
+            return False
+        return Kernel(registry, "redzone", "redzone_scan", params, raw)  # not in run_metrics: metrale's own
+
+    def _scan_on_device(self, kernel: Kernel, zones: Sequence[Zone]) -> list[int]:
+        """One launch checks every zone; one small copy brings back, per zone, first changed offset + 1 (or 0)."""
+        n = len(zones)
+        table = array.array("Q")
+        for zone in zones:
+            table.extend((zone.start, zone.length))
+        table_ptr = self._scan_buffer("table", n * 16)
+        result_ptr = self._scan_buffer("result", n * 4)
+        stream = self._default_stream._raw
+        self._raw.copy_htod(table_ptr, memoryview(table).cast("B"), stream, pinned=False)
+        args = pack_args(
+            kernel, [table_ptr, ctypes.c_uint32(n), ctypes.c_uint32(self._redzones.fill), result_ptr],
+            "red-zone scan", lambda buf: None,
+        )
+        self._raw.launch(kernel._raw, (n, 1, 1), (256, 1, 1), 0, stream, args)
+        results = array.array("I", bytes(n * 4))
+        self._raw.copy_dtoh(memoryview(results).cast("B"), result_ptr, stream, pinned=False)
+        return list(results)
+
+    def _scan_buffer(self, role: str, nbytes: int) -> int:
+        """Device scratch for the scan (raw arena memory: on no ledger), kept and grown as needed."""
+        with self._lock:
+            held = self._scan_buffers.get(role)
+            if held is None or held[1] < nbytes:
+                if held is not None:
+                    self._raw.free(held[0], "arena")
+                    del self._scan_buffers[role]
+                size = max(nbytes, 1 << 16)
+                self._scan_buffers[role] = (self._raw.alloc(size, "arena"), size)
+            return self._scan_buffers[role][0]
+
+    def _scan_by_reads(self, zones: Sequence[Zone]) -> list[RedZoneViolation]:
+        """The fallback: every zone read into one pinned buffer, one synchronize, judged on the host."""
         total = sum(z.length for z in zones)
         scratch = self._scan_scratch(total)
         stream = self._default_stream._raw
-        self._raw.synchronize()
         offset = 0
         for zone in zones:
             self._raw.copy_dtoh(scratch[offset : offset + zone.length], zone.start, stream, pinned=True)
@@ -932,7 +1006,7 @@ class GpuBackend:
 
     def _after_graph_launch(self) -> None:
         if self.settings.redzone_scan_graphs and not active_captures():
-            self._report(self._read_zones(self._redzones.live()), "the scan after GraphExec.launch")
+            self._report(self._read_zones(), "the scan after GraphExec.launch")
 
     def memory_info(self) -> MemoryInfo:
         """Free and total device memory, and what an allocation can really have."""
@@ -972,7 +1046,7 @@ class GpuBackend:
         self._quietly("synchronize", self._raw.synchronize)
         if self._fault is None and not active_captures():
             try:
-                self._report(self._read_zones(self._redzones.live()), "close()", may_raise=False)
+                self._report(self._read_zones(), "close()", may_raise=False)
             except MetraleError as exc:
                 _log.warning("close: the red-zone scan failed: %s", exc)
         self._sweep()
@@ -984,6 +1058,9 @@ class GpuBackend:
         if self._scratch is not None:
             self._quietly("free the scan buffer", self._raw.free_host, self._scratch[0])
             self._scratch = None
+        for ptr, _ in self._scan_buffers.values():
+            self._quietly("free a scan buffer", self._raw.free, ptr, "arena")
+        self._scan_buffers.clear()
         order = (GraphExec, Graph, Event, Stream)
         for kind in order:
             for handle in handles:

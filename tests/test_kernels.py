@@ -97,7 +97,9 @@ def test_lookup_of_missing_names_lists_what_is_held(modules: KernelRegistry) -> 
     assert info.value.name == "CUDA_ERROR_NOT_FOUND"
     with pytest.raises(KernelNotFoundError, match="no module 'nope'"):
         modules.kernel("nope", "vector_add")
-    assert modules.modules == {"vector": ("vector_add", "fill_u32"), "fault": ("write_to",)}
+    assert modules.modules == {
+        "vector": ("vector_add", "fill_u32"), "fault": ("write_to",), "redzone": ("redzone_scan",)
+    }
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from conftest import SETTINGS, install_distribution
 from metrale_core import GpuBackend, RedZoneError, RedZoneViolation, open_backend
+from metrale_core.kernels import shipped_modules
 
 
 def _planted(gpu: GpuBackend) -> object:
@@ -97,3 +102,43 @@ def test_many_zones_are_read_in_one_batch(backend_name: str) -> None:
         found = gpu.scan_redzones()
         assert sorted(v.index for v in found) == [b.index for b in bufs[::50]]
         assert {v.offset for v in found} == {255}
+
+
+PLANTS = st.lists(
+    st.tuples(
+        st.sampled_from(["memset", "copy", "kernel", "underrun"]),
+        st.integers(0, 7),  # which buffer
+        st.integers(0, 63),  # offset into the zone
+        st.integers(0, 255).filter(lambda v: v != 0xA5),
+    ),
+    max_size=6,
+)
+
+
+@given(plants=PLANTS)
+@hyp_settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_planted_overruns_and_underruns_are_found(backend_name: str, plants: list[tuple[str, int, int, int]]) -> None:
+    """Every backend finds exactly the planted violations: the same answers on fake and cuda."""
+    settings = SETTINGS.updated(redzone=64, redzone_lead=True, redzone_action="warn", redzone_fill=0xA5)
+    with open_backend(backend_name, settings=settings) as gpu:
+        fill = gpu.load_modules(shipped_modules("vector")).kernel("vector", "fill_u32")
+        bufs = [gpu.alloc(4 * (10 + i)) for i in range(8)]
+        expected: dict[tuple[int, str], int] = {}
+        for how, which, at, value in plants:
+            buf = bufs[which]
+            offset = at
+            if how == "underrun":  # the leading zone is 256 bytes (64 rounded up): offset from its start
+                gpu.memset(buf.ptr - 256 + at, value, nbytes=1)
+                key = (buf.index, "lead")
+            elif how == "kernel":  # fill_u32 with n one past the end writes 4 bytes at zone offset 0
+                gpu.launch(fill, 1, 64, [buf, np.uint32(buf.nbytes // 4 + 1), np.uint32(value | 0x01000000)])
+                key, offset = (buf.index, "trail"), 0
+            elif how == "copy":
+                gpu.copy_to_device(buf.ptr + buf.nbytes + at, bytes([value]))
+                key = (buf.index, "trail")
+            else:
+                gpu.memset(buf.ptr + buf.nbytes + at, value, nbytes=1)
+                key = (buf.index, "trail")
+            expected[key] = min(offset, expected.get(key, offset))
+        found = {(v.index, v.side): v.offset for v in gpu.scan_redzones()}
+        assert found == expected

@@ -7,6 +7,8 @@ module        kernels
               ``fill_u32(p, n, value)``: ``p[i] = value`` for ``i < n``
 ``fault``     ``write_to(address, value)``: a store to any address; given one
               no allocation holds, a sticky ``CUDA_ERROR_ILLEGAL_ADDRESS``
+``redzone``   ``redzone_scan(zones, n, fill, result)``: the device-side red-zone
+              scan, one block per zone, ``result[z]`` = first changed offset + 1
 ============  ===============================================================
 
 The fake backend runs them through the Python implementations registered by
@@ -22,7 +24,7 @@ from typing import Final
 __all__ = ["MODULES", "shipped_modules"]
 
 #: The shipped modules, by name.
-MODULES: Final = ("vector", "fault")
+MODULES: Final = ("vector", "fault", "redzone")
 
 
 def shipped_modules(*names: str) -> dict[str, bytes]:

@@ -59,6 +59,14 @@ class FakeLaunch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_mem: int
+    memory: Callable[[int, int], np.ndarray]
+
+    def read(self, address: int, nbytes: int) -> np.ndarray:
+        """The device bytes ``[address, address + nbytes)``, for a kernel that follows a pointer it read.
+
+        Bytes outside one allocation raise ``IndexError``: an illegal address.
+        """
+        return self.memory(address, nbytes)
 
     @property
     def threads(self) -> int:
@@ -213,15 +221,22 @@ class FakeDevice(RawDevice):
             if self._host.pop(ptr, None) is None:
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free_host of {ptr:#x}")
 
-    def _resolve(self, ptr: int, nbytes: int, what: str) -> np.ndarray:
-        """The bytes ``[ptr, ptr + nbytes)``, which must lie inside one allocation."""
+    def _find(self, ptr: int, nbytes: int) -> np.ndarray | None:
+        """The bytes ``[ptr, ptr + nbytes)`` if they lie inside one allocation, else ``None``."""
         i = bisect.bisect_right(self._bases, ptr) - 1
         if i >= 0:
             alloc = self._allocs[self._bases[i]]
             start = ptr - alloc.base
             if start + nbytes <= alloc.size:
                 return alloc.data[start : start + nbytes]
-        raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake {what} of [{ptr:#x}, {ptr + nbytes:#x})")
+        return None
+
+    def _resolve(self, ptr: int, nbytes: int, what: str) -> np.ndarray:
+        """The bytes ``[ptr, ptr + nbytes)``, which must lie inside one allocation, as the driver checks."""
+        found = self._find(ptr, nbytes)
+        if found is None:
+            raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake {what} of [{ptr:#x}, {ptr + nbytes:#x})")
+        return found
 
     # -- work on streams ------------------------------------------------------------
 
@@ -478,7 +493,7 @@ class FakeDevice(RawDevice):
                     code=err.code,
                     name=err.name,
                 )
-            launch = FakeLaunch(module, kernel, grid, block, shared_mem)
+            launch = FakeLaunch(module, kernel, grid, block, shared_mem, self._device_bytes)
             frozen = tuple(args)
 
             def work() -> None:
@@ -494,6 +509,12 @@ class FakeDevice(RawDevice):
                                     f"{type(exc).__name__}: {exc}")
 
             self._submit(stream, work)
+
+    def _device_bytes(self, address: int, nbytes: int) -> np.ndarray:
+        found = self._find(address, nbytes)
+        if found is None:
+            raise IndexError(f"[{address:#x}, {address + nbytes:#x}) is not inside one allocation")
+        return found
 
     def _kernel_arg(self, arg: LaunchArg) -> object:
         if arg.pointer is not None:

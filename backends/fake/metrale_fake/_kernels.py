@@ -39,5 +39,17 @@ def write_to(launch: FakeLaunch, address: np.ndarray, value: np.uint32) -> None:
     _span(address, 4).view(np.uint32)[0] = value  # an address no allocation holds gives an empty view: a fault
 
 
+@kernel_implementation("redzone", "redzone_scan")
+def redzone_scan(launch: FakeLaunch, zones: np.ndarray, n: np.uint32, fill: np.uint32, result: np.ndarray) -> None:
+    """The fake's red-zone scan, with numpy: the same answers as the CUDA kernel."""
+    count = min(int(n), launch.grid[0])
+    table = _span(zones, count * 16).view(np.uint64).reshape(count, 2)
+    out = _span(result, count * 4).view(np.uint32)
+    for z, (address, length) in enumerate(table):
+        data = launch.read(int(address), int(length))
+        changed = np.flatnonzero(data != np.uint8(fill))
+        out[z] = 0 if changed.size == 0 else int(changed[0]) + 1
+
+
 #: The implementations the fake plugin registers through ``metrale_kernel_implementations``.
-SHIPPED: tuple[KernelImplementation, ...] = (vector_add, fill_u32, write_to)
+SHIPPED: tuple[KernelImplementation, ...] = (vector_add, fill_u32, write_to, redzone_scan)
