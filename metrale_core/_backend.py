@@ -70,6 +70,9 @@ _log = logging.getLogger("metrale")
 #: Timed launches whose events are kept before the finished ones are resolved (``kernel_timing``).
 _MAX_PENDING_TIMINGS: Final = 4096
 
+#: Fewer live zones than this are read back rather than scanned by the device-side kernel.
+_DEVICE_SCAN_MIN_ZONES: Final = 8
+
 #: Top-level packages whose frames are never a call site.
 CORE_PACKAGES: Final = frozenset({"metrale_core"})
 
@@ -902,6 +905,8 @@ class GpuBackend:
         if not zones:
             return []
         self._raw.synchronize()
+        if len(zones) < _DEVICE_SCAN_MIN_ZONES:  # a free's own zones: one read beats three device calls
+            return self._scan_by_reads(zones)
         if self._scanner is None:
             self._scanner = self._load_scanner()
         if self._scanner is not False:

@@ -23,5 +23,6 @@ rc=$(( rc | PIPESTATUS[0] ))
 METRALE_TARGET_HW=strix-halo METRALE_REDZONE=256 \
   python3 -m pytest -q -p no:cacheprovider --hypothesis-profile=${HYPOTHESIS_PROFILE:-gpu} -rs tests examples/tracing-backend/tests examples/pipeline/tests "$@" 2>&1 | tee "$out/pytest-strix-redzone.txt"
 rc=$(( rc | PIPESTATUS[0] ))
+python3 tools/bench_redzones.py --zones 10000 2>&1 | tee "$out/bench-redzones.txt"
 echo "gpu-suite: exit $rc"
 exit $rc

@@ -1,0 +1,70 @@
+"""Benchmark: what red zones cost (a benchmark, not a test; the GPU's figures mean something only on a GPU).
+
+Prints, from one run on one backend (``--backend``, default ``auto``):
+- the time to scan N live 4 KiB zones with ``scan_redzones()`` (the device-side scan kernel where the
+  backend runs kernels), against one synchronous read per zone through the public API, and the ratio;
+- the time of an alloc/free pair with and without a zone, and what the zone adds.
+
+    python tools/bench_redzones.py --zones 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+from metrale_core import MetraleSettings, open_backend
+
+
+def _median_us(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default=None, help="backend name (default: METRALE_BACKEND, else auto)")
+    parser.add_argument("--zones", type=int, default=10_000, help="live zones to scan (default 10000)")
+    parser.add_argument("--zone-bytes", type=int, default=4096, help="bytes per zone (default 4096)")
+    parser.add_argument("--repeat", type=int, default=20, help="timed repetitions, median reported (default 20)")
+    args = parser.parse_args()
+
+    zoned = MetraleSettings(redzone=args.zone_bytes)
+    with open_backend(args.backend, settings=zoned) as gpu:
+        print(f"backend {gpu.name}: {gpu.device_name}")
+        bufs = [gpu.alloc(256) for _ in range(args.zones)]
+        gpu.scan_redzones()  # warm-up: loads the scan kernel, sizes the scan buffers
+        scan_us = _median_us(gpu.scan_redzones, args.repeat)
+        out = bytearray(args.zone_bytes)
+
+        def per_zone_reads() -> None:
+            gpu.synchronize()
+            for buf in bufs:
+                gpu.copy_to_host(out, buf.ptr + buf.nbytes)  # one synchronous read of the zone
+
+        reads_us = _median_us(per_zone_reads, max(3, args.repeat // 5))
+        print(f"scan of {args.zones} live {args.zone_bytes}-byte zones: scan_redzones() {scan_us / 1000:.3f} ms, "
+              f"one synchronous read per zone {reads_us / 1000:.3f} ms, ratio {reads_us / scan_us:.1f}x")
+        for buf in bufs:
+            gpu.free(buf)
+
+        def pair(backend_gpu: object) -> Callable[[], object]:
+            return lambda: backend_gpu.free(backend_gpu.alloc(1 << 20))  # type: ignore[attr-defined]
+
+        with_zone = _median_us(pair(gpu), args.repeat * 10)
+    with open_backend(args.backend, settings=MetraleSettings(redzone=0)) as plain:
+        without = _median_us(pair(plain), args.repeat * 10)
+    print(f"alloc+free of 1 MiB: {without:.1f} us without a zone, {with_zone:.1f} us with a {args.zone_bytes}-byte "
+          f"zone, +{with_zone - without:.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
