@@ -41,6 +41,7 @@ from ._kernels import (
     Kernel,
     KernelImplementation,
     KernelRegistry,
+    LaunchArg,
     RunMetrics,
     pack_args,
 )
@@ -75,6 +76,15 @@ _DEVICE_SCAN_MIN_ZONES: Final = 8
 
 #: Top-level packages whose frames are never a call site.
 CORE_PACKAGES: Final = frozenset({"metrale_core"})
+
+
+#: A launch as the fault report describes it: kernel, grid, block, packed arguments.
+_Launch = tuple[Kernel, tuple[int, int, int], tuple[int, int, int], list[LaunchArg]]
+
+
+def _describe_launch(launch: _Launch) -> str:
+    kernel, grid, block, args = launch
+    return f"{kernel.module}.{kernel.name}<<<{grid}, {block}>>>({', '.join(a.describe() for a in args)})"
 
 
 class _GuardedRaw:
@@ -139,7 +149,7 @@ class GpuBackend:
         self._closed = False
         self._fault: str | None = None
         self._fault_code: tuple[int | None, str | None] = (None, None)
-        self._recent: collections.deque[str] = collections.deque(maxlen=8)
+        self._recent: collections.deque[_Launch] = collections.deque(maxlen=8)
         self._metrics = RunMetrics()
         self._registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
         self._observers: list[Callable[[str, RedZoneViolation], object]] = []
@@ -198,7 +208,7 @@ class GpuBackend:
             )
 
     def _recent_launches(self) -> str:
-        return "; ".join(self._recent) or "none"
+        return "; ".join(_describe_launch(launch) for launch in self._recent) or "none"
 
     def _faulted_by(self, exc: DeviceFaultError) -> DeviceFaultError:
         """Mark the backend faulted (once: the first fault is the one reported) and describe it."""
@@ -797,16 +807,14 @@ class GpuBackend:
         packed = pack_args(kernel, args, what, lambda buf: self._require_live(buf, what))
         target = self._stream(stream, what)
         buffers = [a for a in args if isinstance(a, DeviceBuffer)]
-        described = (
-            f"{kernel.module}.{kernel.name}<<<{g}, {b}>>>({', '.join(a.describe() for a in packed)})"
-        )
         outside_capture = target._capture is None and not active_captures()
         timing = self.settings.kernel_timing and outside_capture
         start = end = None
         if timing:
             start, end = self._raw.event_create(), self._raw.event_create()
             self._raw.event_record(start, target._raw)
-        self._recent.append(described)
+        launched = (kernel, g, b, packed)
+        self._recent.append(launched)  # formatted only when a fault is reported: launches are a hot path
         try:
             if target._capture is not None:
                 target._capture.registries[id(kernel.registry)] = kernel.registry
@@ -822,7 +830,9 @@ class GpuBackend:
         except MetraleError as exc:
             if isinstance(exc, CaptureError):
                 raise
-            raise type(exc)(f"{what} of {described} failed: {exc.message}", code=exc.code, name=exc.name) from exc
+            raise type(exc)(
+                f"{what} of {_describe_launch(launched)} failed: {exc.message}", code=exc.code, name=exc.name
+            ) from exc
 
     @staticmethod
     def _dims(value: object, name: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import operator
 import struct
@@ -245,8 +246,6 @@ def _scalar(value: object) -> tuple[str | None, int, bytes]:
         kind = "f" if dtype.kind == "f" else "i" if dtype.kind in "iub" else None
         little = value.astype(dtype.newbyteorder("<")) if dtype.byteorder == ">" else value  # type: ignore[attr-defined]
         return kind, int(dtype.itemsize), bytes(little.tobytes())
-    import ctypes
-
     if isinstance(value, ctypes._SimpleCData):
         kind = "f" if isinstance(value, ctypes.c_float | ctypes.c_double) else "i"
         if isinstance(value, ctypes.c_char_p | ctypes.c_wchar_p | ctypes.c_void_p | ctypes.c_bool):
