@@ -13,7 +13,6 @@ import array
 import collections
 import ctypes
 import logging
-import operator
 import threading
 import traceback
 import weakref
@@ -59,7 +58,7 @@ from ._ptx import check_architecture, parse_ptx
 from ._raw import AllocKind, RawDevice
 from ._redzone import Layout, RedZones, Zone
 from ._settings import MetraleSettings
-from ._types import AllocRecord, DeviceBuffer, MemoryInfo, RedZoneViolation
+from ._types import AllocRecord, DeviceBuffer, MemoryInfo, RedZoneViolation, as_index
 from .kernels import shipped_modules
 
 __all__ = ["GpuBackend"]
@@ -251,19 +250,17 @@ class GpuBackend:
         return InvalidArgumentError(f"{what}: expected {expected}, got {got!r}")
 
     def _integer(self, value: object, what: str, name: str, *, minimum: int = 0) -> int:
-        if isinstance(value, bool) or not hasattr(value, "__index__"):
+        number = as_index(value)
+        if number is None:
             raise self._invalid_argument(what, f"an integer {name}", value)
-        number = operator.index(value)
         if number < minimum:
             raise InvalidArgumentError(f"{what}: {name} must be at least {minimum}, got {number}")
         return number
 
     def _size(self, nbytes: object, what: str) -> int:
-        if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
+        n = as_index(nbytes)
+        if n is None or n <= 0:
             raise InvalidBufferError(f"{what}: nbytes must be a positive integer, got {nbytes!r}")
-        n = operator.index(nbytes)
-        if n <= 0:
-            raise InvalidBufferError(f"{what}: nbytes must be a positive integer, got {n}")
         return n
 
     def _stream(self, stream: Stream | None, what: str) -> Stream:
@@ -302,9 +299,9 @@ class GpuBackend:
                     f"#{target.index} of {target.nbytes} bytes; stay within the buffer"
                 )
             return target.ptr + off, count, target
-        if isinstance(target, bool) or not hasattr(target, "__index__"):
+        ptr = as_index(target)
+        if ptr is None:
             raise self._invalid_argument(what, "a DeviceBuffer or an int device pointer", target)
-        ptr = operator.index(target)
         if ptr <= 0:
             raise InvalidArgumentError(f"{what}: a device pointer must be positive, got {ptr}")
         if nbytes is None:
@@ -565,11 +562,11 @@ class GpuBackend:
         """Set bytes of ``dst`` to ``value`` (0..255) on ``stream``."""
         self._check_open()
         what = "memset"
-        if isinstance(value, bool) or not hasattr(value, "__index__") or not 0 <= operator.index(value) <= 255:
+        byte = as_index(value)
+        if byte is None or not 0 <= byte <= 255:
             raise self._invalid_argument(what, "a byte value 0..255", value)
         count = None if nbytes is None else self._size(nbytes, what)
         ptr, count, buf = self._span(dst, offset, count, what)
-        byte = operator.index(value)
         self._issue(stream, what, (buf,), lambda s: self._raw.memset(ptr, byte, count, s) if count else None)
 
     def copy_to_device(
@@ -841,9 +838,10 @@ class GpuBackend:
             raise InvalidArgumentError(f"launch: {name} must be an int or 1 to 3 ints, got {value!r}")
         out = []
         for d in dims:
-            if isinstance(d, bool) or not hasattr(d, "__index__"):
+            n = as_index(d)
+            if n is None:
                 raise InvalidArgumentError(f"launch: {name} must hold integers, got {value!r}")
-            out.append(operator.index(d))
+            out.append(n)
         out += [1] * (3 - len(out))
         for n, limit in zip(out, limits, strict=True):
             if not 1 <= n <= limit:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
-import operator
 from collections.abc import Callable
 from typing import Final
 
@@ -28,7 +27,7 @@ from ._errors import (
 from ._kernels import KernelImplementation
 from ._registration import BackendRegistration
 from ._settings import MetraleSettings
-from ._types import BackendInfo, RedZoneViolation
+from ._types import BackendInfo, RedZoneViolation, as_index
 
 __all__ = ["ENTRY_POINT_GROUP", "available_backends", "open_backend"]
 
@@ -160,7 +159,8 @@ def open_backend(
     CUDA driver and device answer, else ``fake``.
     """
     settings = settings or MetraleSettings()
-    if isinstance(ordinal, bool) or not hasattr(ordinal, "__index__") or operator.index(ordinal) < 0:
+    index = as_index(ordinal)
+    if index is None or index < 0:
         raise InvalidArgumentError(f"open_backend: ordinal must be a non-negative integer, got {ordinal!r}")
     requested = settings.backend if name is None else name
     found, plugins = _discover_with_plugins(settings)
@@ -185,7 +185,7 @@ def open_backend(
         raise BackendUnavailableError(f"backend {requested!r} is not available here: {entry.info.reason}")
     registration = entry.registration
     try:
-        raw = registration.open(settings, operator.index(ordinal))
+        raw = registration.open(settings, index)
     except MetraleError:
         raise
     except Exception as exc:
@@ -195,7 +195,7 @@ def open_backend(
         ) from exc
     cls = registration.backend_class or GpuBackend
     try:
-        backend = cls(requested, operator.index(ordinal), settings, raw, internal_packages={entry.package})
+        backend = cls(requested, index, settings, raw, internal_packages={entry.package})
     except BaseException:
         raw.close()
         raise

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Literal
 
 __all__ = [
     "AllocRecord",
+    "as_index",
     "BackendInfo",
     "DeviceBuffer",
     "MemoryInfo",
     "RedZoneViolation",
 ]
+
+
+def as_index(value: object) -> int | None:
+    """``value`` as an ``int`` if it is an integer (``__index__``, numpy integers too; no ``bool``), else ``None``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        return None
+    return operator.index(value)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import operator
-
 from metrale_core import GpuBackend, InvalidArgumentError, cuda_code
+from metrale_core._types import as_index
 
 from ._device import FAULT_OPS, FakeDevice
 
@@ -27,7 +26,8 @@ class FakeBackend(GpuBackend):
         self._check_open()
         if op not in FAULT_OPS:
             raise InvalidArgumentError(f"inject_fault: op must be one of {sorted(FAULT_OPS)}, got {op!r}")
-        if isinstance(nth, bool) or not hasattr(nth, "__index__") or operator.index(nth) < 1:
+        count = as_index(nth)
+        if count is None or count < 1:
             raise InvalidArgumentError(f"inject_fault: nth must be a positive integer, got {nth!r}")
         if not isinstance(code, str) or cuda_code(code) is None or code == "CUDA_SUCCESS":
             raise InvalidArgumentError(
@@ -36,4 +36,4 @@ class FakeBackend(GpuBackend):
             )
         raw = self.raw
         assert isinstance(raw, FakeDevice)
-        raw.inject_fault(op, operator.index(nth), code)
+        raw.inject_fault(op, count, code)

@@ -221,15 +221,19 @@ class FakeDevice(RawDevice):
             if self._host.pop(ptr, None) is None:
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free_host of {ptr:#x}")
 
-    def _find(self, ptr: int, nbytes: int) -> np.ndarray | None:
-        """The bytes ``[ptr, ptr + nbytes)`` if they lie inside one allocation, else ``None``."""
+    def _tail(self, ptr: int) -> np.ndarray | None:
+        """The bytes from ``ptr`` to the end of the allocation holding it (empty at its end), else ``None``."""
         i = bisect.bisect_right(self._bases, ptr) - 1
         if i >= 0:
             alloc = self._allocs[self._bases[i]]
-            start = ptr - alloc.base
-            if start + nbytes <= alloc.size:
-                return alloc.data[start : start + nbytes]
+            if ptr - alloc.base <= alloc.size:
+                return alloc.data[ptr - alloc.base :]
         return None
+
+    def _find(self, ptr: int, nbytes: int) -> np.ndarray | None:
+        """The bytes ``[ptr, ptr + nbytes)`` if they lie inside one allocation, else ``None``."""
+        tail = self._tail(ptr)
+        return None if tail is None or len(tail) < nbytes else tail[:nbytes]
 
     def _resolve(self, ptr: int, nbytes: int, what: str) -> np.ndarray:
         """The bytes ``[ptr, ptr + nbytes)``, which must lie inside one allocation, as the driver checks."""
@@ -518,13 +522,8 @@ class FakeDevice(RawDevice):
 
     def _kernel_arg(self, arg: LaunchArg) -> object:
         if arg.pointer is not None:
-            i = bisect.bisect_right(self._bases, arg.pointer) - 1
-            if i >= 0:
-                alloc = self._allocs[self._bases[i]]
-                start = arg.pointer - alloc.base
-                if start <= alloc.size:
-                    return alloc.data[start:]
-            return np.empty(0, dtype=np.uint8)  # any access faults, as an unmapped address does
+            tail = self._tail(arg.pointer)
+            return np.empty(0, dtype=np.uint8) if tail is None else tail  # empty: any access faults
         if arg.param.count > 1:
             return arg.data
         return np.frombuffer(arg.data, dtype=_DTYPES[(arg.param.kind, arg.param.size)])[0]
