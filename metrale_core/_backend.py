@@ -1074,18 +1074,11 @@ class GpuBackend:
         for ptr, _ in self._scan_buffers.values():
             self._quietly("free a scan buffer", self._raw.free, ptr, "arena")
         self._scan_buffers.clear()
-        order = (GraphExec, Graph, Event, Stream)
-        for kind in order:
+        for kind in (GraphExec, Graph, Event, Stream):  # dependents first
             for handle in handles:
                 if isinstance(handle, kind):
                     handle._closed = True
-                    destroy = {
-                        GraphExec: self._raw.graph_exec_destroy,
-                        Graph: self._raw.graph_destroy,
-                        Event: self._raw.event_destroy,
-                        Stream: self._raw.stream_destroy,
-                    }[kind]
-                    self._quietly(f"destroy {kind.__name__}", destroy, handle._raw)
+                    self._quietly(f"destroy {kind.__name__}", getattr(self._raw, kind._destroy_op), handle._raw)
         for registry in list(self._registries):
             registry.close()
         for _, start, end in self._metrics.pending:

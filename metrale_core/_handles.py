@@ -44,12 +44,24 @@ class _Handle:
     def closed(self) -> bool:
         return self._closed or self._backend.closed
 
+    #: The ``RawDevice`` method that destroys this kind of handle.
+    _destroy_op = ""
+
+    def close(self) -> None:
+        """Release the handle; idempotent, and a no-op once its backend is closed (which released it)."""
+        if self._closed or self._backend.closed:
+            return
+        self._closed = True
+        self._backend._forget_handle(self)
+        self._backend._destroy(getattr(self._backend._raw, self._destroy_op), self._raw)
+
 
 class Stream(_Handle):
     """A queue of device work. Work on one stream runs in issue order."""
 
     __slots__ = ("_capture", "_default")
     _what = "stream"
+    _destroy_op = "stream_destroy"
 
     def __init__(self, backend: GpuBackend, raw: object, *, default: bool = False) -> None:
         super().__init__(backend, raw)
@@ -107,9 +119,7 @@ class Stream(_Handle):
             raise MetraleError("the default stream is closed by its backend's close(), not by itself")
         if self._capture is not None:
             raise CaptureError("this stream is capturing: call end_capture before closing it")
-        self._closed = True
-        self._backend._forget_handle(self)
-        self._backend._destroy(self._backend._raw.stream_destroy, self._raw)
+        super().close()
 
     def __repr__(self) -> str:
         kind = "default " if self._default else ""
@@ -121,6 +131,7 @@ class Event(_Handle):
 
     __slots__ = ("_captured_in", "_recorded")
     _what = "event"
+    _destroy_op = "event_destroy"
 
     def __init__(self, backend: GpuBackend, raw: object) -> None:
         super().__init__(backend, raw)
@@ -168,11 +179,7 @@ class Event(_Handle):
 
     def close(self) -> None:
         """Destroy the event."""
-        if self._closed or self._backend.closed:
-            return
-        self._closed = True
-        self._backend._forget_handle(self)
-        self._backend._destroy(self._backend._raw.event_destroy, self._raw)
+        super().close()
 
 
 class HostBuffer(_Handle):
@@ -196,6 +203,11 @@ class HostBuffer(_Handle):
         self._live()
         return self._view
 
+    def close(self) -> None:
+        """Free the buffer, as ``backend.free(host_buffer)`` does; idempotent."""
+        if not self.closed:
+            self._backend.free(self)
+
     def __buffer__(self, flags: int) -> memoryview:
         """The buffer protocol (Python 3.12+): ``memoryview(host_buffer)``, ``numpy.asarray`` etc."""
         return self.view()
@@ -212,6 +224,7 @@ class Graph(_Handle):
 
     __slots__ = ("_buffers", "_host_buffers", "_registries")
     _what = "graph"
+    _destroy_op = "graph_destroy"
 
     def __init__(self, backend: GpuBackend, raw: object, capture: Capture) -> None:
         super().__init__(backend, raw)
@@ -234,11 +247,7 @@ class Graph(_Handle):
 
     def close(self) -> None:
         """Release the graph (executable graphs made from it stay usable)."""
-        if self._closed or self._backend.closed:
-            return
-        self._closed = True
-        self._backend._forget_handle(self)
-        self._backend._destroy(self._backend._raw.graph_destroy, self._raw)
+        super().close()
 
 
 class GraphExec(_Handle):
@@ -246,6 +255,7 @@ class GraphExec(_Handle):
 
     __slots__ = ("_buffers", "_host_buffers", "_registries")
     _what = "executable graph"
+    _destroy_op = "graph_exec_destroy"
 
     def __init__(
         self,
@@ -293,8 +303,4 @@ class GraphExec(_Handle):
 
     def close(self) -> None:
         """Release the executable graph."""
-        if self._closed or self._backend.closed:
-            return
-        self._closed = True
-        self._backend._forget_handle(self)
-        self._backend._destroy(self._backend._raw.graph_exec_destroy, self._raw)
+        super().close()

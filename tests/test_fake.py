@@ -185,3 +185,11 @@ def test_redzone_lead_and_min_idx(caplog: pytest.LogCaptureFixture) -> None:
             gpu.memset(early.ptr + 8, 0, nbytes=1)  # no zone below redzone_min_idx: outside the allocation
         gpu.memset(late.ptr + 8, 0, nbytes=1)
         assert [v.index for v in gpu.scan_redzones()] == [late.index]
+
+
+def test_host_buffer_close_frees_it(fake: GpuBackend) -> None:
+    host = fake.alloc_host(64)
+    host.close()
+    host.close()
+    with pytest.raises(InvalidArgumentError):
+        fake.free(host)
