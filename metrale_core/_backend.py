@@ -121,6 +121,14 @@ class _GuardedRaw:
         return call
 
 
+def _zone_table(zones: Sequence[Zone]) -> bytes:
+    """The scan kernel's table for ``zones``: an (address, length) pair of u64 per zone."""
+    table = array.array("Q")
+    for zone in zones:
+        table.extend((zone.start, zone.length))
+    return table.tobytes()
+
+
 class GpuBackend:
     """One open device of one backend. A context manager; thread-safe.
 
@@ -156,6 +164,7 @@ class GpuBackend:
         self._scanner: Kernel | Literal[False] | None = None  # None: not tried yet
         self._scan_lock = threading.RLock()
         self._scan_buffers: dict[str, tuple[int, int]] = {}  # role -> (raw arena pointer, bytes)
+        self._scan_table_version = -1  # the live-zone table version the device's table buffer holds
         self._lock = threading.RLock()
         self._ledger = Ledger()
         self._redzones = RedZones(settings)
@@ -907,24 +916,30 @@ class GpuBackend:
         for a scan that may read its zone.
         """
         with self._scan_lock:
-            return self._read_zones_locked(self._redzones.live() if zones is None else zones)
-
-    def _read_zones_locked(self, zones: Sequence[Zone]) -> list[RedZoneViolation]:
-        if not zones:
-            return []
-        self._raw.synchronize()
-        if len(zones) < _DEVICE_SCAN_MIN_ZONES:  # a free's own zones: one read beats three device calls
-            return self._scan_by_reads(zones)
-        if self._scanner is None:
-            self._scanner = self._load_scanner()
-        if self._scanner is not False:
-            firsts = self._scan_on_device(self._scanner, zones)
+            table: bytes | None
+            if zones is None:
+                version, zones, table = self._redzones.snapshot(self._scan_table_version)
+            else:
+                version, table = -1, None
+            if not zones:
+                return []
+            self._raw.synchronize()
+            if len(zones) < _DEVICE_SCAN_MIN_ZONES:  # a free's own zones: one read beats three device calls
+                return self._scan_by_reads(zones)
+            if self._scanner is None:
+                self._scanner = self._load_scanner()
+            if self._scanner is False:
+                return self._scan_by_reads(zones)
+            if version < 0:  # zones of the caller's choosing: a table of their own
+                table = _zone_table(zones)
+            firsts = self._scan_on_device(self._scanner, zones, table, version)
+            if firsts is None:
+                return []
             return [
                 RedZoneViolation(z.buffer.ptr, z.buffer.nbytes, z.buffer.index, z.buffer.site, z.side, first - 1)
                 for z, first in zip(zones, firsts, strict=True)
                 if first
             ]
-        return self._scan_by_reads(zones)
 
     def _load_scanner(self) -> Kernel | Literal[False]:
         """The shipped ``redzone.redzone_scan`` kernel, or ``False`` where it cannot load (then reads)."""
@@ -937,36 +952,52 @@ class GpuBackend:
             return False
         return Kernel(registry, "redzone", "redzone_scan", params, raw)  # not in run_metrics: metrale's own
 
-    def _scan_on_device(self, kernel: Kernel, zones: Sequence[Zone]) -> list[int]:
-        """One launch checks every zone; one small copy brings back, per zone, first changed offset + 1 (or 0)."""
+    def _scan_on_device(
+        self, kernel: Kernel, zones: Sequence[Zone], table: bytes | None, version: int
+    ) -> list[int] | None:
+        """One launch checks every zone; one small copy brings back, per zone, first changed offset + 1 (or 0).
+
+        ``table`` holds the zones' (address, length) pairs; ``None`` when the
+        device already holds the live-zone table of ``version`` (rebuilt from
+        ``zones`` if not). Returns
+        ``None`` when no zone changed (the common case, judged with one
+        compare of the results, not a loop over them).
+        """
         n = len(zones)
-        table = array.array("Q")
-        for zone in zones:
-            table.extend((zone.start, zone.length))
-        table_ptr = self._scan_buffer("table", n * 16)
-        result_ptr = self._scan_buffer("result", n * 4)
+        table_ptr, grown = self._scan_buffer("table", n * 16)
+        if grown:
+            self._scan_table_version = -1
+        result_ptr, _ = self._scan_buffer("result", n * 4)
         stream = self._default_stream._raw
-        self._raw.copy_htod(table_ptr, memoryview(table).cast("B"), stream, pinned=False)
+        if table is None and (grown or version != self._scan_table_version):
+            table = _zone_table(zones)
+        if table is not None:
+            self._raw.copy_htod(table_ptr, memoryview(table), stream, pinned=False)
+            self._scan_table_version = version  # -1 for a caller's own zones: the next full scan re-copies
         args = pack_args(
             kernel, [table_ptr, ctypes.c_uint32(n), ctypes.c_uint32(self._redzones.fill), result_ptr],
             "red-zone scan", lambda buf: None,
         )
         self._raw.launch(kernel._raw, (n, 1, 1), (256, 1, 1), 0, stream, args)
-        results = array.array("I", bytes(n * 4))
-        self._raw.copy_dtoh(memoryview(results).cast("B"), result_ptr, stream, pinned=False)
-        return list(results)
+        results = bytearray(n * 4)
+        self._raw.copy_dtoh(memoryview(results), result_ptr, stream, pinned=False)
+        if results.count(0) == len(results):
+            return None
+        return list(memoryview(results).cast("I"))
 
-    def _scan_buffer(self, role: str, nbytes: int) -> int:
-        """Device scratch for the scan (raw arena memory: on no ledger), kept and grown as needed."""
+    def _scan_buffer(self, role: str, nbytes: int) -> tuple[int, bool]:
+        """Device scratch for the scan (raw arena memory: on no ledger), kept and grown as needed;
+        returns the pointer and whether it was just (re)allocated."""
         with self._lock:
             held = self._scan_buffers.get(role)
-            if held is None or held[1] < nbytes:
-                if held is not None:
-                    self._raw.free(held[0], "arena")
-                    del self._scan_buffers[role]
-                size = max(nbytes, 1 << 16)
-                self._scan_buffers[role] = (self._raw.alloc(size, "arena"), size)
-            return self._scan_buffers[role][0]
+            if held is not None and held[1] >= nbytes:
+                return held[0], False
+            if held is not None:
+                self._raw.free(held[0], "arena")
+                del self._scan_buffers[role]
+            size = max(nbytes * 2, 1 << 16)  # room to grow without a reallocation per scan
+            self._scan_buffers[role] = (self._raw.alloc(size, "arena"), size)
+            return self._scan_buffers[role][0], True
 
     def _scan_by_reads(self, zones: Sequence[Zone]) -> list[RedZoneViolation]:
         """The fallback: every zone read into one pinned buffer, one synchronize, judged on the host."""

@@ -142,3 +142,33 @@ def test_planted_overruns_and_underruns_are_found(backend_name: str, plants: lis
             expected[key] = min(offset, expected.get(key, offset))
         found = {(v.index, v.side): v.offset for v in gpu.scan_redzones()}
         assert found == expected
+
+
+@given(
+    n=st.integers(8, 40),
+    data=st.data(),
+)
+@hyp_settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_scans_follow_allocations_as_they_come_and_go(backend_name: str, n: int, data: st.DataObject) -> None:
+    """The scan's zone table is kept as allocations come and go (a freed zone's slot takes
+    the last one): scans between frees and allocations find exactly the planted zones still live."""
+    settings = SETTINGS.updated(redzone=64, redzone_lead=True, redzone_action="warn")
+    with open_backend(backend_name, settings=settings) as gpu:
+        live = {b.index: b for b in (gpu.alloc(8 * (i + 1)) for i in range(n))}
+        planted: dict[tuple[int, str], int] = {}
+        for _ in range(data.draw(st.integers(1, 6), label="rounds")):
+            for index in data.draw(st.lists(st.sampled_from(sorted(live)), max_size=4, unique=True), label="plant"):
+                side = data.draw(st.sampled_from(["lead", "trail"]), label="side")
+                buf = live[index]
+                at = data.draw(st.integers(0, 63), label="at")
+                gpu.memset((buf.ptr - 256 if side == "lead" else buf.ptr + buf.nbytes) + at, 0x00, nbytes=1)
+                planted[(index, side)] = min(at, planted.get((index, side), at))
+            for index in data.draw(st.lists(st.sampled_from(sorted(live)), max_size=len(live) - 1, unique=True),
+                                   label="free"):
+                gpu.free(live.pop(index))
+                planted = {k: v for k, v in planted.items() if k[0] != index}
+            for _ in range(data.draw(st.integers(0, 5), label="new")):
+                buf = gpu.alloc(24)
+                live[buf.index] = buf
+            found = {(v.index, v.side): v.offset for v in gpu.scan_redzones()}
+            assert found == planted

@@ -18,6 +18,8 @@ python3 -m metrale_core backends | tee "$out/backends.txt"
 python3 -m metrale_core preflight metrale_core/kernels/*.ptx 2>&1 | tee "$out/preflight.txt"
 python3 -m metrale_core selftest 2>&1 | tee "$out/selftest.txt"
 rc=${PIPESTATUS[0]}
+python3 -m metrale_core conformance cuda 2>&1 | tee "$out/conformance-cuda.txt"
+rc=$(( rc | PIPESTATUS[0] ))
 python3 -m pytest -q -p no:cacheprovider --hypothesis-profile=${HYPOTHESIS_PROFILE:-gpu} -rs tests examples/tracing-backend/tests examples/pipeline/tests "$@" 2>&1 | tee "$out/pytest-default.txt"
 rc=$(( rc | PIPESTATUS[0] ))
 METRALE_TARGET_HW=strix-halo METRALE_REDZONE=256 \
