@@ -165,6 +165,9 @@ class GpuBackend:
         self._scan_lock = threading.RLock()
         self._scan_buffers: dict[str, tuple[int, int]] = {}  # role -> (raw arena pointer, bytes)
         self._scan_table_version = -1  # the live-zone table version the device's table buffer holds
+        # Red-zone fills queued on the default stream, and how many of them are known done.
+        self._fills_issued = 0
+        self._fills_settled = 0
         self._lock = threading.RLock()
         self._ledger = Ledger()
         self._redzones = RedZones(settings)
@@ -342,6 +345,8 @@ class GpuBackend:
     ) -> None:
         """Run ``work`` on a stream, recording what it touches if the stream captures."""
         target = self._stream(stream, what)
+        if self._fills_issued != self._fills_settled and target is not self._default_stream:
+            self._settle_fills()
         capture = target._capture
         if capture is not None:
             if capture.invalidated:
@@ -353,6 +358,23 @@ class GpuBackend:
                 if hb is not None:
                     capture.host_buffers[id(hb)] = hb
         work(target._raw)
+
+    def _settle_fills(self) -> None:
+        """Wait for the red-zone fills queued on the default stream (see ``_alloc``).
+
+        Not while a capture runs anywhere in the process (no wait is allowed
+        then): ``begin_capture`` settles first, and no allocation, so no fill,
+        can happen during a capture.
+        """
+        issued = self._fills_issued
+        if issued != self._fills_settled and not active_captures():
+            self._raw.stream_synchronize(self._default_stream._raw)
+            self._fills_done(issued)
+
+    def _fills_done(self, issued: int) -> None:
+        """The fills counted by ``issued`` (read before a wait on the default stream) are done."""
+        with self._lock:
+            self._fills_settled = max(self._fills_settled, issued)
 
     # -- memory -----------------------------------------------------------------
 
@@ -386,12 +408,14 @@ class GpuBackend:
                 stream = self._default_stream._raw
                 for zone in zones:
                     self._raw.memset(zone.start, self._redzones.fill, zone.length, stream)
-                self._raw.stream_synchronize(stream)
             except MetraleError:
                 self._release_quietly(raw_ptr, kind)
                 raise
             with self._lock:
                 self._raw_base[buf.ptr] = raw_ptr
+                # Work on the default stream runs after the fill; work on any other stream waits for it
+                # (_issue), so an overrun is never erased by a late fill. No wait here: alloc stays cheap.
+                self._fills_issued += 1
             self._redzones.add(zones)
         if self.settings.redzone_trace_idx == index:
             _log.warning(
@@ -653,7 +677,9 @@ class GpuBackend:
         """Wait for all work of this backend."""
         self._check_open()
         forbid_during_capture("synchronize()")
+        issued = self._fills_issued
         self._raw.synchronize()
+        self._fills_done(issued)
 
     def bind_to_thread(self) -> None:
         """Make this backend's context current on the calling thread (for code outside metrale)."""
@@ -673,6 +699,7 @@ class GpuBackend:
                 code=err.code,
                 name=err.name,
             )
+        self._settle_fills()  # no wait is allowed once a capture runs
         capture = Capture(target)
         self._raw.begin_capture(target._raw)
         target._capture = capture
@@ -923,7 +950,9 @@ class GpuBackend:
                 version, table = -1, None
             if not zones:
                 return []
+            issued = self._fills_issued
             self._raw.synchronize()
+            self._fills_done(issued)
             if len(zones) < _DEVICE_SCAN_MIN_ZONES:  # a free's own zones: one read beats three device calls
                 return self._scan_by_reads(zones)
             if self._scanner is None:

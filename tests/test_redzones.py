@@ -172,3 +172,17 @@ def test_scans_follow_allocations_as_they_come_and_go(backend_name: str, n: int,
                 live[buf.index] = buf
             found = {(v.index, v.side): v.offset for v in gpu.scan_redzones()}
             assert found == planted
+
+
+def test_a_late_fill_never_erases_an_overrun(backend_name: str) -> None:
+    """A zone's fill is queued on the default stream and alloc does not wait for it; work on
+    another stream waits for it first, so an overrun there is never erased by the fill (on the
+    fake with ``fake_defer`` the fill would otherwise run at the scan, after the overrun)."""
+    settings = SETTINGS.updated(redzone=64, redzone_action="warn", fake_defer=True)
+    with open_backend(backend_name, settings=settings) as gpu:
+        other = gpu.create_stream()
+        buf = gpu.alloc(100)
+        gpu.memset(buf.ptr + buf.nbytes + 3, 0x00, nbytes=1, stream=other)
+        other.synchronize()
+        assert [(v.side, v.offset) for v in gpu.scan_redzones()] == [("trail", 3)]
+        other.close()

@@ -26,5 +26,6 @@ METRALE_TARGET_HW=strix-halo METRALE_REDZONE=256 \
   python3 -m pytest -q -p no:cacheprovider --hypothesis-profile=${HYPOTHESIS_PROFILE:-gpu} -rs tests examples/tracing-backend/tests examples/pipeline/tests "$@" 2>&1 | tee "$out/pytest-strix-redzone.txt"
 rc=$(( rc | PIPESTATUS[0] ))
 python3 tools/bench_redzones.py --zones 10000 2>&1 | tee "$out/bench-redzones.txt"
+python3 backends/cuda/tools/probe_costs.py 2>&1 | tee "$out/probe-costs.txt"
 echo "gpu-suite: exit $rc"
 exit $rc
