@@ -13,9 +13,11 @@ zones and capture rules hold the same on every backend::
 
 from __future__ import annotations
 
+from ._arena import Arena
 from ._backend import GpuBackend
 from ._discovery import ENTRY_POINT_GROUP, available_backends, open_backend
 from ._errors import (
+    ArenaFullError,
     BackendNotFoundError,
     BackendUnavailableError,
     CaptureError,
@@ -40,8 +42,9 @@ from ._kernels import (
     RunMetrics,
     kernel_implementation,
 )
-from ._ledger import LedgerProbe
+from ._ledger import LedgerEvent, LedgerProbe
 from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
+from ._pressure import MemoryStats, OomWatchdog
 from ._ptx import ArchitectureError, Param, PtxImage, parse_ptx
 from ._raw import AllocKind, RawDevice
 from ._registration import BackendRegistration
@@ -56,6 +59,8 @@ __all__ = [
     "AllocKind",
     "AllocRecord",
     "ArchitectureError",
+    "Arena",
+    "ArenaFullError",
     "BackendInfo",
     "BackendNotFoundError",
     "BackendRegistration",
@@ -77,10 +82,13 @@ __all__ = [
     "KernelNotFoundError",
     "KernelRegistry",
     "LaunchArg",
+    "LedgerEvent",
     "LedgerProbe",
     "MemoryInfo",
+    "MemoryStats",
     "MetraleError",
     "MetraleSettings",
+    "OomWatchdog",
     "OutOfMemoryError",
     "Param",
     "PtxImage",

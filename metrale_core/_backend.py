@@ -13,13 +13,16 @@ import array
 import collections
 import ctypes
 import logging
+import os
 import threading
 import traceback
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar, cast
 
+from ._arena import Arena
 from ._capture import Capture, active_captures, forbid_during_capture, invalidated_error
 from ._errors import (
     CaptureError,
@@ -54,10 +57,12 @@ from ._ledger import (
     next_index,
 )
 from ._meminfo import effective_free_bytes, read_mem_available
+from ._pressure import MemoryStats, OomWatchdog, StatsCounter, check_watchdog_args
 from ._ptx import check_architecture, parse_ptx
 from ._raw import AllocKind, RawDevice
 from ._redzone import Layout, RedZones, Zone
 from ._settings import MetraleSettings
+from ._snapshot import write_snapshot
 from ._types import AllocRecord, DeviceBuffer, MemoryInfo, RedZoneViolation, as_index
 from .kernels import shipped_modules
 
@@ -169,7 +174,11 @@ class GpuBackend:
         self._fills_issued = 0
         self._fills_settled = 0
         self._lock = threading.RLock()
-        self._ledger = Ledger()
+        self._ledger = Ledger(settings.memory_history)
+        self._stats = StatsCounter()
+        self._arena_objs: list[Arena] = []  # open Arena sub-allocators
+        self._oom_callbacks: list[Callable[[int], object]] = []
+        self._watchdogs: list[OomWatchdog] = []
         self._redzones = RedZones(settings)
         self._raw_base: dict[int, int] = {}  # user pointer -> raw pointer, zoned allocations
         self._arenas: dict[int, DeviceBuffer] = {}
@@ -286,7 +295,9 @@ class GpuBackend:
     def _is_live(self, buf: DeviceBuffer) -> bool:
         if buf.kind == "arena":
             live = self._arenas.get(buf.ptr)
-            return live is not None and live.index == buf.index
+            if live is not None and live.index == buf.index:
+                return True
+            return any(arena.holds(buf) for arena in self._arena_objs)
         return self._ledger.holds(buf.ptr, buf.index)
 
     def _require_live(self, buf: DeviceBuffer, what: str) -> None:
@@ -397,10 +408,7 @@ class GpuBackend:
         index = next_index()
         site = call_site(self._internal, depth=3)
         layout = self._redzones.layout(n, index) if kind == "device" else Layout(n, 0, 0)
-        try:
-            raw_ptr = self._raw.alloc(layout.raw_bytes, kind)
-        except OutOfMemoryError as exc:
-            raise self._out_of_memory(exc, n, kind, what) from None
+        raw_ptr = self._raw_alloc(layout.raw_bytes, n, kind, what)
         buf = DeviceBuffer(ptr=raw_ptr + layout.lead, nbytes=n, kind=kind, index=index, site=site)
         if layout.lead or layout.trail:
             zones = self._redzones.zones_for(buf, layout)
@@ -427,7 +435,37 @@ class GpuBackend:
                 self._arenas[buf.ptr] = buf
         else:
             self._ledger.add(AllocRecord(buf.ptr, n, kind, index, site))
+        self._stats.allocated(kind, n)
         return buf
+
+    def _raw_alloc(self, raw_bytes: int, n: int, kind: AllocKind, what: str) -> int:
+        """The raw allocation, with reclaim-and-retry: when it runs out of memory, the
+        ``on_out_of_memory`` callbacks are asked to free some, and a callback that says
+        it did earns another try (at most ``oom_retries``)."""
+        retries = 0
+        while True:
+            try:
+                return self._raw.alloc(raw_bytes, kind)
+            except OutOfMemoryError as exc:
+                if retries < self.settings.oom_retries and self._reclaim(raw_bytes, what):
+                    retries += 1
+                    self._stats.oom_retries += 1
+                    continue
+                self._stats.oom_count += 1
+                raise self._out_of_memory(exc, n, kind, what, retries) from None
+
+    def _reclaim(self, nbytes: int, what: str) -> bool:
+        """Call the ``on_out_of_memory`` callbacks; whether any says it freed memory."""
+        freed = False
+        for callback in list(self._oom_callbacks):
+            try:
+                if callback(nbytes):
+                    freed = True
+            except Exception as exc:  # a callback's bug must not hide the out-of-memory error
+                _log.warning("on_out_of_memory callback %r raised %s: %s", callback, type(exc).__name__, exc)
+        if freed:
+            _log.info("%s of %s: out of memory; a callback freed memory, trying again", what, format_bytes(nbytes))
+        return freed
 
     def _release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
         try:
@@ -435,20 +473,36 @@ class GpuBackend:
         except MetraleError as exc:
             _log.warning("releasing %#x after a failed allocation also failed: %s", raw_ptr, exc)
 
-    def _out_of_memory(self, exc: OutOfMemoryError, n: int, kind: str, what: str) -> OutOfMemoryError:
+    def _out_of_memory(
+        self, exc: OutOfMemoryError, n: int, kind: str, what: str, retries: int = 0
+    ) -> OutOfMemoryError:
         try:
-            free, total = self._raw.mem_get_info()
-            memory = f"{format_bytes(free)} free of {format_bytes(total)}"
+            info = self.memory_info()
+            memory = (
+                f"{format_bytes(info.free)} free ({format_bytes(info.effective_free)} effective) "
+                f"of {format_bytes(info.total)}"
+            )
         except MetraleError:
             memory = "free memory unknown"
         records = self._ledger.snapshot()
         live = sum(r.nbytes for r in records)
         sites = describe_sites(largest_sites(records))
+        retried = f"; tried {retries + 1} times after on_out_of_memory callbacks freed memory" if retries else ""
+        saved = ""
+        folder = self.settings.oom_snapshot_dir
+        if folder is not None:
+            path = folder / f"metrale-oom-{self.name}-{os.getpid()}-{next_index()}.json"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                self.save_snapshot(path)
+                saved = f"; memory snapshot saved to {path} (see it with: metrale report {path} --png oom.png)"
+            except (OSError, MetraleError) as err:
+                saved = f"; the memory snapshot could not be saved to {path}: {err}"
         return OutOfMemoryError(
             f"{what}({n}) on {self.name}:{self.ordinal} failed: out of device memory asking for "
             f"{format_bytes(n)} ({kind}); {memory}; {format_bytes(live)} live on the ledger in "
-            f"{len(records)} allocation(s), largest call sites: {sites}. Free buffers you no "
-            f"longer need, or ask for less",
+            f"{len(records)} allocation(s), largest call sites: {sites}{retried}{saved}. Free buffers "
+            f"you no longer need, register an on_out_of_memory callback that can, or ask for less",
             requested=n,
             code=exc.code,
             name=exc.name,
@@ -495,7 +549,8 @@ class GpuBackend:
             raise InvalidBufferError(f"free: expected a DeviceBuffer or HostBuffer, got {buf!r}")
         if buf.kind == "arena":
             raise InvalidBufferError(
-                f"free: allocation #{buf.index} is arena memory; release it with free_arena()"
+                f"free: allocation #{buf.index} is arena memory; release it with free_arena(), "
+                f"or reset() the Arena it came from"
             )
         record = self._ledger.take(buf.ptr, buf.index)
         if record is None:
@@ -504,6 +559,7 @@ class GpuBackend:
                 f"{buf.site}) is not on this backend's ledger: already freed, swept, or not "
                 f"from this backend. Free each buffer once"
             )
+        self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever the release says
         self._warn_if_graphed(buf)
         with self._lock:
             raw_ptr = self._raw_base.pop(buf.ptr, buf.ptr)
@@ -525,12 +581,17 @@ class GpuBackend:
         with self._lock:
             live = self._arenas.get(buf.ptr)
             if live is None or live.index != buf.index:
+                if any(arena.holds(buf) for arena in self._arena_objs):
+                    raise InvalidBufferError(
+                        f"free_arena: allocation #{buf.index} is a piece of an Arena; reset() or close() the arena"
+                    )
                 raise InvalidBufferError(
                     f"free_arena: arena allocation #{buf.index} is not live on this backend; "
                     f"release each arena buffer once"
                 )
             del self._arenas[buf.ptr]
         self._warn_if_graphed(buf)
+        self._stats.released("arena", buf.nbytes)
         self._raw.free(buf.ptr, "arena")
 
     def _warn_if_graphed(self, buf: DeviceBuffer) -> None:
@@ -572,6 +633,7 @@ class GpuBackend:
                 describe_sites(largest_sites(records)),
             )
         for rec in records:
+            self._stats.released(rec.kind, rec.nbytes)
             with self._lock:
                 raw_ptr = self._raw_base.pop(rec.ptr, rec.ptr)
             with self._scan_lock:
@@ -945,6 +1007,7 @@ class GpuBackend:
         with self._scan_lock:
             table: bytes | None
             if zones is None:
+                self._stats.redzone_scans += 1
                 version, zones, table = self._redzones.snapshot(self._scan_table_version)
             else:
                 version, table = -1, None
@@ -1078,6 +1141,7 @@ class GpuBackend:
             _log.warning("%s (found by %s)", violation.describe(), when)
 
     def _after_graph_launch(self) -> None:
+        self._stats.graph_launches += 1
         if self.settings.redzone_scan_graphs and not active_captures():
             self._report(self._read_zones(), "the scan after GraphExec.launch")
 
@@ -1094,6 +1158,80 @@ class GpuBackend:
             integrated=bool(integrated),
         )
 
+    # -- memory pressure -------------------------------------------------------------
+
+    def stats(self) -> MemoryStats:
+        """Counts and bytes since the backend opened (peaks since the last :meth:`reset_peak`)."""
+        self._check_not_closed()
+        with self._lock:
+            arenas = list(self._arena_objs)
+        return self._stats.freeze(sum(a.capacity for a in arenas), sum(a.used for a in arenas))
+
+    def reset_peak(self) -> None:
+        """Start the peaks of :meth:`stats` again from the bytes live now."""
+        self._check_not_closed()
+        self._stats.reset_peak()
+
+    def create_arena(self, capacity: int) -> Arena:
+        """An :class:`~metrale_core.Arena` over one new ``alloc_arena`` block of ``capacity`` bytes."""
+        self._check_open()
+        block = self._alloc(capacity, "arena", "create_arena")
+        arena = Arena(block, self._arena_closed)
+        with self._lock:
+            self._arena_objs.append(arena)
+        return arena
+
+    def _arena_closed(self, arena: Arena, block: DeviceBuffer) -> None:
+        with self._lock:
+            if arena in self._arena_objs:
+                self._arena_objs.remove(arena)
+        if not self._closed:
+            self.free_arena(block)
+
+    def on_out_of_memory(self, callback: Callable[[int], object]) -> None:
+        """When an allocation runs out of memory, call ``callback(nbytes)``; if it returns a
+        true value (it freed memory), the allocation is tried again, at most ``oom_retries`` times."""
+        self._check_open()
+        if not callable(callback):
+            raise self._invalid_argument("on_out_of_memory", "a callable", callback)
+        self._oom_callbacks.append(callback)
+
+    def spawn_oom_watchdog(
+        self,
+        *,
+        interval_s: float,
+        min_free_bytes: int,
+        on_low: Callable[[MemoryInfo], object] | None = None,
+    ) -> OomWatchdog:
+        """Start an :class:`~metrale_core.OomWatchdog`: a daemon thread that polls
+        ``memory_info()`` every ``interval_s`` seconds and warns, once, when
+        ``effective_free`` falls under ``min_free_bytes``."""
+        self._check_open()
+        interval, min_free = check_watchdog_args(interval_s, as_index(min_free_bytes), on_low)
+        watchdog = OomWatchdog(
+            f"{self.name}:{self.ordinal}", self.memory_info,
+            lambda: describe_sites(largest_sites(self._ledger.snapshot())),
+            interval_s=interval, min_free_bytes=min_free, on_low=on_low,
+        )
+        with self._lock:
+            self._watchdogs = [w for w in self._watchdogs if w.running]
+            self._watchdogs.append(watchdog)
+        watchdog._start()
+        return watchdog
+
+    def save_snapshot(self, path: str | os.PathLike[str]) -> Path:
+        """Write the ledger (and its history, with ``memory_history``) and :meth:`stats` to
+        ``path`` as JSON, for ``metrale report``; returns the path."""
+        self._check_not_closed()
+        target = Path(path)
+        info: MemoryInfo | None
+        try:
+            info = self.memory_info()
+        except MetraleError:
+            info = None
+        write_snapshot(target, self.name, self.device_name, self.ordinal, info, self._ledger, self.stats())
+        return target
+
     # -- lifetime -----------------------------------------------------------------
 
     def close(self) -> None:
@@ -1108,6 +1246,12 @@ class GpuBackend:
             self._arenas.clear()
             hosts = list(self._host.values())
             self._host.clear()
+            watchdogs, self._watchdogs = self._watchdogs, []
+            arena_objs, self._arena_objs = self._arena_objs, []
+        for watchdog in watchdogs:
+            watchdog.stop()
+        for arena in arena_objs:
+            arena._take_block()  # its block is among the arena blocks released below
         streams = [h for h in handles if isinstance(h, Stream)] + [self._default_stream]
         for stream in streams:
             capture = stream._capture

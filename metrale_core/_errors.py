@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 __all__ = [
+    "ArenaFullError",
     "BackendNotFoundError",
     "BackendUnavailableError",
     "CaptureError",
@@ -102,6 +103,20 @@ class OutOfMemoryError(MetraleError, MemoryError):
     ) -> None:
         super().__init__(message, code=code, name=name)
         self.requested = requested
+
+
+class ArenaFullError(OutOfMemoryError):
+    """An :class:`~metrale_core.Arena` has no room left for an allocation: ``requested``
+    bytes were asked for, ``used`` of its ``capacity`` are handed out. The device may
+    have memory to spare; ``reset()`` the arena or create a larger one."""
+
+    capacity: int
+    used: int
+
+    def __init__(self, message: str, *, requested: int, capacity: int, used: int) -> None:
+        super().__init__(message, requested=requested)
+        self.capacity = capacity
+        self.used = used
 
 
 class CaptureError(MetraleError):

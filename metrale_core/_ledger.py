@@ -13,14 +13,18 @@ Written once, here, and shared by every backend. Its invariants:
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import itertools
 import sys
 import threading
+import time
 from collections.abc import Iterable
+from typing import Literal
 
 from ._types import AllocRecord
 
-__all__ = ["Ledger", "LedgerProbe", "call_site", "format_bytes", "largest_sites", "next_index"]
+__all__ = ["Ledger", "LedgerEvent", "LedgerProbe", "call_site", "format_bytes", "largest_sites", "next_index"]
 
 # One per-process sequence of creation indexes, shared by every backend: the
 # contract says so, and it is what lets `redzone_trace_idx` name one allocation
@@ -77,18 +81,52 @@ def describe_sites(rows: list[tuple[str, int, int]]) -> str:
     return ", ".join(f"{site} ({format_bytes(b)} x{n})" for site, b, n in rows) or "none"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LedgerEvent:
+    """One change to the ledger, kept when history is on (``memory_history``).
+
+    :param t: seconds since the ledger was created (a monotonic clock).
+    :param op: ``"alloc"``, ``"free"``, or ``"sweep"`` (taken off by a sweep).
+    :param record: the allocation.
+    """
+
+    t: float
+    op: Literal["alloc", "free", "sweep"]
+    record: AllocRecord
+
+
 class Ledger:
-    """The live allocations of one backend, keyed by pointer. Thread-safe."""
+    """The live allocations of one backend, keyed by pointer. Thread-safe.
 
-    __slots__ = ("_lock", "_records")
+    With ``history`` above zero it also keeps the last ``history`` events, oldest
+    dropped first (:meth:`events`, :attr:`dropped`).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_events", "_lock", "_records", "_start", "dropped", "history")
+
+    def __init__(self, history: int = 0) -> None:
         self._lock = threading.Lock()
         self._records: dict[int, AllocRecord] = {}
+        self.history = history
+        self._events: collections.deque[LedgerEvent] | None = (
+            collections.deque(maxlen=history) if history else None
+        )
+        self._start = time.monotonic()
+        #: Events that fell off the front of the bounded history.
+        self.dropped = 0
+
+    def _log(self, op: Literal["alloc", "free", "sweep"], record: AllocRecord) -> None:
+        events = self._events
+        assert events is not None
+        if len(events) == events.maxlen:
+            self.dropped += 1
+        events.append(LedgerEvent(time.monotonic() - self._start, op, record))
 
     def add(self, record: AllocRecord) -> None:
         with self._lock:
             self._records[record.ptr] = record
+            if self._events is not None:
+                self._log("alloc", record)
 
     def take(self, ptr: int, index: int) -> AllocRecord | None:
         """Take the record of ``ptr`` off, if it is the allocation ``index``."""
@@ -97,6 +135,8 @@ class Ledger:
             if rec is None or rec.index != index:
                 return None
             del self._records[ptr]
+            if self._events is not None:
+                self._log("free", rec)
             return rec
 
     def holds(self, ptr: int, index: int) -> bool:
@@ -104,14 +144,27 @@ class Ledger:
         return rec is not None and rec.index == index
 
     def drain(self) -> list[AllocRecord]:
+        """Take every record off (a sweep)."""
         with self._lock:
             records = list(self._records.values())
             self._records.clear()
+            if self._events is not None:
+                for rec in records:
+                    self._log("sweep", rec)
             return records
 
     def snapshot(self) -> list[AllocRecord]:
         with self._lock:
             return sorted(self._records.values(), key=lambda r: r.index)
+
+    def events(self) -> list[LedgerEvent]:
+        """The kept history, oldest first (empty when history is off)."""
+        with self._lock:
+            return list(self._events or ())
+
+    def elapsed(self) -> float:
+        """Seconds since the ledger was created, on the clock of :attr:`LedgerEvent.t`."""
+        return time.monotonic() - self._start
 
     def __len__(self) -> int:
         return len(self._records)

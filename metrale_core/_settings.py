@@ -6,6 +6,7 @@ import difflib
 import logging
 import os
 import re
+from pathlib import Path
 from typing import Any, ClassVar, Final, Literal
 
 import pydantic
@@ -107,6 +108,21 @@ class MetraleSettings(BaseSettings):
         False,
         description="Time every kernel launch made outside a capture with a pair of events; `run_metrics()` turns "
         "them into GPU milliseconds per kernel.",
+    )
+    memory_history: int = Field(
+        0, ge=0, le=10_000_000,
+        description="Keep the last N allocation events (alloc, free, sweep) on the ledger for `save_snapshot()` "
+        "and `metrale report`; `0` (the default) keeps none.",
+    )
+    oom_retries: int = Field(
+        3, ge=0, le=100,
+        description="How many times an allocation that ran out of memory is tried again after an "
+        "`on_out_of_memory` callback says it freed memory.",
+    )
+    oom_snapshot_dir: Path | None = Field(
+        None,
+        description="On an out-of-memory error, save a memory snapshot in this folder (created if missing) "
+        "and name the file in the error.",
     )
     target_hw: str = Field(
         "",

@@ -9,10 +9,11 @@ A backend author runs the same tests metrale runs on its own backends::
 
 The state machine drives the backend through random programs of
 allocations, frees (double frees too), copies, memsets, captures and
-replays, capture-rule violations, sweeps, red-zone overruns and, where the
-backend has ``inject_fault``, driver failures. After every step it checks
-the ledger against a model and every read against the bytes the model
-expects.
+replays, capture-rule violations, sweeps, red-zone overruns, an
+:class:`~metrale_core.Arena` (pieces, a full arena, resets) and, where the
+backend has ``inject_fault``, driver failures and reclaim-and-retry after an
+out-of-memory error. After every step it checks the ledger and ``stats()``
+against a model and every read against the bytes the model expects.
 
 This module needs ``hypothesis`` (the ``test`` extra).
 """
@@ -29,7 +30,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from ._backend import GpuBackend
 from ._discovery import open_backend
+from ._arena import Arena
 from ._errors import (
+    ArenaFullError,
     BackendNotFoundError,
     CaptureError,
     DriverError,
@@ -56,6 +59,7 @@ __all__ = [
 ]
 
 _MAX_BYTES = 4096
+_ARENA_BYTES = 16384
 
 
 class _Contents:
@@ -100,6 +104,12 @@ class BackendMachine(RuleBasedStateMachine):
         self.redzone = rz.redzone
         self.redzone_min_idx = rz.redzone_min_idx
         self.redzone_lead = rz.redzone_lead
+        self.sub: Arena = self.gpu.create_arena(_ARENA_BYTES)
+        self.pieces: dict[int, tuple[DeviceBuffer, _Contents]] = {}  # live pieces of self.sub, by index
+        self.sub_top = 0  # the model of self.sub.used
+        self.reclaimed: list[int] = []  # what the on_out_of_memory callback was asked for
+        self.reclaim_answer = False
+        self.gpu.on_out_of_memory(self._reclaim)
 
     def teardown(self) -> None:
         self.gpu.close()
@@ -118,7 +128,11 @@ class BackendMachine(RuleBasedStateMachine):
         return registry.kernel("vector", "fill_u32")
 
     def _all(self) -> dict[int, tuple[DeviceBuffer, _Contents]]:
-        return {**self.live, **self.arena}
+        return {**self.live, **self.arena, **self.pieces}
+
+    def _reclaim(self, nbytes: int) -> bool:
+        self.reclaimed.append(nbytes)
+        return self.reclaim_answer
 
     def _pick(self, data: st.DataObject, pool: dict[int, tuple[DeviceBuffer, _Contents]]) -> tuple[
         DeviceBuffer, _Contents
@@ -149,6 +163,7 @@ class BackendMachine(RuleBasedStateMachine):
     def _forget(self, buf: DeviceBuffer) -> None:
         self.live.pop(buf.index, None)
         self.arena.pop(buf.index, None)
+        self.pieces.pop(buf.index, None)
         self.dirty.pop((buf.index, "trail"), None)
         self.dirty.pop((buf.index, "lead"), None)
         self.stale.append(buf)
@@ -213,6 +228,34 @@ class BackendMachine(RuleBasedStateMachine):
         except InvalidBufferError:
             return
         raise AssertionError("free() of an arena buffer was not refused")
+
+    @rule(n=st.integers(0, _ARENA_BYTES // 2), align=st.sampled_from([1, 16, 256, 4096]))
+    def arena_alloc(self, n: int, align: int) -> None:
+        base = self.sub._base
+        start = (base + self.sub_top + align - 1) // align * align - base
+        if start + n > _ARENA_BYTES:
+            try:
+                self.sub.alloc(n, align=align)
+            except ArenaFullError as exc:
+                assert (exc.requested, exc.capacity, exc.used) == (n, _ARENA_BYTES, self.sub_top), exc
+            else:
+                raise AssertionError(f"a full arena ({self.sub_top} of {_ARENA_BYTES} used) gave out {n} bytes")
+            assert self.sub.used == self.sub_top, "a refused arena alloc changed the arena"
+            return
+        buf = self.sub.alloc(n, align=align)
+        assert buf.ptr == base + start and buf.nbytes == n and buf.kind == "arena", buf
+        assert buf.index not in self._all(), "a creation index was handed out twice"
+        self.sub_top = start + n
+        if n:
+            self.pieces[buf.index] = (buf, _Contents(n))
+
+    @precondition(lambda self: self.pieces or self.sub_top)
+    @rule()
+    def arena_reset(self) -> None:
+        self.sub.reset()
+        for buf, _ in list(self.pieces.values()):
+            self._forget(buf)
+        self.sub_top = 0
 
     @rule()
     def sweep(self) -> None:
@@ -476,7 +519,33 @@ class BackendMachine(RuleBasedStateMachine):
         )
         self._forget(buf)
 
+    @precondition(lambda self: self.can_inject)
+    @rule(kind=st.sampled_from(["device", "managed", "arena"]), n=st.integers(1, _MAX_BYTES))
+    def alloc_reclaims_and_retries(self, kind: str, n: int) -> None:
+        """An allocation that runs out of memory asks the on_out_of_memory callbacks, and one
+        that says it freed memory earns another try (here the injected failure is gone by then)."""
+        self.gpu.inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")  # type: ignore[attr-defined]
+        self.reclaim_answer, self.reclaimed = True, []
+        try:
+            self.alloc(kind, n)
+        finally:
+            self.reclaim_answer = False
+        assert len(self.reclaimed) == 1 and self.reclaimed[0] >= n, self.reclaimed
+
     # -- invariants -----------------------------------------------------------------------------------
+
+    @invariant()
+    def stats_match_model(self) -> None:
+        stats = self.gpu.stats()
+        for kind in ("device", "managed"):
+            want = sum(b.nbytes for b, _ in self.live.values() if b.kind == kind)
+            assert stats.current_bytes[kind] == want, (kind, stats.current_bytes, want)
+        blocks = sum(b.nbytes for b, _ in self.arena.values()) + _ARENA_BYTES
+        assert stats.current_bytes["arena"] == blocks, (stats.current_bytes, blocks)
+        assert stats.alloc_count - stats.free_count == len(self.live) + len(self.arena) + 1
+        assert stats.peak_total_bytes >= stats.current_total_bytes
+        assert all(stats.peak_bytes[k] >= v for k, v in stats.current_bytes.items())
+        assert (stats.arena_capacity, stats.arena_used) == (_ARENA_BYTES, self.sub_top)
 
     @invariant()
     def ledger_matches_model(self) -> None:

@@ -1,0 +1,135 @@
+"""Arenas: a bump sub-allocator over one ``alloc_arena`` block, for short-lived scratch.
+
+The fast path of metrale's memory: ``Arena.alloc`` never calls the driver. Its
+buffers are arena memory, so never on the ledger and never red-zoned; they stay
+live until the arena's ``reset()`` or ``close()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Final
+
+from ._errors import ArenaFullError, InvalidArgumentError, InvalidBufferError
+from ._ledger import format_bytes, next_index
+from ._types import DeviceBuffer, as_index
+
+__all__ = ["Arena"]
+
+#: The largest alignment ``Arena.alloc`` accepts (a 2 MiB page).
+MAX_ALIGN: Final = 1 << 21
+
+
+class Arena:
+    """A sub-allocator over one block of device memory. Made by
+    :meth:`GpuBackend.create_arena <metrale_core.GpuBackend.create_arena>`.
+
+    ``alloc(nbytes, align=256)`` hands out the next aligned piece of the block
+    (a :class:`~metrale_core.DeviceBuffer` of kind ``"arena"``, usable in every
+    operation of its backend); there is no per-buffer free: ``reset()`` takes
+    every piece back at once, and ``close()`` releases the block. A buffer from
+    before a ``reset()`` is no longer live, and operations on it raise
+    :class:`~metrale_core.InvalidBufferError`. ``reset()`` does not wait for the
+    device: synchronize first if work still uses the old pieces. When the block
+    has no room, ``alloc`` raises :class:`~metrale_core.ArenaFullError`.
+
+    Thread-safe. A context manager (``close()`` on exit).
+    """
+
+    __slots__ = ("_base", "_block", "_capacity", "_lock", "_on_close", "_top", "_valid_from", "site")
+
+    def __init__(self, block: DeviceBuffer, on_close: Callable[[Arena, DeviceBuffer], None]) -> None:
+        self._block: DeviceBuffer | None = block
+        self._base = block.ptr
+        self._capacity = block.nbytes
+        self._top = 0
+        self._valid_from = next_index()  # pieces have creation indexes from here on
+        self._lock = threading.Lock()
+        self._on_close = on_close
+        #: Where the arena was created; its pieces carry this call site.
+        self.site = block.site
+
+    @property
+    def capacity(self) -> int:
+        """Bytes in the block."""
+        return self._capacity
+
+    @property
+    def used(self) -> int:
+        """Bytes handed out since the last ``reset()`` (alignment padding included)."""
+        return self._top
+
+    @property
+    def closed(self) -> bool:
+        return self._block is None
+
+    def alloc(self, nbytes: int, align: int = 256) -> DeviceBuffer:
+        """The next ``nbytes`` of the block, at an address that is a multiple of ``align`` (a power of two)."""
+        n = as_index(nbytes)
+        if n is None or n < 0:
+            raise InvalidArgumentError(f"Arena.alloc: nbytes must be a byte count >= 0, got {nbytes!r}")
+        a = as_index(align)
+        if a is None or a <= 0 or a & (a - 1) or a > MAX_ALIGN:
+            raise InvalidArgumentError(
+                f"Arena.alloc: align must be a power of two from 1 to {MAX_ALIGN}, got {align!r}"
+            )
+        base = self._base
+        with self._lock:
+            if self._block is None:
+                raise InvalidBufferError(f"Arena.alloc({n}): this arena (from {self.site}) is closed; create another")
+            start = (base + self._top + a - 1) & -a
+            end = start + n - base
+            if end > self._capacity:
+                raise ArenaFullError(
+                    f"Arena.alloc({n}, align={a}): the arena from {self.site} is full: "
+                    f"{format_bytes(self._top)} of {format_bytes(self._capacity)} handed out since its last "
+                    f"reset(); reset() it when its pieces are done with, or create a larger arena",
+                    requested=n, capacity=self._capacity, used=self._top,
+                )
+            self._top = end
+        return DeviceBuffer(start, n, "arena", next_index(), self.site)
+
+    def holds(self, buf: DeviceBuffer) -> bool:
+        """Whether ``buf`` is a live piece of this arena."""
+        return (
+            self._block is not None
+            and buf.index >= self._valid_from
+            and self._base <= buf.ptr
+            and buf.ptr + buf.nbytes <= self._base + self._top
+        )
+
+    def reset(self) -> None:
+        """Take every piece back; buffers handed out so far are no longer live."""
+        with self._lock:
+            if self._block is None:
+                raise InvalidBufferError(f"Arena.reset: this arena (from {self.site}) is closed")
+            self._top = 0
+            self._valid_from = next_index()
+
+    def close(self) -> None:
+        """Release the block; idempotent. Its pieces are no longer live."""
+        with self._lock:
+            block, self._block = self._block, None
+            self._top = 0
+        if block is not None:
+            self._on_close(self, block)
+
+    def _take_block(self) -> DeviceBuffer | None:
+        """For the backend's close: forget the block (the backend releases it)."""
+        with self._lock:
+            block, self._block = self._block, None
+            return block
+
+    def __enter__(self) -> Arena:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._block is None else f"{format_bytes(self._top)} of {format_bytes(self._capacity)} used"
+        return f"<Arena at {self._base:#x}, {state}, from {self.site}>"

@@ -1,0 +1,238 @@
+"""Memory pressure: the counters behind ``stats()``, and the OOM watchdog.
+
+Both are small pieces the backend composes; neither calls the driver itself.
+The watchdog reads memory through a function it is given (the backend's
+``memory_info``, which never synchronizes a stream).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Final
+
+from ._errors import InvalidArgumentError, MetraleError
+from ._ledger import format_bytes
+from ._types import MemoryInfo
+
+__all__ = ["KINDS", "MemoryStats", "OomWatchdog", "StatsCounter"]
+
+_log = logging.getLogger("metrale.memory")
+
+#: The kinds of allocation that ``stats()`` counts bytes for.
+KINDS: Final = ("device", "managed", "arena")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryStats:
+    """What a backend has allocated since it opened (peaks since the last ``reset_peak()``).
+
+    :param alloc_count: allocations made: ``alloc``, ``alloc_managed``, ``alloc_arena``.
+    :param free_count: allocations released: ``free``, ``free_arena``, and each one a sweep took.
+    :param current_bytes: bytes live now, per kind (``"device"``, ``"managed"``, ``"arena"``).
+    :param peak_bytes: the most bytes live at once, per kind.
+    :param peak_total_bytes: the most bytes live at once, all kinds together.
+    :param arena_capacity: bytes of the open :class:`~metrale_core.Arena` objects.
+    :param arena_used: bytes those arenas have handed out since their last ``reset()``.
+    :param arena_allocs: sub-allocations the arenas have made.
+    :param oom_count: allocations that failed for lack of memory (after any retries).
+    :param oom_retries: allocations tried again after an ``on_out_of_memory`` callback freed memory.
+    :param redzone_scans: full red-zone scans (``scan_redzones()``, after graph launches, at ``close()``).
+    :param graph_launches: ``GraphExec.launch`` calls.
+    """
+
+    alloc_count: int
+    free_count: int
+    current_bytes: dict[str, int]
+    peak_bytes: dict[str, int]
+    peak_total_bytes: int
+    arena_capacity: int
+    arena_used: int
+    arena_allocs: int
+    oom_count: int
+    oom_retries: int
+    redzone_scans: int
+    graph_launches: int
+
+    @property
+    def current_total_bytes(self) -> int:
+        """Bytes live now, all kinds together."""
+        return sum(self.current_bytes.values())
+
+
+class StatsCounter:
+    """The mutable counters behind :class:`MemoryStats`. Thread-safe."""
+
+    __slots__ = (
+        "_current", "_lock", "_peak", "_peak_total", "allocs", "arena_allocs", "frees", "graph_launches",
+        "oom_count", "oom_retries", "redzone_scans",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current = dict.fromkeys(KINDS, 0)
+        self._peak = dict.fromkeys(KINDS, 0)
+        self._peak_total = 0
+        self.allocs = 0
+        self.frees = 0
+        # Plain integers bumped without the lock: a lost count under a race is harmless for a statistic,
+        # and these sit on fast paths (arena alloc, graph launch).
+        self.arena_allocs = 0
+        self.oom_count = 0
+        self.oom_retries = 0
+        self.redzone_scans = 0
+        self.graph_launches = 0
+
+    def allocated(self, kind: str, nbytes: int) -> None:
+        with self._lock:
+            self.allocs += 1
+            now = self._current[kind] = self._current[kind] + nbytes
+            self._peak[kind] = max(self._peak[kind], now)
+            total = sum(self._current.values())
+            self._peak_total = max(self._peak_total, total)
+
+    def released(self, kind: str, nbytes: int) -> None:
+        with self._lock:
+            self.frees += 1
+            self._current[kind] -= nbytes
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._peak = dict(self._current)
+            self._peak_total = sum(self._current.values())
+
+    def freeze(self, arena_capacity: int, arena_used: int) -> MemoryStats:
+        with self._lock:
+            return MemoryStats(
+                alloc_count=self.allocs,
+                free_count=self.frees,
+                current_bytes=dict(self._current),
+                peak_bytes=dict(self._peak),
+                peak_total_bytes=self._peak_total,
+                arena_capacity=arena_capacity,
+                arena_used=arena_used,
+                arena_allocs=self.arena_allocs,
+                oom_count=self.oom_count,
+                oom_retries=self.oom_retries,
+                redzone_scans=self.redzone_scans,
+                graph_launches=self.graph_launches,
+            )
+
+
+class OomWatchdog:
+    """A daemon thread that warns when a backend's effective free memory runs low.
+
+    Made by :meth:`GpuBackend.spawn_oom_watchdog
+    <metrale_core.GpuBackend.spawn_oom_watchdog>`. Every ``interval_s`` it reads
+    ``memory_info()`` (which never synchronizes a stream). When
+    ``effective_free`` falls under ``min_free_bytes`` it logs one WARNING on
+    ``metrale.memory`` naming the ledger's largest call sites and calls
+    ``on_low(info)``; when memory recovers it logs one INFO. Nothing more is
+    logged while the state stays the same. :meth:`stop` ends it promptly;
+    closing the backend stops it. A context manager.
+    """
+
+    __slots__ = ("_describe", "_interval", "_low", "_min_free", "_name", "_on_low", "_read", "_stop", "_thread")
+
+    def __init__(
+        self,
+        name: str,
+        read: Callable[[], MemoryInfo],
+        describe_sites: Callable[[], str],
+        *,
+        interval_s: float,
+        min_free_bytes: int,
+        on_low: Callable[[MemoryInfo], object] | None,
+    ) -> None:
+        self._name = name
+        self._read = read
+        self._describe = describe_sites
+        self._interval = interval_s
+        self._min_free = min_free_bytes
+        self._on_low = on_low
+        self._low = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"metrale-oom-watchdog-{name}", daemon=True)
+
+    def _start(self) -> None:
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread is still polling."""
+        return self._thread.is_alive()
+
+    @property
+    def low(self) -> bool:
+        """Whether the last reading was under the threshold."""
+        return self._low
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop polling and wait (up to ``timeout`` seconds) for the thread to end; idempotent."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> OomWatchdog:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<OomWatchdog {self._name} {state}, under {format_bytes(self._min_free)} every {self._interval}s>"
+
+    def poll(self) -> MemoryInfo | None:
+        """Take one reading now and act on it, as the thread does; ``None`` if it could not be read."""
+        try:
+            info = self._read()
+        except MetraleError as exc:  # a closed or faulted backend: stop quietly
+            _log.debug("OOM watchdog on %s stops: %s", self._name, exc.message)
+            self._stop.set()
+            return None
+        if info.effective_free < self._min_free:
+            if not self._low:
+                self._low = True
+                _log.warning(
+                    "memory low on %s: %s effective free of %s, under the watchdog's %s; largest call sites: %s",
+                    self._name, format_bytes(info.effective_free), format_bytes(info.total),
+                    format_bytes(self._min_free), self._describe(),
+                )
+                if self._on_low is not None:
+                    try:
+                        self._on_low(info)
+                    except Exception as exc:  # the callback's bug must not end the watchdog
+                        _log.warning("OOM watchdog callback %r raised %s: %s", self._on_low, type(exc).__name__, exc)
+        elif self._low:
+            self._low = False
+            _log.info(
+                "memory recovered on %s: %s effective free, at or over the watchdog's %s",
+                self._name, format_bytes(info.effective_free), format_bytes(self._min_free),
+            )
+        return info
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self._interval)
+
+
+def check_watchdog_args(interval_s: object, min_free_bytes: object, on_low: object) -> tuple[float, int]:
+    """Validate ``spawn_oom_watchdog``'s arguments; a typed error names the bad one."""
+    if isinstance(interval_s, bool) or not isinstance(interval_s, int | float) or not 0 < interval_s <= 3600:
+        raise InvalidArgumentError(
+            f"spawn_oom_watchdog: interval_s must be a number of seconds in (0, 3600], got {interval_s!r}"
+        )
+    if isinstance(min_free_bytes, bool) or not isinstance(min_free_bytes, int) or min_free_bytes < 0:
+        raise InvalidArgumentError(
+            f"spawn_oom_watchdog: min_free_bytes must be a byte count >= 0, got {min_free_bytes!r}"
+        )
+    if on_low is not None and not callable(on_low):
+        raise InvalidArgumentError(f"spawn_oom_watchdog: on_low must be callable or None, got {on_low!r}")
+    return float(interval_s), min_free_bytes
