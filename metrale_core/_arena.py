@@ -38,7 +38,7 @@ class Arena:
     Thread-safe. A context manager (``close()`` on exit).
     """
 
-    __slots__ = ("_base", "_block", "_capacity", "_lock", "_on_close", "_top", "_valid_from", "site")
+    __slots__ = ("_base", "_block", "_capacity", "_lock", "_on_close", "_top", "_valid_from", "allocs", "site")
 
     def __init__(self, block: DeviceBuffer, on_close: Callable[[Arena, DeviceBuffer], None]) -> None:
         self._block: DeviceBuffer | None = block
@@ -50,6 +50,8 @@ class Arena:
         self._on_close = on_close
         #: Where the arena was created; its pieces carry this call site.
         self.site = block.site
+        #: Pieces handed out so far.
+        self.allocs = 0
 
     @property
     def capacity(self) -> int:
@@ -89,6 +91,7 @@ class Arena:
                     requested=n, capacity=self._capacity, used=self._top,
                 )
             self._top = end
+            self.allocs += 1
         return DeviceBuffer(start, n, "arena", next_index(), self.site)
 
     def holds(self, buf: DeviceBuffer) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import collections
 import ctypes
+import dataclasses
 import logging
 import os
 import threading
@@ -1165,7 +1166,8 @@ class GpuBackend:
         self._check_not_closed()
         with self._lock:
             arenas = list(self._arena_objs)
-        return self._stats.freeze(sum(a.capacity for a in arenas), sum(a.used for a in arenas))
+        stats = self._stats.freeze(sum(a.capacity for a in arenas), sum(a.used for a in arenas))
+        return dataclasses.replace(stats, arena_allocs=stats.arena_allocs + sum(a.allocs for a in arenas))
 
     def reset_peak(self) -> None:
         """Start the peaks of :meth:`stats` again from the bytes live now."""
@@ -1185,6 +1187,7 @@ class GpuBackend:
         with self._lock:
             if arena in self._arena_objs:
                 self._arena_objs.remove(arena)
+                self._stats.arena_allocs += arena.allocs
         if not self._closed:
             self.free_arena(block)
 

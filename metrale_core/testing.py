@@ -28,9 +28,9 @@ from typing import Any, ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from ._arena import Arena
 from ._backend import GpuBackend
 from ._discovery import open_backend
-from ._arena import Arena
 from ._errors import (
     ArenaFullError,
     BackendNotFoundError,
