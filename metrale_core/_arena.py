@@ -20,6 +20,18 @@ __all__ = ["Arena"]
 
 #: The largest alignment ``Arena.alloc`` accepts (a 2 MiB page).
 MAX_ALIGN: Final = 1 << 21
+_ALIGNS: Final = frozenset(1 << i for i in range(22))
+
+
+def _check_alloc(nbytes: object, align: object) -> tuple[int, int]:
+    """``Arena.alloc``'s arguments as ints (numpy integers too), or a typed error naming the bad one."""
+    n = as_index(nbytes)
+    if n is None or n < 0:
+        raise InvalidArgumentError(f"Arena.alloc: nbytes must be a byte count >= 0, got {nbytes!r}")
+    a = as_index(align)
+    if a is None or a not in _ALIGNS:
+        raise InvalidArgumentError(f"Arena.alloc: align must be a power of two from 1 to {MAX_ALIGN}, got {align!r}")
+    return n, a
 
 
 class Arena:
@@ -69,30 +81,25 @@ class Arena:
 
     def alloc(self, nbytes: int, align: int = 256) -> DeviceBuffer:
         """The next ``nbytes`` of the block, at an address that is a multiple of ``align`` (a power of two)."""
-        n = as_index(nbytes)
-        if n is None or n < 0:
-            raise InvalidArgumentError(f"Arena.alloc: nbytes must be a byte count >= 0, got {nbytes!r}")
-        a = as_index(align)
-        if a is None or a <= 0 or a & (a - 1) or a > MAX_ALIGN:
-            raise InvalidArgumentError(
-                f"Arena.alloc: align must be a power of two from 1 to {MAX_ALIGN}, got {align!r}"
-            )
-        base = self._base
+        if type(nbytes) is not int or nbytes < 0 or type(align) is not int or align not in _ALIGNS:
+            nbytes, align = _check_alloc(nbytes, align)
         with self._lock:
             if self._block is None:
-                raise InvalidBufferError(f"Arena.alloc({n}): this arena (from {self.site}) is closed; create another")
-            start = (base + self._top + a - 1) & -a
-            end = start + n - base
+                raise InvalidBufferError(
+                    f"Arena.alloc({nbytes}): this arena (from {self.site}) is closed; create another"
+                )
+            start = (self._base + self._top + align - 1) & -align
+            end = start + nbytes - self._base
             if end > self._capacity:
                 raise ArenaFullError(
-                    f"Arena.alloc({n}, align={a}): the arena from {self.site} is full: "
+                    f"Arena.alloc({nbytes}, align={align}): the arena from {self.site} is full: "
                     f"{format_bytes(self._top)} of {format_bytes(self._capacity)} handed out since its last "
                     f"reset(); reset() it when its pieces are done with, or create a larger arena",
-                    requested=n, capacity=self._capacity, used=self._top,
+                    requested=nbytes, capacity=self._capacity, used=self._top,
                 )
             self._top = end
             self.allocs += 1
-        return DeviceBuffer(start, n, "arena", next_index(), self.site)
+        return DeviceBuffer._make(start, nbytes, "arena", next_index(), self.site)
 
     def holds(self, buf: DeviceBuffer) -> bool:
         """Whether ``buf`` is a live piece of this arena."""

@@ -19,7 +19,7 @@ import itertools
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 from ._types import AllocRecord
@@ -34,10 +34,15 @@ _SEQUENCE = itertools.count()
 _SEQUENCE_LOCK = threading.Lock()
 
 
-def next_index() -> int:
-    """The next creation index of this process."""
+def _next_index_locked() -> int:
     with _SEQUENCE_LOCK:
         return next(_SEQUENCE)
+
+
+#: The next creation index of this process (lock-free where the GIL makes ``next`` atomic).
+next_index: Callable[[], int] = (
+    _SEQUENCE.__next__ if getattr(sys, "_is_gil_enabled", lambda: True)() else _next_index_locked
+)
 
 
 #: Modules of metrale's own that call the API as a user does: their frames are call sites.

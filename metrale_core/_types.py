@@ -43,6 +43,24 @@ class DeviceBuffer:
     def __int__(self) -> int:
         return self.ptr
 
+    @classmethod
+    def _make(cls, ptr: int, nbytes: int, kind: str, index: int, site: str) -> DeviceBuffer:
+        """The same as ``DeviceBuffer(...)`` at half the cost, for the arena's fast path: a frozen
+        dataclass's ``__init__`` sets each field through ``object.__setattr__``; this sets the slots."""
+        buf = object.__new__(cls)
+        _SET_PTR(buf, ptr)
+        _SET_NBYTES(buf, nbytes)
+        _SET_KIND(buf, kind)
+        _SET_INDEX(buf, index)
+        _SET_SITE(buf, site)
+        return buf
+
+
+# The slot descriptors' setters, which a frozen dataclass's __setattr__ does not guard.
+_SET_PTR, _SET_NBYTES, _SET_KIND, _SET_INDEX, _SET_SITE = (
+    vars(DeviceBuffer)[field].__set__ for field in ("ptr", "nbytes", "kind", "index", "site")
+)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AllocRecord:

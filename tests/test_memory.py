@@ -301,3 +301,25 @@ def test_history_is_off_by_default(fake: GpuBackend, tmp_path: Path) -> None:
     fake.free(fake.alloc(10))
     doc = json.loads(fake.save_snapshot(tmp_path / "s.json").read_text())
     assert doc["events"] == [] and doc["history_limit"] == 0 and doc["dropped"] == 0
+
+
+# -- honest free memory --------------------------------------------------------------------------
+
+
+def test_memory_info_is_honest(gpu: GpuBackend) -> None:
+    """Discrete: the device's own reading. Integrated: the host's MemAvailable, capped at the total."""
+    from metrale_core import read_mem_available
+
+    info = gpu.memory_info()
+    assert 0 <= info.free <= info.total and info.total > 0
+    host = read_mem_available()
+    if info.integrated and host is not None:
+        assert info.effective_free == min(host, info.total)
+    else:
+        assert info.effective_free == info.free
+    unit = _unit(gpu) if info.total > 64 * MIB else MIB
+    buf = gpu.alloc(unit)
+    after = gpu.memory_info()
+    if not info.integrated:
+        assert after.free <= info.free - unit + (2 << 20), (info, after)  # the driver rounds to 2 MiB pages
+    gpu.free(buf)

@@ -27,5 +27,6 @@ METRALE_TARGET_HW=strix-halo METRALE_REDZONE=256 \
 rc=$(( rc | PIPESTATUS[0] ))
 python3 tools/bench_redzones.py --zones 10000 2>&1 | tee "$out/bench-redzones.txt"
 python3 backends/cuda/tools/probe_costs.py 2>&1 | tee "$out/probe-costs.txt"
+python3 tools/bench_arena.py 2>&1 | tee "$out/bench-arena.txt"
 echo "gpu-suite: exit $rc"
 exit $rc
