@@ -1,8 +1,9 @@
-"""The ``metrale`` command line: ``backends``, ``info``, ``selftest``, ``preflight``, ``conformance``."""
+"""The ``metrale`` command line: ``backends``, ``info``, ``selftest``, ``preflight``, ``conformance``, ``report``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from ._discovery import available_backends, open_backend
 from ._errors import ConfigError, MetraleError
 from ._ledger import format_bytes
 from ._ptx import PtxImage, parse_ptx
+from ._report import MemorySnapshot, chrome_trace, format_time, live_by_site, load_snapshot, plot_png
 from ._selftest import Check, run_selftest
 from ._settings import MetraleSettings
 
@@ -47,12 +49,12 @@ def _info(settings: MetraleSettings) -> int:
     return 0
 
 
-def _selftest(settings: MetraleSettings) -> int:
+def _selftest(settings: MetraleSettings, snapshot: str | None = None) -> int:
     def report(check: Check) -> None:
         mark = "ok  " if check.ok else "FAIL"
         print(f"[{mark}] {check.name}: {check.detail}", flush=True)
 
-    checks = run_selftest(settings, report)
+    checks = run_selftest(settings, report, Path(snapshot) if snapshot else None)
     failed = [c for c in checks if not c.ok]
     print(f"selftest: {len(checks) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
@@ -96,6 +98,72 @@ def _conformance(settings: MetraleSettings, args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _report_summary(snapshot: MemorySnapshot, top: int) -> None:
+    timeline = live_by_site(snapshot, top)
+    print(f"snapshot   {snapshot.source} (saved {snapshot.created})")
+    print(f"device     {snapshot.backend} on {snapshot.device} (ordinal {snapshot.ordinal})")
+    rows: list[tuple[str, ...]]
+    live = f"{format_bytes(sum(a.nbytes for a in snapshot.live))} in {len(snapshot.live)} allocation(s)"
+    if not snapshot.events:
+        why = "history recording was off: set METRALE_MEMORY_HISTORY" if snapshot.history_limit == 0 else "none kept"
+        print(f"events     0 ({why})")
+        print(f"live       {live} when saved")
+        rows = [("call site", "live when saved")]
+        for label, values in zip(timeline.labels, timeline.series, strict=True):
+            rows.append((label, format_bytes(values[0])))
+    else:
+        dropped = f", {snapshot.dropped} older dropped" if snapshot.dropped else ""
+        print(f"events     {len(snapshot.events)} (history limit {snapshot.history_limit}{dropped})")
+        step, end = timeline.peak_step, timeline.times[-1]
+        peak = f"peak live  {format_bytes(timeline.totals[step])}"
+        if step == 0:
+            print(f"{peak} before the first event")
+        else:
+            event = snapshot.events[step - 1]
+            what = f"{'an' if event.op == 'alloc' else 'a'} {event.op} of {format_bytes(event.allocation.nbytes)}"
+            print(f"{peak} at {format_time(timeline.times[step], end)} (after events[{step - 1}], {what} at "
+                  f"{event.allocation.site})")
+        print(f"live       {live} when saved")
+        rows = [("call site", "peak", "at", "live when saved")]
+        for label, values in zip(timeline.labels, timeline.series, strict=True):
+            high = max(range(len(values)), key=lambda i: (values[i], -i))
+            rows.append((label, format_bytes(values[high]), format_time(timeline.times[high], end),
+                         format_bytes(values[-1])))
+    if timeline.labels:
+        print()
+        print(_table(rows))
+
+
+def _report(args: argparse.Namespace) -> int:
+    snapshot = load_snapshot(Path(args.snapshot))
+    if args.trace is None and args.png is None:
+        _report_summary(snapshot, args.top)
+        return 0
+    out = args.trace
+    try:
+        if args.trace is not None:
+            Path(args.trace).write_text(json.dumps(chrome_trace(snapshot, args.top)) + "\n", encoding="utf-8")
+            print(f"wrote timeline: {args.trace} (open it in https://ui.perfetto.dev)")
+        out = args.png
+        if args.png is not None:
+            plot_png(snapshot, Path(args.png), args.top)
+            print(f"wrote plot: {args.png}")
+    except OSError as exc:
+        print(f"metrale report: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number, at least 1, not {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``metrale`` console script."""
     parser = argparse.ArgumentParser(prog="metrale", description="metrale: a backend-neutral GPU runtime")
@@ -103,7 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("backends", help="list every discovered backend and whether it can run here")
     sub.add_parser("info", help="the chosen backend, its device and memory")
-    sub.add_parser("selftest", help="run a representative workload and check every step")
+    selftest = sub.add_parser("selftest", help="run a representative workload and check every step")
+    selftest.add_argument(
+        "--snapshot", metavar="PATH", help="keep the ledger's history and save a memory snapshot here (metrale report)"
+    )
     pre = sub.add_parser("preflight", help="check PTX files against the device's architecture, loading nothing")
     pre.add_argument("paths", nargs="+", metavar="PATH", help="PTX files (the module name is the file's stem)")
     conf = sub.add_parser(
@@ -113,6 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     conf.add_argument("--examples", type=int, default=50, help="programs the state machine runs (default 50)")
     conf.add_argument("--steps", type=int, default=30, help="steps per program (default 30)")
     conf.add_argument("--seed", type=int, default=None, help="random programs from this seed (default: derandomized)")
+    rep = sub.add_parser(
+        "report", help="a saved memory snapshot as a Perfetto timeline or a plot of live memory by call site"
+    )
+    rep.add_argument("snapshot", metavar="SNAPSHOT", help="a file written by backend.save_snapshot(path)")
+    rep.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace-event timeline (Perfetto, chrome://tracing)")
+    rep.add_argument("--png", metavar="OUT.png", help="write a stacked plot of live memory (needs matplotlib)")
+    rep.add_argument("--top", type=_positive, default=8, metavar="N", help="call sites shown on their own (default 8)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -123,12 +201,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"metrale: {exc}", file=sys.stderr)
         return 2
-    commands = {"backends": _backends, "info": _info, "selftest": _selftest}
+    commands = {"backends": _backends, "info": _info}
     try:
         if args.command == "preflight":
             return _preflight(settings, args.paths)
         if args.command == "conformance":
             return _conformance(settings, args)
+        if args.command == "report":
+            return _report(args)
+        if args.command == "selftest":
+            return _selftest(settings, args.snapshot)
         return commands[args.command](settings)
     except MetraleError as exc:
         print(f"metrale {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -6,10 +6,11 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from ._backend import GpuBackend
 from ._discovery import open_backend
-from ._errors import CaptureError, MetraleError
+from ._errors import CaptureError, MetraleError, OutOfMemoryError
 from ._ledger import format_bytes
 from ._settings import MetraleSettings
 
@@ -137,6 +138,41 @@ def _steps(gpu: GpuBackend) -> Iterator[tuple[str, Callable[[], str]]]:
             f"{format_bytes(info.total)} total, integrated={info.integrated}"
         )
 
+    def arena_and_stats() -> str:
+        before = gpu.stats()
+        weights = gpu.alloc(4 * MIB)
+        with gpu.create_arena(8 * MIB) as arena:
+            for step in range(4):  # per-step scratch: pieces, then one reset
+                pieces = [arena.alloc(MIB) for _ in range(step + 2)]
+                for piece in pieces:
+                    gpu.memset(piece, step)
+                arena.reset()
+            used = gpu.stats()
+        gpu.free(weights)
+        after = gpu.stats()
+        assert used.arena_allocs - before.arena_allocs == 2 + 3 + 4 + 5, used
+        assert used.current_bytes["device"] - before.current_bytes["device"] == 4 * MIB
+        assert after.current_total_bytes == before.current_total_bytes, (before, after)
+        return (
+            f"14 arena pieces over 4 resets, none on the ledger; stats: {after.alloc_count} allocations, "
+            f"peak {format_bytes(after.peak_total_bytes)}"
+        )
+
+    def out_of_memory() -> str:
+        held = gpu.alloc(2 * MIB)
+        total = gpu.memory_info().total
+        records = gpu.ledger_probe().records()
+        try:
+            gpu.alloc(total + (1 << 30))
+        except OutOfMemoryError as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("an allocation larger than the device succeeded")
+        assert gpu.ledger_probe().records() == records, "the failed allocation changed the ledger"
+        assert held.site in message, f"the error does not name the call site holding memory: {message}"
+        gpu.free(held)
+        return f"asked for more than the device has; the error names who holds memory:\n      {message}"
+
     def leak_and_sweep() -> str:
         handler = _Capture()
         logger = logging.getLogger("metrale")
@@ -161,13 +197,23 @@ def _steps(gpu: GpuBackend) -> Iterator[tuple[str, Callable[[], str]]]:
     yield "red-zone overrun caught", redzone
     yield "pinned host buffers", pinned
     yield "memory info", memory
+    yield "arena and stats", arena_and_stats
+    yield "out of memory explained", out_of_memory
     yield "leak swept and reported", leak_and_sweep
 
 
-def run_selftest(settings: MetraleSettings, report: Callable[[Check], None]) -> list[Check]:
-    """Open the configured backend and run every check; red zones are turned on if off."""
+def run_selftest(
+    settings: MetraleSettings, report: Callable[[Check], None], snapshot: Path | None = None
+) -> list[Check]:
+    """Open the configured backend and run every check; red zones are turned on if off.
+
+    With ``snapshot``, the ledger's history is kept and saved there before the backend
+    closes (for ``metrale report``).
+    """
     if settings.redzone == 0:
         settings = settings.updated(redzone=256)
+    if snapshot is not None and settings.memory_history == 0:
+        settings = settings.updated(memory_history=100_000)
     checks: list[Check] = []
 
     def record(check: Check) -> None:
@@ -189,5 +235,12 @@ def run_selftest(settings: MetraleSettings, report: Callable[[Check], None]) -> 
                 record(Check(name, False, f"{type(exc).__name__}: {exc}"))
             else:
                 record(Check(name, True, detail))
+        if snapshot is not None:
+            try:
+                gpu.save_snapshot(snapshot)
+            except (OSError, MetraleError) as exc:
+                record(Check("memory snapshot", False, f"{type(exc).__name__}: {exc}"))
+            else:
+                record(Check("memory snapshot", True, f"saved to {snapshot}"))
     record(Check("close", probe.live_count() == 0, f"backend closed; the ledger probe reads {probe.live_count()}"))
     return checks

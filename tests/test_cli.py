@@ -31,7 +31,7 @@ def test_backends_table() -> None:
 def test_selftest_on_fake_passes() -> None:
     out = metrale("selftest", METRALE_BACKEND="fake")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "selftest: 10 passed, 0 failed" in out.stdout
+    assert "selftest: 12 passed, 0 failed" in out.stdout
     assert "sweep on fake:0: 4 allocation(s)" in out.stdout
 
 

@@ -1,0 +1,635 @@
+"""Memory reports: a saved memory snapshot as live bytes per call site over time.
+
+``backend.save_snapshot(path)`` writes a JSON snapshot: the allocations on the
+ledger when it was saved and, when history recording is on, a bounded log of
+every ``alloc``, ``free`` and ``sweep`` before that. This module reads one back
+(:func:`load_snapshot`), replays it into live bytes per call site over time
+(:func:`live_by_site`), and renders that as a Chrome trace-event timeline
+(:func:`chrome_trace`, for https://ui.perfetto.dev and ``chrome://tracing``) or
+as a stacked area plot (:func:`plot_png`, which needs matplotlib:
+``pip install 'metrale[report]'``). ``metrale report`` is the command line
+over these.
+
+The replay starts from the live set before the first event, found by walking
+the log backwards from the end state (the ``live`` list): an allocation was
+not live before its ``alloc``, and was live before its ``free`` or ``sweep``.
+So an allocation whose ``alloc`` fell off the front of the bounded log, or
+came before recording began, counts as live from the start. A log that
+contradicts itself or the ``live`` list (an allocation freed twice, or freed
+yet listed as live) is refused with a :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final, Literal, cast
+
+from ._errors import ConfigError, InvalidArgumentError
+from ._ledger import format_bytes
+
+__all__ = [
+    "FORMAT",
+    "OTHER_SITES",
+    "VERSION",
+    "MemorySnapshot",
+    "SiteTimeline",
+    "SnapshotAllocation",
+    "SnapshotEvent",
+    "chrome_trace",
+    "format_time",
+    "initial_live",
+    "live_by_site",
+    "load_snapshot",
+    "plot_png",
+    "site_labels",
+]
+
+#: The ``"format"`` of a memory snapshot file, and the ``"version"`` this module reads.
+FORMAT: Final = "metrale-memory-snapshot"
+VERSION: Final = 1
+#: The label of the series that sums every call site outside the top ones.
+OTHER_SITES: Final = "other sites"
+
+EventOp = Literal["alloc", "free", "sweep"]
+_OPS: Final[tuple[str, ...]] = ("alloc", "free", "sweep")
+_HOW_TO_WRITE: Final = "write one with backend.save_snapshot(path)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotAllocation:
+    """One allocation as a snapshot records it: the fields of an :class:`~metrale_core.AllocRecord`.
+
+    :param ptr: the device address handed to the user.
+    :param nbytes: the bytes asked for.
+    :param kind: ``"device"`` or ``"managed"``.
+    :param index: the creation index, unique within the process that saved the snapshot.
+    :param site: the caller's ``"file:line"``.
+    """
+
+    ptr: int
+    nbytes: int
+    kind: str
+    index: int
+    site: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotEvent:
+    """One entry of a snapshot's event log.
+
+    :param t: seconds since the backend opened (a monotonic clock).
+    :param op: ``"alloc"``; ``"free"`` or ``"sweep"`` when ``free`` or the teardown sweep took it off.
+    :param allocation: the allocation it concerns.
+    """
+
+    t: float
+    op: EventOp
+    allocation: SnapshotAllocation
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemorySnapshot:
+    """A memory snapshot as :func:`load_snapshot` read it.
+
+    :param backend: the backend's name, e.g. ``"fake"``.
+    :param device: the device's name as the backend reports it.
+    :param ordinal: the device ordinal.
+    :param total: the device's memory in bytes.
+    :param created: when the snapshot was saved (ISO 8601, as written).
+    :param history_limit: the bound of the event log; 0 when history recording was off.
+    :param dropped: events dropped from the front of the bounded log.
+    :param events: the event log, oldest first; empty when history recording was off.
+    :param live: the allocations on the ledger when the snapshot was saved.
+    :param elapsed: seconds from the backend's opening to the save, on the clock of the events'
+        ``t``, where the file says (its optional ``"elapsed"``); else ``None``.
+    :param stats: the backend's counters, as written (free-form).
+    :param source: the file it was read from, named in error messages.
+    """
+
+    backend: str
+    device: str
+    ordinal: int
+    total: int
+    created: str
+    history_limit: int
+    dropped: int
+    events: tuple[SnapshotEvent, ...]
+    live: tuple[SnapshotAllocation, ...]
+    elapsed: float | None = None
+    stats: Mapping[str, Any] = dataclasses.field(default_factory=lambda: MappingProxyType({}), hash=False)
+    source: Path | None = None
+
+    @property
+    def name(self) -> str:
+        """The file it was read from, or ``"the snapshot"``, for messages."""
+        return str(self.source) if self.source is not None else "the snapshot"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SiteTimeline:
+    """Live bytes per call site over time, as :func:`live_by_site` replays a snapshot.
+
+    Step 0 is the live set before the first event, placed at the first event's
+    time; step ``i + 1`` is the live set just after event ``i``; each step holds
+    until the next, the last one until the snapshot was saved (``end``). Without
+    events there is one step: the live set when the snapshot was saved, at
+    ``end`` (0 where the snapshot does not say when that was).
+
+    :param times: per step, seconds since the backend opened; never decreasing.
+    :param labels: the series: the ``top`` call sites by peak live bytes, largest first, in
+        short form (see :func:`site_labels`), then ``"other sites"`` when more sites remain.
+    :param sites: per series, the full ``file:line`` call sites it sums.
+    :param series: per series, its live bytes at each step.
+    :param totals: the live bytes of every site at each step.
+    :param end: when the snapshot was saved (:attr:`MemorySnapshot.elapsed`), if the snapshot
+        says and it is not before the last step; else ``None``.
+    """
+
+    times: tuple[float, ...]
+    labels: tuple[str, ...]
+    sites: tuple[tuple[str, ...], ...]
+    series: tuple[tuple[int, ...], ...]
+    totals: tuple[int, ...]
+    end: float | None = None
+
+    @property
+    def peaks(self) -> tuple[int, ...]:
+        """Each series' largest live bytes."""
+        return tuple(max(values) for values in self.series)
+
+    @property
+    def peak_step(self) -> int:
+        """The first step at which the total live bytes are largest."""
+        return max(range(len(self.totals)), key=lambda i: (self.totals[i], -i))
+
+
+class _Reader:
+    """Typed field access on parsed JSON, every failure a :class:`ConfigError` naming the file."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def bad(self, what: str) -> ConfigError:
+        return ConfigError(
+            f"{self.path} is not a valid metrale memory snapshot: {what}; "
+            f"the file is damaged or was not written by metrale: {_HOW_TO_WRITE}"
+        )
+
+    def field(self, obj: Mapping[str, Any], key: str, where: str) -> Any:
+        """``obj[key]``; ``where`` names ``obj`` in messages (``"events[3]"``; ``""`` for the top level)."""
+        if key not in obj:
+            raise self.bad(f'{where or "the file"} has no "{key}" field')
+        return obj[key]
+
+    def wrong(self, key: str, where: str, need: str, value: Any) -> ConfigError:
+        return self.bad(f'"{key}"{" of " + where if where else ""} must be {need}, not {json.dumps(value)[:60]}')
+
+    def integer(self, obj: Mapping[str, Any], key: str, where: str, *, minimum: int | None = None) -> int:
+        value = self.field(obj, key, where)
+        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+            need = "an integer" if minimum is None else f"an integer of at least {minimum}"
+            raise self.wrong(key, where, need, value)
+        return value
+
+    def string(self, obj: Mapping[str, Any], key: str, where: str) -> str:
+        value = self.field(obj, key, where)
+        if not isinstance(value, str):
+            raise self.wrong(key, where, "a string", value)
+        return value
+
+    def seconds(self, obj: Mapping[str, Any], key: str, where: str) -> float:
+        value = self.field(obj, key, where)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise self.wrong(key, where, "a number of seconds, at least 0", value)
+        return float(value)
+
+    def mapping(self, value: Any, where: str) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            raise self.bad(f"{where} must be a JSON object, not {json.dumps(value)[:60]}")
+        return value
+
+    def array(self, obj: Mapping[str, Any], key: str) -> list[Any]:
+        value = self.field(obj, key, "")
+        if not isinstance(value, list):
+            raise self.wrong(key, "", "a list", value)
+        return value
+
+    def allocation(self, obj: Mapping[str, Any], where: str) -> SnapshotAllocation:
+        return SnapshotAllocation(
+            ptr=self.integer(obj, "ptr", where, minimum=0),
+            nbytes=self.integer(obj, "nbytes", where, minimum=0),
+            kind=self.string(obj, "kind", where),
+            index=self.integer(obj, "index", where),
+            site=self.string(obj, "site", where),
+        )
+
+
+def load_snapshot(path: str | os.PathLike[str]) -> MemorySnapshot:
+    """Read and check a memory snapshot written by ``backend.save_snapshot(path)``.
+
+    Besides each field's type, it checks that the event log agrees with itself
+    and with the ``live`` list (see :func:`initial_live`). Fields it does not
+    know are ignored.
+
+    :raises ConfigError: the file cannot be read, is not JSON, is not a metrale
+        memory snapshot of version 1, or is damaged; the message names the file.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read the memory snapshot {path}: {reason}") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not a metrale memory snapshot: it is not JSON ({exc.msg} at line {exc.lineno} "
+            f"column {exc.colno}); {_HOW_TO_WRITE}"
+        ) from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ConfigError(f'{path} is not a metrale memory snapshot (no "format": "{FORMAT}"); {_HOW_TO_WRITE}')
+    version = doc.get("version")
+    if version != VERSION:
+        if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+            advice = "it was written by a newer metrale: upgrade metrale (pip install -U metrale) to read it"
+        else:
+            advice = _HOW_TO_WRITE
+        raise ConfigError(
+            f"{path} is a metrale memory snapshot of version {json.dumps(version)}; this metrale reads "
+            f"version {VERSION}: {advice}"
+        )
+    read = _Reader(path)
+    top = ""
+    events: list[SnapshotEvent] = []
+    for i, raw in enumerate(read.array(doc, "events")):
+        where = f"events[{i}]"
+        entry = read.mapping(raw, where)
+        op = read.string(entry, "op", where)
+        if op not in _OPS:
+            raise read.wrong("op", where, 'one of "alloc", "free", "sweep"', op)
+        events.append(SnapshotEvent(read.seconds(entry, "t", where), cast(EventOp, op), read.allocation(entry, where)))
+    live = tuple(
+        read.allocation(read.mapping(raw, f"live[{i}]"), f"live[{i}]") for i, raw in enumerate(read.array(doc, "live"))
+    )
+    elapsed = read.seconds(doc, "elapsed", top) if doc.get("elapsed") is not None else None
+    snapshot = MemorySnapshot(
+        backend=read.string(doc, "backend", top),
+        device=read.string(doc, "device", top),
+        ordinal=read.integer(doc, "ordinal", top, minimum=0),
+        total=read.integer(doc, "total", top, minimum=0),
+        created=read.string(doc, "created", top),
+        history_limit=read.integer(doc, "history_limit", top, minimum=0),
+        dropped=read.integer(doc, "dropped", top, minimum=0),
+        events=tuple(events),
+        live=live,
+        elapsed=elapsed,
+        stats=MappingProxyType(dict(read.mapping(read.field(doc, "stats", top), '"stats"'))),
+        source=path,
+    )
+    initial_live(snapshot)  # refuses a log that contradicts itself
+    return snapshot
+
+
+def _describe(event: SnapshotEvent, i: int) -> str:
+    a = event.allocation
+    return f"events[{i}] ({event.op} of allocation #{a.index}, {format_bytes(a.nbytes)} from {a.site})"
+
+
+def initial_live(snapshot: MemorySnapshot) -> tuple[SnapshotAllocation, ...]:
+    """The live set before the snapshot's first event, in creation order.
+
+    Walks the log backwards from the ``live`` list: an ``alloc`` takes its
+    allocation out (it was not live before), a ``free`` or ``sweep`` puts it
+    back (it was). What remains is every allocation of ``live`` whose ``alloc``
+    is not in the log, and every allocation the log takes off without its
+    ``alloc``. Allocations are told apart by their creation index.
+
+    :raises ConfigError: the log contradicts itself or ``live``: two live
+        allocations share an index, an allocation is taken off while not live,
+        or allocated while already live, or an ``alloc`` and what takes it off
+        disagree on its size or site.
+    """
+    live: dict[int, SnapshotAllocation] = {}
+    for a in snapshot.live:
+        if a.index in live:
+            raise _inconsistent(snapshot, f'"live" lists allocation #{a.index} twice')
+        live[a.index] = a
+    for i in range(len(snapshot.events) - 1, -1, -1):
+        event = snapshot.events[i]
+        a = event.allocation
+        after = live.get(a.index)
+        if event.op == "alloc":
+            if after is None:
+                raise _inconsistent(
+                    snapshot, f"{_describe(event, i)} is not live right after it: nothing later takes it off, "
+                    'and "live" does not list it'
+                )
+            if (after.nbytes, after.site) != (a.nbytes, a.site):
+                raise _inconsistent(
+                    snapshot, f"{_describe(event, i)} is taken off later, or listed as live, with "
+                    f"{after.nbytes} bytes from {after.site}"
+                )
+            del live[a.index]
+        else:
+            if after is not None:
+                raise _inconsistent(
+                    snapshot, f"{_describe(event, i)} is still live right after it: it is taken off again later, "
+                    'or "live" lists it'
+                )
+            live[a.index] = a
+    return tuple(sorted(live.values(), key=lambda a: a.index))
+
+
+def _inconsistent(snapshot: MemorySnapshot, what: str) -> ConfigError:
+    return ConfigError(
+        f"{snapshot.name} is not a consistent metrale memory snapshot: {what}; the file is damaged: "
+        f"{_HOW_TO_WRITE}"
+    )
+
+
+def _split_site(site: str) -> tuple[str, str]:
+    path, colon, line = site.rpartition(":")
+    return (path, colon + line) if colon and path and line.isdigit() else (site, "")
+
+
+def site_labels(sites: Sequence[str]) -> dict[str, str]:
+    """Short, distinct labels for ``file:line`` call sites: ``app.py:12``.
+
+    Each label is the file's name and line; where two sites would share a
+    label, each of them takes one more directory from its path until they
+    differ (or the whole site is used).
+    """
+    split = {site: _split_site(site) for site in sites}
+    seps = {site: [i for i, c in enumerate(path) if c in "/\\"] for site, (path, _) in split.items()}
+    depth = dict.fromkeys(split, 1)
+
+    def label(site: str) -> str:
+        path, line = split[site]
+        cuts = seps[site]
+        return (path[cuts[-depth[site]] + 1 :] if depth[site] <= len(cuts) else path) + line
+
+    while True:
+        by_label: dict[str, list[str]] = {}
+        for site in split:
+            by_label.setdefault(label(site), []).append(site)
+        grow = [s for group in by_label.values() if len(group) > 1 for s in group if depth[s] <= len(seps[s])]
+        if not grow:
+            return {site: label(site) for site in split}
+        for site in grow:
+            depth[site] += 1
+
+
+def live_by_site(snapshot: MemorySnapshot, top: int = 8) -> SiteTimeline:
+    """Replay the snapshot into live bytes per call site at each step.
+
+    The ``top`` call sites by peak live bytes (their own peak, at any step) get
+    a series each, largest first; every other site is summed into one
+    ``"other sites"`` series. Times that go backwards in the log (it is ordered
+    by when each change was recorded) are held at the previous time.
+
+    :raises InvalidArgumentError: ``top`` is less than 1.
+    :raises ConfigError: the log contradicts itself (see :func:`initial_live`).
+    """
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise InvalidArgumentError(f"top must be a whole number of call sites, at least 1, not {top!r}")
+    start = initial_live(snapshot)
+    ops: list[tuple[str, int]] = []  # (site, change in bytes) per event
+    for event in snapshot.events:
+        a = event.allocation
+        ops.append((a.site, a.nbytes if event.op == "alloc" else -a.nbytes))
+    # first pass: each site's peak
+    current: dict[str, int] = {}
+    for a in start:
+        current[a.site] = current.get(a.site, 0) + a.nbytes
+    peak = dict(current)
+    for site, delta in ops:
+        current[site] = current.get(site, 0) + delta
+        peak[site] = max(peak.get(site, 0), current[site])
+    ranked = sorted(peak, key=lambda s: (-peak[s], s))
+    chosen, rest = ranked[:top], ranked[top:]
+    labels = site_labels(chosen)
+    slot = {site: i for i, site in enumerate(chosen)}
+    other = len(chosen)
+    for site in rest:
+        slot[site] = other
+    width = len(chosen) + (1 if rest else 0)
+    # second pass: the series
+    level = [0] * width
+    for a in start:
+        level[slot[a.site]] += a.nbytes
+    columns = [tuple(level)]
+    times = [snapshot.events[0].t if snapshot.events else snapshot.elapsed or 0.0]
+    for event, (site, delta) in zip(snapshot.events, ops, strict=True):
+        level[slot[site]] += delta
+        columns.append(tuple(level))
+        times.append(max(event.t, times[-1]))
+    series = tuple(tuple(column[j] for column in columns) for j in range(width))
+    return SiteTimeline(
+        times=tuple(times),
+        labels=tuple([labels[s] for s in chosen] + ([OTHER_SITES] if rest else [])),
+        sites=tuple([(s,) for s in chosen] + ([tuple(rest)] if rest else [])),
+        series=series,
+        totals=tuple(sum(column) for column in columns),
+        end=snapshot.elapsed if snapshot.elapsed is not None and snapshot.elapsed >= times[-1] else None,
+    )
+
+
+def chrome_trace(snapshot: MemorySnapshot, top: int = 8) -> dict[str, Any]:
+    """The snapshot as a Chrome trace-event JSON object, for https://ui.perfetto.dev or ``chrome://tracing``.
+
+    One counter event (``"ph": "C"``) named ``"live bytes"`` per step of
+    :func:`live_by_site`, with one argument per series (its live bytes), so
+    ``chrome://tracing`` draws them as one stacked counter track and Perfetto
+    as one track per call site (``live bytes app.py:12``); and one counter
+    ``"total"`` with the argument ``"live bytes"`` (Perfetto: ``total live
+    bytes``). ``ts`` is in microseconds since the backend opened. Where the
+    snapshot says when it was saved, each counter has a last sample then, with
+    the last step's values. A metadata event names the process after the
+    backend and device; the top-level ``"metadata"`` holds the snapshot's
+    header, the full call site behind each label, and the backend's counters.
+    """
+    timeline = live_by_site(snapshot, top)
+    pid = tid = 1
+    times = list(timeline.times)
+    steps = list(range(len(times)))
+    if timeline.end is not None and timeline.end > times[-1]:
+        times.append(timeline.end)
+        steps.append(steps[-1])
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "tid": tid,
+         "args": {"name": f"metrale {snapshot.backend}: {snapshot.device}"}},
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": "allocation ledger"}},
+    ]
+    for step, t in zip(steps, times, strict=True):
+        ts = round(t * 1e6, 3)
+        values = {label: series[step] for label, series in zip(timeline.labels, timeline.series, strict=True)}
+        events.append({"name": "live bytes", "cat": "metrale.memory", "ph": "C", "ts": ts, "pid": pid, "tid": tid,
+                       "args": values})
+        events.append({"name": "total", "cat": "metrale.memory", "ph": "C", "ts": ts, "pid": pid, "tid": tid,
+                       "args": {"live bytes": timeline.totals[step]}})
+    sites: dict[str, Any] = {}
+    for label, group in zip(timeline.labels, timeline.sites, strict=True):
+        sites[label] = group[0] if label != OTHER_SITES else list(group)
+    metadata = {
+        "format": "metrale-memory-report",
+        "source": str(snapshot.source) if snapshot.source is not None else None,
+        "backend": snapshot.backend,
+        "device": snapshot.device,
+        "ordinal": snapshot.ordinal,
+        "total_bytes": snapshot.total,
+        "created": snapshot.created,
+        "history_limit": snapshot.history_limit,
+        "dropped": snapshot.dropped,
+        "events": len(snapshot.events),
+        "elapsed": snapshot.elapsed,
+        "sites": sites,
+        "stats": dict(snapshot.stats),
+    }
+    return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata}
+
+
+def _byte_unit(n: int) -> tuple[str, int]:
+    if n >= 1 << 30:
+        return "GiB", 1 << 30
+    if n >= 1 << 20:
+        return "MiB", 1 << 20
+    return "KiB", 1 << 10
+
+
+def format_time(seconds: float, span: float | None = None) -> str:
+    """``50.0 ms``, ``4496 ms``; ``12.40 s`` where the time or ``span`` (one unit for a column) is 10 s or more."""
+    if max(seconds, span or 0.0) >= 10:
+        return f"{seconds:.2f} s"
+    ms = seconds * 1e3
+    return f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
+
+
+def _history_note(snapshot: MemorySnapshot) -> str:
+    if not snapshot.events:
+        if snapshot.history_limit == 0:
+            return (
+                "history recording was off (METRALE_MEMORY_HISTORY=0): only the live set when the snapshot was saved"
+            )
+        return "no events were recorded: only the live set when the snapshot was saved"
+    note = f"{len(snapshot.events)} events replayed"
+    if snapshot.dropped:
+        note += f" ({snapshot.dropped} older ones were dropped from the log)"
+    return note
+
+
+def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 8) -> None:
+    """Plot live memory over time, stacked by the ``top`` call sites, to a PNG file.
+
+    A stacked step plot of :func:`live_by_site`, 10 x 5.5 inches at 120 dpi:
+    time since the backend opened on x (milliseconds; seconds past 10 s), live
+    memory on y (KiB, MiB or GiB, by the peak), the peak of the total marked.
+    The bands are stacked with the sites still holding memory when the
+    snapshot was saved at the bottom, then those that had given it all back,
+    each group in the order the sites first held memory; so resident memory
+    (weights, and a leak growing over it) lies under what comes and goes, and
+    ``"other sites"`` is always on top. The legend lists the bands top to
+    bottom with each site's peak and, where it is not 0, its live bytes when
+    the snapshot was saved. Without events the plot is one stacked bar: the
+    live set when the snapshot was saved. Renders off screen on matplotlib's
+    Agg canvas; pyplot and its global state are not touched.
+
+    :raises ConfigError: matplotlib is not installed.
+    :raises OSError: the file cannot be written.
+    """
+    try:
+        import matplotlib
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError as exc:
+        raise ConfigError(
+            f"plotting a memory report needs matplotlib, which is not installed: pip install 'metrale[report]' "
+            f"(or write the timeline instead: metrale report {snapshot.name} --trace OUT.json)"
+        ) from exc
+    timeline = live_by_site(snapshot, top)
+    peak_step = timeline.peak_step
+    peak = timeline.totals[peak_step]
+    unit, scale = _byte_unit(peak)
+    # tab10 (tab20 for more sites) without its greys, which belong to "other sites"
+    many = len([label for label in timeline.labels if label != OTHER_SITES]) > 9
+    cmap = matplotlib.colormaps["tab20" if many else "tab10"]
+    palette = [cmap(i) for i in range(cmap.N) if i not in ((14, 15) if many else (7,))]
+    bands = []  # (is "other sites", freed by the end, first step with memory, rank, label text, color, values)
+    for rank, (label, values) in enumerate(zip(timeline.labels, timeline.series, strict=True)):
+        first = next((i for i, v in enumerate(values) if v), len(values))
+        if not snapshot.events:
+            text = f"{label}  ({format_bytes(values[-1])})"
+        else:
+            text = f"{label}  (peak {format_bytes(max(values))}"
+            text += f", {format_bytes(values[-1])} at save)" if values[-1] else ")"
+        color = "#b8b8b8" if label == OTHER_SITES else palette[rank % len(palette)]
+        bands.append((label == OTHER_SITES, values[-1] == 0, first, rank, text, color, [v / scale for v in values]))
+    bands.sort(key=lambda band: band[:4])
+    with matplotlib.rc_context({
+        "font.size": 11, "axes.titlesize": 10, "axes.labelsize": 11, "legend.fontsize": 10,
+        "legend.title_fontsize": 10, "xtick.labelsize": 10, "ytick.labelsize": 10,
+        "axes.spines.top": False, "axes.spines.right": False,
+    }):
+        fig = Figure(figsize=(10, 5.5), dpi=120, layout="constrained")
+        ax = fig.add_subplot()
+        texts = [band[4] for band in bands]
+        colors = [band[5] for band in bands]
+        if snapshot.events:
+            last = timeline.times[-1]
+            span = last - timeline.times[0]
+            # the last step lasts until the snapshot was saved: until then, or for a little while
+            end = timeline.end if timeline.end is not None and timeline.end > last else last + max(span * 0.03, 1e-6)
+            in_seconds = end >= 10
+            factor, suffix = (1.0, "s") if in_seconds else (1e3, "ms")
+            xs = [t * factor for t in timeline.times] + [end * factor]
+            if bands:
+                ys = [band[6] + band[6][-1:] for band in bands]
+                ax.stackplot(xs, ys, labels=texts, colors=colors, step="post", linewidth=0)
+            px, py = xs[peak_step], peak / scale
+            at = f"{px:.2f} s" if in_seconds else (f"{px:.1f} ms" if px < 100 else f"{px:.0f} ms")
+            ax.plot([px], [py], marker="v", color="#222222", markersize=7, linestyle="none")
+            where = (px - xs[0]) / ((xs[-1] - xs[0]) or 1.0)  # keep the label inside the axes at either edge
+            ha, dx = ("right", 6) if where > 0.85 else ("left", -6) if where < 0.15 else ("center", 0)
+            ax.annotate(
+                f"peak {format_bytes(peak)} at {at}", xy=(px, py), xytext=(dx, 8), textcoords="offset points",
+                ha=ha, va="bottom", fontsize=10,
+            )
+            ax.set_xlim(xs[0], xs[-1])
+            ax.set_xlabel(f"time since the backend opened ({suffix})")
+            when = f" at {at}"
+        else:
+            bottom = 0.0
+            for band in bands:
+                ax.bar([0], [band[6][0]], bottom=[bottom], width=0.5, color=band[5], label=band[4])
+                bottom += band[6][0]
+            ax.set_xlim(-1, 1)
+            ax.set_xticks([0], ["when the snapshot was saved"])
+            when = " when saved"
+        ax.set_ylim(0, max(peak / scale, 1e-9) * 1.15)
+        ax.set_ylabel(f"live memory ({unit})")
+        ax.grid(axis="y", color="#dddddd", linewidth=0.8)
+        ax.set_axisbelow(True)
+        if not bands:
+            ax.text(0.5, 0.5, "nothing was allocated", transform=ax.transAxes, ha="center", va="center")
+        else:
+            # Handles made here, not collected from the axes: matplotlib leaves out of a legend every label
+            # that starts with "_", as a call site in a module such as "_selftest.py" does.
+            handles = [Patch(facecolor=band[5], label=band[4]) for band in bands]
+            ax.legend(  # top to bottom, as the bands are stacked
+                handles=handles[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), title="call site",
+                alignment="left", frameon=False,
+            )
+        fig.suptitle(f"Live memory by call site: peak {format_bytes(peak)}{when}", fontsize=13)
+        ax.set_title(
+            f"{snapshot.backend}: {snapshot.device}, saved {snapshot.created}\n{_history_note(snapshot)}",
+            color="#555555",
+        )
+        fig.savefig(Path(path), format="png")
