@@ -343,11 +343,16 @@ class BackendMachine(RuleBasedStateMachine):
             return
         raise AssertionError(f"a memset of freed allocation #{buf.index} reached the device")
 
-    @precondition(lambda self: self.fill is not None and any(b.nbytes >= 4 for b, _ in self._all().values()))
+    def _u32_targets(self) -> dict[int, tuple[DeviceBuffer, _Contents]]:
+        """Buffers fill_u32 can write: 4 bytes or more, at a 4-byte-aligned address (a u32 store at a
+        misaligned address faults the context with CUDA_ERROR_MISALIGNED_ADDRESS, on the fake too)."""
+        return {i: v for i, v in self._all().items() if v[0].nbytes >= 4 and v[0].ptr % 4 == 0}
+
+    @precondition(lambda self: self.fill is not None and self._u32_targets())
     @rule(data=st.data(), value=st.integers(0, (1 << 32) - 1), captured=st.booleans())
     def launch_fill(self, data: st.DataObject, value: int, captured: bool) -> None:
         assert self.fill is not None
-        pool = {i: v for i, v in self._all().items() if v[0].nbytes >= 4}
+        pool = self._u32_targets()
         buf, contents = self._pick(data, pool)
         n = data.draw(st.integers(1, buf.nbytes // 4), label="elements")
         args = [buf, _u32(n), _u32(value)]

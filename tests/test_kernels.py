@@ -331,6 +331,20 @@ def test_fake_fill_past_the_allocation_faults() -> None:
         assert str(info.value).count("[CUDA_ERROR_ILLEGAL_ADDRESS (700)]") == 1
 
 
+def test_fake_misaligned_store_faults_as_on_a_gpu() -> None:
+    """A u32 store at an address that is not a multiple of 4: CUDA_ERROR_MISALIGNED_ADDRESS on the
+    H200 (seen when an arena piece with align=1 reached fill_u32), and the same on the fake."""
+    with open_backend("fake", settings=SETTINGS.updated(redzone=0, debug_sync_kernels=True)) as gpu:
+        fill = gpu.load_modules(shipped_modules("vector")).kernel("vector", "fill_u32")
+        arena = gpu.create_arena(4096)
+        arena.alloc(1, align=1)
+        piece = arena.alloc(64, align=1)
+        assert piece.ptr % 4 == 1
+        with pytest.raises(MetraleError) as info:
+            gpu.launch(fill, 1, 32, [piece, np.uint32(4), np.uint32(1)])
+        assert info.value.name == "CUDA_ERROR_MISALIGNED_ADDRESS"
+
+
 def test_preflight_cli_keeps_files_with_one_stem_apart(tmp_path: Path) -> None:
     ok = shipped_modules("vector")["vector"]
     (tmp_path / "a").mkdir()

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from ._backend import FakeBackend
-from ._device import FAULT_OPS, FakeDevice, FakeLaunch
+from ._device import FAULT_OPS, FakeDevice, FakeLaunch, MisalignedAddressError
 
-__all__ = ["FAULT_OPS", "FakeBackend", "FakeDevice", "FakeLaunch"]
+__all__ = ["FAULT_OPS", "FakeBackend", "FakeDevice", "FakeLaunch", "MisalignedAddressError"]

@@ -50,6 +50,11 @@ _DTYPES: Final = {
 }
 
 
+class MisalignedAddressError(Exception):
+    """Raised by a fake kernel implementation for a typed access at a misaligned address; the
+    launch then faults the fake device with ``CUDA_ERROR_MISALIGNED_ADDRESS``, as a GPU does."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class FakeLaunch:
     """What a fake kernel implementation learns about its launch."""
@@ -67,6 +72,23 @@ class FakeLaunch:
         Bytes outside one allocation raise ``IndexError``: an illegal address.
         """
         return self.memory(address, nbytes)
+
+    @staticmethod
+    def elements(view: np.ndarray, count: int, dtype: type[np.generic]) -> np.ndarray:
+        """The first ``count`` elements of ``dtype`` at a pointer argument's ``view``, as a kernel's typed
+        loads and stores see them: past the allocation (and its red zone) is an illegal address
+        (``IndexError``), and a pointer not aligned to the element size is a misaligned address
+        (:class:`MisalignedAddressError`), as on a GPU, where both fault the context."""
+        size = np.dtype(dtype).itemsize
+        nbytes = count * size
+        if len(view) < nbytes:
+            raise IndexError(f"{nbytes} bytes from this pointer run past its allocation ({len(view)} bytes)")
+        # Allocations start 256-byte aligned on the fake device and numpy's buffers at least 16-byte aligned
+        # on the host, so a view's host address has the device address's alignment.
+        if view.ctypes.data % size:
+            raise MisalignedAddressError(f"a {np.dtype(dtype).name} access at an address that is not a multiple "
+                                         f"of {size}")
+        return view[:nbytes].view(dtype)
 
     @property
     def threads(self) -> int:
@@ -505,6 +527,8 @@ class FakeDevice(RawDevice):
                     return
                 try:
                     impl.function(launch, *(self._kernel_arg(a) for a in frozen))
+                except MisalignedAddressError as exc:
+                    self._sticky = ("CUDA_ERROR_MISALIGNED_ADDRESS", f"kernel {module}.{kernel}: {exc}")
                 except (IndexError, ValueError) as exc:
                     self._sticky = ("CUDA_ERROR_ILLEGAL_ADDRESS", f"kernel {module}.{kernel} accessed memory "
                                     f"outside any allocation ({exc})")
