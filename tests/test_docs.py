@@ -1,0 +1,37 @@
+"""Every Python example of the docs runs, and prints what the docs say it prints.
+
+The outputs in the docs were made on a machine without a GPU, with
+``METRALE_BACKEND=fake`` (the docs say so); ``tools/docs_examples.py --update``
+rewrites them. On a machine where a GPU answers, the examples that print what
+the machine has would differ, so this runs only where none does.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SETTINGS
+from metrale_core import available_backends
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import docs_examples
+
+EXAMPLES = [e for e in docs_examples.examples() if e.mode != "skip"]
+
+
+def test_the_docs_have_examples() -> None:
+    assert len(EXAMPLES) >= 30, [e.name for e in EXAMPLES]
+
+
+@pytest.mark.skipif(
+    available_backends(SETTINGS).get("cuda") is not None and available_backends(SETTINGS)["cuda"].available,
+    reason="the docs' outputs were made without a GPU; here one answers",
+)
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_example_prints_what_the_docs_say(example: docs_examples.Example, tmp_path: Path) -> None:
+    problem = docs_examples.check(example, tmp_path)
+    assert problem is None, f"{problem}\n(if the new output is right: python3 tools/docs_examples.py --update)"
