@@ -32,6 +32,7 @@ from typing import Any, Final, Literal, cast
 
 from ._errors import ConfigError, InvalidArgumentError
 from ._ledger import format_bytes
+from ._snapshot import FORMAT, VERSION  # one definition of the format, shared with the writer
 
 __all__ = [
     "FORMAT",
@@ -50,9 +51,6 @@ __all__ = [
     "site_labels",
 ]
 
-#: The ``"format"`` of a memory snapshot file, and the ``"version"`` this module reads.
-FORMAT: Final = "metrale-memory-snapshot"
-VERSION: Final = 1
 #: The label of the series that sums every call site outside the top ones.
 OTHER_SITES: Final = "other sites"
 
