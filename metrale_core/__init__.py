@@ -33,6 +33,7 @@ from ._errors import (
     error_for_code,
 )
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
+from ._interop import DeviceArray
 from ._kernels import (
     Kernel,
     KernelImplementation,
@@ -46,7 +47,7 @@ from ._ledger import LedgerEvent, LedgerProbe
 from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
 from ._pressure import MemoryStats, OomWatchdog
 from ._ptx import ArchitectureError, Param, PtxImage, parse_ptx
-from ._raw import AllocKind, RawDevice
+from ._raw import AllocKind, ForeignMemory, RawDevice
 from ._registration import BackendRegistration
 from ._settings import MetraleSettings
 from ._types import AllocRecord, BackendInfo, DeviceBuffer, MemoryInfo, RedZoneViolation
@@ -67,10 +68,12 @@ __all__ = [
     "BackendUnavailableError",
     "CaptureError",
     "ConfigError",
+    "DeviceArray",
     "DeviceBuffer",
     "DeviceFaultError",
     "DriverError",
     "Event",
+    "ForeignMemory",
     "GpuBackend",
     "Graph",
     "GraphExec",

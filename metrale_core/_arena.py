@@ -50,7 +50,9 @@ class Arena:
     Thread-safe. A context manager (``close()`` on exit).
     """
 
-    __slots__ = ("_base", "_block", "_capacity", "_lock", "_on_close", "_top", "_valid_from", "allocs", "site")
+    __slots__ = (
+        "_base", "_block", "_capacity", "_lock", "_on_close", "_owner", "_top", "_valid_from", "allocs", "site",
+    )
 
     def __init__(self, block: DeviceBuffer, on_close: Callable[[Arena, DeviceBuffer], None]) -> None:
         self._block: DeviceBuffer | None = block
@@ -60,6 +62,7 @@ class Arena:
         self._valid_from = next_index()  # pieces have creation indexes from here on
         self._lock = threading.Lock()
         self._on_close = on_close
+        self._owner = block._owner
         #: Where the arena was created; its pieces carry this call site.
         self.site = block.site
         #: Pieces handed out so far.
@@ -99,7 +102,7 @@ class Arena:
                 )
             self._top = end
             self.allocs += 1
-        return DeviceBuffer._make(start, nbytes, "arena", next_index(), self.site)
+        return DeviceBuffer._make(start, nbytes, "arena", next_index(), self.site, self._owner)
 
     def holds(self, buf: DeviceBuffer) -> bool:
         """Whether ``buf`` is a live piece of this arena."""

@@ -37,6 +37,7 @@ from ._errors import (
     error_for_code,
 )
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
+from ._interop import DeviceArray, foreign_memory
 from ._kernels import (
     MAX_BLOCK,
     MAX_GRID,
@@ -60,7 +61,7 @@ from ._ledger import (
 from ._meminfo import effective_free_bytes, read_mem_available
 from ._pressure import MemoryStats, OomWatchdog, StatsCounter, check_watchdog_args
 from ._ptx import check_architecture, parse_ptx
-from ._raw import AllocKind, RawDevice
+from ._raw import AllocKind, ForeignMemory, RawDevice
 from ._redzone import Layout, RedZones, Zone
 from ._settings import MetraleSettings
 from ._snapshot import write_snapshot
@@ -178,6 +179,10 @@ class GpuBackend:
         self._ledger = Ledger(settings.memory_history)
         self._stats = StatsCounter()
         self._arena_objs: list[Arena] = []  # open Arena sub-allocators
+        self._self_ref = weakref.ref(self)  # what buffers hold, for exports
+        self._external: dict[int, tuple[DeviceBuffer, object, Callable[[], None] | None]] = {}
+        self._exported: dict[int, int] = {}  # creation index -> DLPack tensors not yet released
+        self._viewed: dict[int, weakref.WeakSet[DeviceArray]] = {}  # creation index -> views exported
         self._oom_callbacks: list[Callable[[int], object]] = []
         self._watchdogs: list[OomWatchdog] = []
         self._redzones = RedZones(settings)
@@ -294,6 +299,9 @@ class GpuBackend:
         return stream
 
     def _is_live(self, buf: DeviceBuffer) -> bool:
+        if buf.kind == "external":
+            held = self._external.get(buf.ptr)
+            return held is not None and held[0].index == buf.index
         if buf.kind == "arena":
             live = self._arenas.get(buf.ptr)
             if live is not None and live.index == buf.index:
@@ -410,7 +418,7 @@ class GpuBackend:
         site = call_site(self._internal, depth=3)
         layout = self._redzones.layout(n, index) if kind == "device" else Layout(n, 0, 0)
         raw_ptr = self._raw_alloc(layout.raw_bytes, n, kind, what)
-        buf = DeviceBuffer(ptr=raw_ptr + layout.lead, nbytes=n, kind=kind, index=index, site=site)
+        buf = DeviceBuffer(raw_ptr + layout.lead, n, kind, index, site, self._self_ref)
         if layout.lead or layout.trail:
             zones = self._redzones.zones_for(buf, layout)
             try:
@@ -553,6 +561,11 @@ class GpuBackend:
                 f"free: allocation #{buf.index} is arena memory; release it with free_arena(), "
                 f"or reset() the Arena it came from"
             )
+        if buf.kind == "external":
+            raise InvalidBufferError(
+                f"free: allocation #{buf.index} is another library's memory (from wrap()); metrale never frees "
+                f"it: let go of it with unwrap(), then free it where it came from"
+            )
         record = self._ledger.take(buf.ptr, buf.index)
         if record is None:
             raise InvalidBufferError(
@@ -562,6 +575,7 @@ class GpuBackend:
             )
         self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever the release says
         self._warn_if_graphed(buf)
+        self._warn_if_exported(buf)
         with self._lock:
             raw_ptr = self._raw_base.pop(buf.ptr, buf.ptr)
         with self._scan_lock:  # no scan may read this zone once the memory is released
@@ -1159,6 +1173,93 @@ class GpuBackend:
             integrated=bool(integrated),
         )
 
+    # -- interop ---------------------------------------------------------------------
+
+    def _export(self, buf: DeviceBuffer, view: DeviceArray, what: str, *, wait: bool = True) -> ForeignMemory:
+        """How other libraries address ``buf``: checked live; with ``wait``, after the backend's work."""
+        self._check_open()
+        self._require_live(buf, what)
+        if wait:
+            forbid_during_capture(what)
+            issued = self._fills_issued
+            self._raw.synchronize()
+            self._fills_done(issued)
+        memory = self._raw.export_memory(buf.ptr, buf.nbytes)
+        with self._lock:
+            self._viewed.setdefault(buf.index, weakref.WeakSet()).add(view)
+        return memory
+
+    def _export_held(self, index: int, delta: int) -> None:
+        """Count the DLPack tensors of allocation ``index`` that a consumer still holds."""
+        with self._lock:
+            held = self._exported.get(index, 0) + delta
+            if held > 0:
+                self._exported[index] = held
+            else:
+                self._exported.pop(index, None)
+
+    def _warn_if_exported(self, buf: DeviceBuffer) -> None:
+        with self._lock:
+            tensors = self._exported.pop(buf.index, 0)
+            views = self._viewed.pop(buf.index, None)
+            arrays = len(views) if views is not None else 0
+        if tensors or arrays:
+            held = " and ".join(
+                f"{n} {what}" for n, what in ((arrays, "view(s)"), (tensors, "DLPack tensor(s)")) if n
+            )
+            _log.warning(
+                "free of allocation #%d (%d bytes from %s) while other libraries still hold %s of it: they now "
+                "point at freed memory; drop them before freeing",
+                buf.index, buf.nbytes, buf.site, held,
+            )
+
+    def wrap(self, obj: object) -> DeviceBuffer:
+        """Another library's memory as a ``DeviceBuffer`` of kind ``"external"``, without a copy.
+
+        ``obj`` exports the CUDA array interface or DLPack (a CuPy array, a PyTorch tensor) or, on
+        a backend whose device memory is host memory (the fake), is a writable C-contiguous
+        buffer (a numpy array). metrale's copies, memsets and launches then work on it; it is
+        never on the ledger and never freed by metrale: :meth:`unwrap` lets go of it (and of
+        ``obj``, which is kept alive until then). Wrapping waits for the device's work, so what
+        the producer issued in this context is done.
+        """
+        self._check_open()
+        forbid_during_capture("wrap")
+        memory, release = foreign_memory(obj)
+        try:
+            self._raw.synchronize()
+            ptr = self._raw.import_memory(memory)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        site = call_site(self._internal, depth=2)
+        buf = DeviceBuffer(ptr, memory.nbytes, "external", next_index(), site, self._self_ref)
+        with self._lock:
+            self._external[ptr] = (buf, obj, release)
+        return buf
+
+    def unwrap(self, buf: DeviceBuffer) -> None:
+        """Let go of memory of :meth:`wrap`; the buffer is no longer live here (its owner still frees it)."""
+        self._check_open()
+        forbid_during_capture("unwrap")
+        if not isinstance(buf, DeviceBuffer) or buf.kind != "external":
+            raise InvalidBufferError(f"unwrap: expected a DeviceBuffer from wrap(), got {buf!r}")
+        with self._lock:
+            held = self._external.get(buf.ptr)
+            if held is None or held[0].index != buf.index:
+                raise InvalidBufferError(f"unwrap: allocation #{buf.index} is not wrapped here; unwrap it once")
+            del self._external[buf.ptr]
+        self._warn_if_graphed(buf)
+        self._forget_external(buf.ptr, held[2])
+
+    def _forget_external(self, ptr: int, release: Callable[[], None] | None) -> None:
+        try:
+            self._raw.forget_memory(ptr)
+        finally:
+            if release is not None:
+                release()
+
     # -- memory pressure -------------------------------------------------------------
 
     def stats(self) -> MemoryStats:
@@ -1250,6 +1351,7 @@ class GpuBackend:
             hosts = list(self._host.values())
             self._host.clear()
             watchdogs, self._watchdogs = self._watchdogs, []
+            external, self._external = self._external, {}
             arena_objs, self._arena_objs = self._arena_objs, []
         for watchdog in watchdogs:
             watchdog.stop()
@@ -1272,6 +1374,8 @@ class GpuBackend:
         self._sweep()
         for buf in arenas:
             self._quietly("free_arena", self._raw.free, buf.ptr, "arena")
+        for ptr, (_, _, release) in external.items():
+            self._quietly("unwrap", self._forget_external, ptr, release)
         for hb in hosts:
             hb._closed = True
             self._quietly("free host buffer", self._raw.free_host, hb.ptr)

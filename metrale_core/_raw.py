@@ -23,6 +23,7 @@ Conventions for implementers:
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -31,11 +32,31 @@ from ._errors import error_for_code
 if TYPE_CHECKING:
     from ._kernels import KernelImplementation, LaunchArg
 
-__all__ = ["AllocKind", "RawDevice"]
+__all__ = ["AllocKind", "ForeignMemory", "RawDevice"]
 
 #: The kinds of device memory. ``"external"`` is reserved for memory metrale
 #: does not own.
 AllocKind = Literal["device", "managed", "arena"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForeignMemory:
+    """Memory as another library sees it, for interop (DLPack, the CUDA array interface).
+
+    :param device: ``"cuda"`` (a device pointer of CUDA device ``device_id``) or ``"cpu"``
+        (host memory, as the fake's device memory is).
+    :param device_id: the CUDA ordinal; 0 for ``"cpu"``.
+    :param address: where the bytes are, in that device's address space.
+    :param nbytes: how many.
+    :param keepalive: an object that keeps the bytes valid while it lives (a numpy view of the
+        fake's memory), or ``None`` when metrale's own bookkeeping does.
+    """
+
+    device: Literal["cuda", "cpu"]
+    device_id: int
+    address: int
+    nbytes: int
+    keepalive: object = None
 
 
 class RawDevice(abc.ABC):
@@ -215,3 +236,19 @@ class RawDevice(abc.ABC):
 
     def add_kernel_implementations(self, implementations: Iterable[KernelImplementation]) -> None:  # noqa: B027
         """Python implementations of kernels, for a backend that runs kernels on the CPU; others ignore them."""
+
+    # -- interop (optional: the defaults say the backend shares no memory) --------------
+
+    def export_memory(self, ptr: int, nbytes: int) -> ForeignMemory:
+        """The live bytes ``[ptr, ptr + nbytes)`` as other libraries can address them."""
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} shares no memory: export_memory")
+
+    def import_memory(self, memory: ForeignMemory) -> int:
+        """Make another library's memory addressable here; returns the pointer metrale uses for it.
+
+        Refuse memory the device cannot address (``CUDA_ERROR_INVALID_DEVICE``).
+        """
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} shares no memory: import_memory")
+
+    def forget_memory(self, ptr: int) -> None:  # noqa: B027 - optional hook, default no-op
+        """Stop addressing memory of :meth:`import_memory` (it stays its owner's to free)."""

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from ._interop import DeviceArray
 
 __all__ = [
     "AllocRecord",
@@ -29,9 +32,14 @@ class DeviceBuffer:
 
     :param ptr: the device address handed to the user (256-byte aligned).
     :param nbytes: the bytes asked for (never rounded or padded).
-    :param kind: ``"device"``, ``"managed"`` or ``"arena"``.
+    :param kind: ``"device"``, ``"managed"``, ``"arena"``, or ``"external"`` (another
+        library's memory, from :meth:`GpuBackend.wrap <metrale_core.GpuBackend.wrap>`).
     :param index: the creation index, from one per-process sequence.
     :param site: the caller's ``"file:line"``.
+
+    A buffer from a backend exports itself to other array libraries as one-dimensional
+    ``uint8`` (``__cuda_array_interface__``, ``__dlpack__``, and ``__array__`` on the fake);
+    :meth:`view` gives a typed, shaped :class:`~metrale_core.DeviceArray`.
     """
 
     ptr: int
@@ -39,12 +47,36 @@ class DeviceBuffer:
     kind: str
     index: int
     site: str
+    #: A weak reference to the backend that made it (for exports); not part of its value.
+    _owner: Any = dataclasses.field(default=None, compare=False, repr=False, hash=False)
 
     def __int__(self) -> int:
         return self.ptr
 
+    def view(self, dtype: object = "uint8", shape: object = None) -> DeviceArray:
+        """A typed, C-contiguous view for other array libraries: ``dtype`` (a name such as
+        ``"float32"``, or a numpy dtype) and ``shape`` (default: as many elements as fit)."""
+        from ._interop import DeviceArray
+
+        return DeviceArray.of(self, dtype, shape)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return self.view().__cuda_array_interface__
+
+    def __dlpack__(
+        self, *, stream: object = None, max_version: object = None, dl_device: object = None, copy: object = None
+    ) -> object:
+        return self.view().__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.view().__dlpack_device__()
+
+    def __array__(self, dtype: object = None, copy: object = None) -> Any:
+        return self.view().__array__(dtype, copy)
+
     @classmethod
-    def _make(cls, ptr: int, nbytes: int, kind: str, index: int, site: str) -> DeviceBuffer:
+    def _make(cls, ptr: int, nbytes: int, kind: str, index: int, site: str, owner: Any = None) -> DeviceBuffer:
         """The same as ``DeviceBuffer(...)`` at half the cost, for the arena's fast path: a frozen
         dataclass's ``__init__`` sets each field through ``object.__setattr__``; this sets the slots."""
         buf = object.__new__(cls)
@@ -53,12 +85,13 @@ class DeviceBuffer:
         _SET_KIND(buf, kind)
         _SET_INDEX(buf, index)
         _SET_SITE(buf, site)
+        _SET_OWNER(buf, owner)
         return buf
 
 
 # The slot descriptors' setters, which a frozen dataclass's __setattr__ does not guard.
-_SET_PTR, _SET_NBYTES, _SET_KIND, _SET_INDEX, _SET_SITE = (
-    vars(DeviceBuffer)[field].__set__ for field in ("ptr", "nbytes", "kind", "index", "site")
+_SET_PTR, _SET_NBYTES, _SET_KIND, _SET_INDEX, _SET_SITE, _SET_OWNER = (
+    vars(DeviceBuffer)[field].__set__ for field in ("ptr", "nbytes", "kind", "index", "site", "_owner")
 )
 
 

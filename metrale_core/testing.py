@@ -537,6 +537,37 @@ class BackendMachine(RuleBasedStateMachine):
             self.reclaim_answer = False
         assert len(self.reclaimed) == 1 and self.reclaimed[0] >= n, self.reclaimed
 
+    # -- interop ---------------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.live or self.arena or self.pieces)
+    @rule(data=st.data())
+    def export_and_wrap(self, data: st.DataObject) -> None:
+        """A buffer exported (DLPack, or the CUDA array interface) and wrapped back is the same memory:
+        a write through the wrapped buffer is read through the original."""
+        buf, contents = self._pick(data, self._all())
+        records = self.probe.records()
+        try:
+            ext = self.gpu.wrap(buf.view())
+        except MetraleError as exc:  # a backend that shares no memory (interop is optional) refuses, changing nothing
+            assert exc.name == "CUDA_ERROR_NOT_SUPPORTED", exc
+            assert self.probe.records() == records
+            return
+        assert ext.kind == "external" and ext.nbytes == buf.nbytes and ext.index != buf.index
+        assert self.probe.records() == records, "wrap put another library's memory on the ledger"
+        offset = data.draw(st.integers(0, buf.nbytes - 1), label="offset")
+        value = data.draw(st.integers(0, 255), label="value")
+        self.gpu.memset(ext, value, offset=offset, nbytes=1)
+        contents.write(offset, bytes([value]))
+        contents.check(self._read(buf), buf)
+        try:
+            self.gpu.free(ext)
+        except InvalidBufferError:
+            pass
+        else:
+            raise AssertionError("free() of wrapped memory was not refused")
+        self.gpu.unwrap(ext)
+        self.stale.append(ext)
+
     # -- invariants -----------------------------------------------------------------------------------
 
     @invariant()

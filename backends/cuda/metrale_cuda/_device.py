@@ -34,10 +34,12 @@ from metrale_core import (
     AllocKind,
     BackendUnavailableError,
     DriverError,
+    ForeignMemory,
     InvalidArgumentError,
     LaunchArg,
     MetraleError,
     RawDevice,
+    error_for_code,
 )
 
 from . import _driver as _d
@@ -246,6 +248,36 @@ class CudaDevice(RawDevice):
                 return None
             self._integrated = bool(value)
         return self._integrated
+
+    # -- interop ----------------------------------------------------------------------
+
+    def export_memory(self, ptr: int, nbytes: int) -> ForeignMemory:
+        """Device memory of this device: the pointer is what other libraries use."""
+        return ForeignMemory("cuda", self._ordinal, ptr, nbytes)
+
+    def import_memory(self, memory: ForeignMemory) -> int:
+        """A device pointer of another library, checked to be memory of this device (``cuPointerGetAttribute``)."""
+        if memory.device != "cuda":
+            raise error_for_code(
+                "CUDA_ERROR_INVALID_DEVICE",
+                f"import of {memory.nbytes} bytes of {memory.device} memory: the CUDA backend addresses device "
+                f"memory only; copy host memory in with copy_to_device",
+            )
+        self._bind_checked()
+        ordinal = call1(
+            drv.cuPointerGetAttribute, f"cuPointerGetAttribute of {memory.address:#x}",
+            _d.POINTER_DEVICE_ORDINAL, memory.address,
+        )
+        if int(ordinal) != self._ordinal:
+            raise error_for_code(
+                "CUDA_ERROR_INVALID_DEVICE",
+                f"import of memory at {memory.address:#x}: it is on CUDA device {int(ordinal)}, this backend "
+                f"drives device {self._ordinal}",
+            )
+        return memory.address
+
+    def forget_memory(self, ptr: int) -> None:
+        """Nothing to undo: the pointer was the other library's all along."""
 
     def close(self) -> None:
         """Release the primary context; never raises, idempotent.

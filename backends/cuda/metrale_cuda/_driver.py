@@ -181,6 +181,7 @@ if drv is not None:
     ATTRIBUTE_INTEGRATED: Any = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_INTEGRATED
     ATTRIBUTE_CC_MAJOR: Any = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
     ATTRIBUTE_CC_MINOR: Any = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+    POINTER_DEVICE_ORDINAL: Any = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 
 
 def bindings_version() -> str:

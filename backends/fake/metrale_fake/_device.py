@@ -7,6 +7,7 @@ It speaks CUDA's vocabulary: where the driver fails, it raises the error
 from __future__ import annotations
 
 import bisect
+import ctypes
 import dataclasses
 import threading
 import time
@@ -18,6 +19,7 @@ import numpy as np
 
 from metrale_core import (
     AllocKind,
+    ForeignMemory,
     KernelImplementation,
     LaunchArg,
     MetraleSettings,
@@ -263,6 +265,39 @@ class FakeDevice(RawDevice):
         if found is None:
             raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake {what} of [{ptr:#x}, {ptr + nbytes:#x})")
         return found
+
+    # -- interop ----------------------------------------------------------------------
+
+    def export_memory(self, ptr: int, nbytes: int) -> ForeignMemory:
+        """The fake's device memory is host memory: a numpy view of it, which keeps it alive."""
+        with self._lock:
+            view = self._resolve(ptr, nbytes, "export")
+            return ForeignMemory("cpu", 0, int(view.ctypes.data), nbytes, view)
+
+    def import_memory(self, memory: ForeignMemory) -> int:
+        """Host memory gets a range of the fake's address space, backed by the memory itself."""
+        if memory.device != "cpu":
+            raise error_for_code(
+                "CUDA_ERROR_INVALID_DEVICE",
+                f"fake import of {memory.nbytes} bytes of {memory.device} memory: the fake device can only "
+                f"address host memory (a numpy array, or a DLPack tensor on the CPU)",
+            )
+        data = np.ctypeslib.as_array((ctypes.c_uint8 * memory.nbytes).from_address(memory.address))
+        with self._lock:
+            base = self._next_device
+            self._next_device = base + (memory.nbytes + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN
+            self._allocs[base] = _Allocation(base, memory.nbytes, "external", data)
+            bisect.insort(self._bases, base)
+            return base
+
+    def forget_memory(self, ptr: int) -> None:
+        with self._lock:
+            self._drain_all()
+            alloc = self._allocs.get(ptr)
+            if alloc is None or alloc.kind != "external":
+                raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake forget of {ptr:#x}")
+            del self._allocs[ptr]
+            self._bases.remove(ptr)
 
     # -- work on streams ------------------------------------------------------------
 
