@@ -1185,8 +1185,9 @@ class GpuBackend:
             self._raw.synchronize()
             self._fills_done(issued)
         memory = self._raw.export_memory(buf.ptr, buf.nbytes)
-        with self._lock:
-            self._viewed.setdefault(buf.index, weakref.WeakSet()).add(view)
+        if buf.kind in ("device", "managed"):  # what free() releases, and so warns about
+            with self._lock:
+                self._viewed.setdefault(buf.index, weakref.WeakSet()).add(view)
         return memory
 
     def _export_held(self, index: int, delta: int) -> None:

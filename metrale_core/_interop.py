@@ -116,10 +116,13 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        memory = self._backend()._export(self.buffer, self, "__cuda_array_interface__")
-        if memory.device != "cuda":
-            # AttributeError, so hasattr() says no and a consumer tries another protocol
+        backend = self._backend()
+        what = "__cuda_array_interface__"
+        if backend._export(self.buffer, self, what, wait=False).device != "cuda":
+            # AttributeError, so hasattr() says no (without waiting for the device) and a consumer tries
+            # another protocol
             raise AttributeError(f"backend memory of allocation #{self.buffer.index} is not CUDA memory")
+        memory = backend._export(self.buffer, self, what)
         return {
             "shape": self.shape,
             "typestr": _typestr(self.dtype),
