@@ -135,7 +135,9 @@ class OomWatchdog:
     closing the backend stops it. A context manager.
     """
 
-    __slots__ = ("_describe", "_interval", "_low", "_min_free", "_name", "_on_low", "_read", "_stop", "_thread")
+    __slots__ = (
+        "_describe", "_interval", "_low", "_min_free", "_name", "_on_low", "_poll_lock", "_read", "_stop", "_thread",
+    )
 
     def __init__(
         self,
@@ -154,6 +156,7 @@ class OomWatchdog:
         self._min_free = min_free_bytes
         self._on_low = on_low
         self._low = False
+        self._poll_lock = threading.RLock()  # poll() from the caller and from the thread: one transition each
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"metrale-oom-watchdog-{name}", daemon=True)
 
@@ -190,6 +193,10 @@ class OomWatchdog:
 
     def poll(self) -> MemoryInfo | None:
         """Take one reading now and act on it, as the thread does; ``None`` if it could not be read."""
+        with self._poll_lock:
+            return self._poll()
+
+    def _poll(self) -> MemoryInfo | None:
         try:
             info = self._read()
         except MetraleError as exc:  # a closed or faulted backend: stop quietly
