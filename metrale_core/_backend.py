@@ -12,7 +12,6 @@ from __future__ import annotations
 import array
 import collections
 import ctypes
-import dataclasses
 import logging
 import os
 import threading
@@ -391,6 +390,12 @@ class GpuBackend:
             self._raw.stream_synchronize(self._default_stream._raw)
             self._fills_done(issued)
 
+    def _sync_device(self) -> None:
+        """Wait for all of the backend's work (``RawDevice.synchronize``); the fills issued before are done."""
+        issued = self._fills_issued
+        self._raw.synchronize()
+        self._fills_done(issued)
+
     def _fills_done(self, issued: int) -> None:
         """The fills counted by ``issued`` (read before a wait on the default stream) are done."""
         with self._lock:
@@ -754,9 +759,7 @@ class GpuBackend:
         """Wait for all work of this backend."""
         self._check_open()
         forbid_during_capture("synchronize()")
-        issued = self._fills_issued
-        self._raw.synchronize()
-        self._fills_done(issued)
+        self._sync_device()
 
     def bind_to_thread(self) -> None:
         """Make this backend's context current on the calling thread (for code outside metrale)."""
@@ -1028,17 +1031,13 @@ class GpuBackend:
                 version, table = -1, None
             if not zones:
                 return []
-            issued = self._fills_issued
-            self._raw.synchronize()
-            self._fills_done(issued)
+            self._sync_device()
             if len(zones) < _DEVICE_SCAN_MIN_ZONES:  # a free's own zones: one read beats three device calls
                 return self._scan_by_reads(zones)
             if self._scanner is None:
                 self._scanner = self._load_scanner()
             if self._scanner is False:
                 return self._scan_by_reads(zones)
-            if version < 0:  # zones of the caller's choosing: a table of their own
-                table = _zone_table(zones)
             firsts = self._scan_on_device(self._scanner, zones, table, version)
             if firsts is None:
                 return []
@@ -1064,19 +1063,18 @@ class GpuBackend:
     ) -> list[int] | None:
         """One launch checks every zone; one small copy brings back, per zone, first changed offset + 1 (or 0).
 
-        ``table`` holds the zones' (address, length) pairs; ``None`` when the
-        device already holds the live-zone table of ``version`` (rebuilt from
-        ``zones`` if not). Returns
-        ``None`` when no zone changed (the common case, judged with one
-        compare of the results, not a loop over them).
+        ``table`` holds the zones' (address, length) pairs, or is ``None``: then
+        the device's copy of the live-zone table of ``version`` is used if it
+        holds that version, else the table is built from ``zones`` (always
+        for ``version`` -1, zones of the caller's choosing). Returns ``None``
+        when no zone changed (the common case, judged with one compare of the
+        results, not a loop over them).
         """
         n = len(zones)
         table_ptr, grown = self._scan_buffer("table", n * 16)
-        if grown:
-            self._scan_table_version = -1
         result_ptr, _ = self._scan_buffer("result", n * 4)
         stream = self._default_stream._raw
-        if table is None and (grown or version != self._scan_table_version):
+        if table is None and (grown or version < 0 or version != self._scan_table_version):
             table = _zone_table(zones)
         if table is not None:
             self._raw.copy_htod(table_ptr, memoryview(table), stream, pinned=False)
@@ -1181,9 +1179,7 @@ class GpuBackend:
         self._require_live(buf, what)
         if wait:
             forbid_during_capture(what)
-            issued = self._fills_issued
-            self._raw.synchronize()
-            self._fills_done(issued)
+            self._sync_device()
         memory = self._raw.export_memory(buf.ptr, buf.nbytes)
         if buf.kind in ("device", "managed"):  # what free() releases, and so warns about
             with self._lock:
@@ -1228,7 +1224,7 @@ class GpuBackend:
         forbid_during_capture("wrap")
         memory, release = foreign_memory(obj)
         try:
-            self._raw.synchronize()
+            self._sync_device()
             ptr = self._raw.import_memory(memory)
         except BaseException:
             if release is not None:
@@ -1268,8 +1264,7 @@ class GpuBackend:
         self._check_not_closed()
         with self._lock:
             arenas = list(self._arena_objs)
-        stats = self._stats.freeze(sum(a.capacity for a in arenas), sum(a.used for a in arenas))
-        return dataclasses.replace(stats, arena_allocs=stats.arena_allocs + sum(a.allocs for a in arenas))
+        return self._stats.freeze(arenas)
 
     def reset_peak(self) -> None:
         """Start the peaks of :meth:`stats` again from the bytes live now."""
@@ -1312,7 +1307,7 @@ class GpuBackend:
         ``memory_info()`` every ``interval_s`` seconds and warns, once, when
         ``effective_free`` falls under ``min_free_bytes``."""
         self._check_open()
-        interval, min_free = check_watchdog_args(interval_s, as_index(min_free_bytes), on_low)
+        interval, min_free = check_watchdog_args(interval_s, min_free_bytes, on_low)
         watchdog = OomWatchdog(
             f"{self.name}:{self.ordinal}", self.memory_info,
             lambda: describe_sites(largest_sites(self._ledger.snapshot())),

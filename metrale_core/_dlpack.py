@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-__all__ = ["DLPACK_CPU", "DLPACK_CUDA", "ImportedTensor", "dtype_code", "make_capsule", "read_capsule"]
+__all__ = [
+    "DLPACK_CPU", "DLPACK_CUDA", "DTYPES", "ImportedTensor", "c_contiguous", "itemsize", "make_capsule", "read_capsule",
+]
 
 DLPACK_CPU: Final = 1  # kDLCPU
 DLPACK_CUDA: Final = 2  # kDLCUDA
@@ -57,11 +60,26 @@ _CODES: Final[dict[str, tuple[int, int]]] = {
     "float16": (2, 16), "float32": (2, 32), "float64": (2, 64),
 }
 _NAMES: Final = {v: k for k, v in _CODES.items()}
+#: The dtype names metrale exports and imports.
+DTYPES: Final = tuple(_CODES)
 
 
-def dtype_code(name: str) -> tuple[int, int] | None:
-    """DLPack's ``(code, bits)`` for a dtype name such as ``"float32"``; ``None`` if not one of ours."""
-    return _CODES.get(name)
+def itemsize(name: str) -> int | None:
+    """The bytes of one element of dtype ``name`` (such as ``"float32"``); ``None`` if not one of :data:`DTYPES`."""
+    code = _CODES.get(name)
+    return None if code is None else code[1] // 8
+
+
+def c_contiguous(shape: tuple[int, ...], byte_strides: Sequence[int] | None, size: int) -> bool:
+    """Whether elements of ``size`` bytes with ``byte_strides`` (``None``: packed) lie C-contiguous."""
+    if byte_strides is None:
+        return True
+    expected = size
+    for extent, stride in zip(reversed(shape), reversed(tuple(byte_strides)), strict=True):
+        if extent != 1 and stride != expected:
+            return False
+        expected *= extent
+    return True
 
 
 _capsule_new = ctypes.pythonapi.PyCapsule_New
@@ -186,16 +204,10 @@ def read_capsule(capsule: object) -> ImportedTensor:
     name = _NAMES.get((tensor.dtype.code, tensor.dtype.bits))
     if name is None or tensor.dtype.lanes != 1:
         raise ValueError(f"a DLPack dtype metrale does not name (code {tensor.dtype.code}, bits {tensor.dtype.bits})")
-    itemsize = tensor.dtype.bits // 8
-    if tensor.strides:
-        expected = itemsize
-        for i in reversed(range(ndim)):
-            if shape[i] != 1 and tensor.strides[i] * itemsize != expected:
-                raise ValueError("a DLPack tensor that is not C-contiguous; pass a contiguous copy")
-            expected *= shape[i]
-    count = 1
-    for extent in shape:
-        count *= extent
+    size = tensor.dtype.bits // 8
+    strides = [tensor.strides[i] * size for i in range(ndim)] if tensor.strides else None
+    if not c_contiguous(shape, strides, size):
+        raise ValueError("a DLPack tensor that is not C-contiguous; pass a contiguous copy")
     _capsule_set_name(capsule, _USED)
     done = threading.Lock()
     released = [False]
@@ -211,7 +223,7 @@ def read_capsule(capsule: object) -> ImportedTensor:
 
     return ImportedTensor(
         data=(tensor.data or 0) + tensor.byte_offset,
-        nbytes=count * itemsize,
+        nbytes=math.prod(shape) * size,
         device_type=tensor.device.device_type,
         device_id=tensor.device.device_id,
         dtype=name,

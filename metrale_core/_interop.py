@@ -13,9 +13,9 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from ._dlpack import DLPACK_CPU, DLPACK_CUDA, dtype_code, make_capsule, read_capsule
+from ._dlpack import DLPACK_CPU, DLPACK_CUDA, DTYPES, c_contiguous, itemsize, make_capsule, read_capsule
 from ._errors import InvalidArgumentError
 from ._raw import ForeignMemory
 
@@ -24,22 +24,19 @@ if TYPE_CHECKING:
 
 __all__ = ["DeviceArray", "dtype_name", "foreign_memory"]
 
-_ITEMSIZE: Final = {"int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4,
-                    "uint64": 8, "float16": 2, "float32": 4, "float64": 8}
 
 
 def dtype_name(dtype: object) -> str:
     """The name of ``dtype`` (a string, a numpy dtype or scalar type), checked against the ones metrale exports."""
     name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or getattr(dtype, "__name__", None)
-    if not isinstance(name, str) or name not in _ITEMSIZE:
+    if not isinstance(name, str) or itemsize(name) is None:
         raise InvalidArgumentError(
-            f"view: dtype {dtype!r} is not one metrale exports; use one of {', '.join(_ITEMSIZE)}"
+            f"view: dtype {dtype!r} is not one metrale exports; use one of {', '.join(DTYPES)}"
         )
     return name
 
 
-def _typestr(name: str) -> str:
-    size = _ITEMSIZE[name]
+def _typestr(name: str, size: int) -> str:
     return ("|" if size == 1 else "<") + name[0] + str(size)
 
 
@@ -57,17 +54,19 @@ class DeviceArray:
     ``DeviceArray`` still referenced, or a DLPack tensor not yet released).
     """
 
-    __slots__ = ("__weakref__", "buffer", "dtype", "shape")
+    __slots__ = ("__weakref__", "buffer", "dtype", "itemsize", "shape")
 
-    def __init__(self, buffer: DeviceBuffer, dtype: str, shape: tuple[int, ...]) -> None:
+    def __init__(self, buffer: DeviceBuffer, dtype: str, itemsize: int, shape: tuple[int, ...]) -> None:
         self.buffer = buffer
         self.dtype = dtype
+        self.itemsize = itemsize
         self.shape = shape
 
     @classmethod
     def of(cls, buffer: DeviceBuffer, dtype: object = "uint8", shape: object = None) -> DeviceArray:
         name = dtype_name(dtype)
-        size = _ITEMSIZE[name]
+        size = itemsize(name)
+        assert size is not None  # dtype_name checked it
         if shape is None:
             if buffer.nbytes % size:
                 raise InvalidArgumentError(
@@ -95,14 +94,14 @@ class DeviceArray:
                 f"view: allocation #{buffer.index} at {buffer.ptr:#x} is not aligned for {name}; "
                 f"take it from an aligned buffer"
             )
-        return cls(buffer, name, dims)
+        return cls(buffer, name, size, dims)
 
     def __repr__(self) -> str:
         return f"<DeviceArray {self.dtype}{list(self.shape)} of allocation #{self.buffer.index}>"
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * _ITEMSIZE[self.dtype]
+        return math.prod(self.shape) * self.itemsize
 
     def _backend(self) -> Any:
         owner = self.buffer._owner
@@ -125,7 +124,7 @@ class DeviceArray:
         memory = backend._export(self.buffer, self, what)
         return {
             "shape": self.shape,
-            "typestr": _typestr(self.dtype),
+            "typestr": _typestr(self.dtype, self.itemsize),
             "data": (memory.address, False),
             "version": 3,
             "strides": None,
@@ -147,7 +146,6 @@ class DeviceArray:
         wanted: Any = dl_device
         if wanted is not None and tuple(wanted) != device:
             raise BufferError(f"metrale's memory is on DLPack device {device}, not {dl_device}")
-        assert dtype_code(self.dtype) is not None
         index = self.buffer.index
         backend._export_held(index, +1)
         return make_capsule(
@@ -171,17 +169,6 @@ class DeviceArray:
         return array.copy() if copy else array
 
 
-def _contiguous(shape: tuple[int, ...], strides: Any, itemsize: int) -> bool:
-    if strides is None:
-        return True
-    expected = itemsize
-    for extent, stride in zip(reversed(shape), reversed(tuple(strides)), strict=True):
-        if extent != 1 and stride != expected:
-            return False
-        expected *= extent
-    return True
-
-
 def foreign_memory(obj: object) -> tuple[ForeignMemory, Callable[[], None] | None]:
     """What ``obj`` (a CUDA-array-interface, DLPack or buffer-protocol exporter) holds, and how to give
     it back; raises :class:`~metrale_core.InvalidArgumentError` for anything metrale cannot wrap."""
@@ -194,10 +181,10 @@ def foreign_memory(obj: object) -> tuple[ForeignMemory, Callable[[], None] | Non
             raise InvalidArgumentError(f"wrap: {type(obj).__name__}'s __cuda_array_interface__ is malformed: {cai!r}")
         if data[1]:
             raise InvalidArgumentError(f"wrap: {type(obj).__name__} exports read-only memory; metrale writes")
-        itemsize = int(typestr[2:])
-        if cai.get("mask") is not None or not _contiguous(shape, cai.get("strides"), itemsize):
+        size = int(typestr[2:])
+        if cai.get("mask") is not None or not c_contiguous(shape, cai.get("strides"), size):
             raise InvalidArgumentError(f"wrap: {type(obj).__name__} is not C-contiguous; pass a contiguous copy")
-        nbytes = math.prod(shape) * itemsize
+        nbytes = math.prod(shape) * size
         if nbytes == 0 or not data[0]:
             raise InvalidArgumentError(f"wrap: {type(obj).__name__} holds no bytes; nothing to wrap")
         return ForeignMemory("cuda", -1, int(data[0]), nbytes, obj), None

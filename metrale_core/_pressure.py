@@ -10,13 +10,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ._errors import InvalidArgumentError, MetraleError
 from ._ledger import format_bytes
-from ._types import MemoryInfo
+from ._types import MemoryInfo, as_index
+
+if TYPE_CHECKING:
+    from ._arena import Arena
 
 __all__ = ["KINDS", "MemoryStats", "OomWatchdog", "StatsCounter"]
 
@@ -104,7 +107,8 @@ class StatsCounter:
             self._peak = dict(self._current)
             self._peak_total = sum(self._current.values())
 
-    def freeze(self, arena_capacity: int, arena_used: int) -> MemoryStats:
+    def freeze(self, arenas: Sequence[Arena]) -> MemoryStats:
+        """The counters now, with the open ``arenas`` (closed ones were counted as they closed)."""
         with self._lock:
             return MemoryStats(
                 alloc_count=self.allocs,
@@ -112,9 +116,9 @@ class StatsCounter:
                 current_bytes=dict(self._current),
                 peak_bytes=dict(self._peak),
                 peak_total_bytes=self._peak_total,
-                arena_capacity=arena_capacity,
-                arena_used=arena_used,
-                arena_allocs=self.arena_allocs,
+                arena_capacity=sum(a.capacity for a in arenas),
+                arena_used=sum(a.used for a in arenas),
+                arena_allocs=self.arena_allocs + sum(a.allocs for a in arenas),
                 oom_count=self.oom_count,
                 oom_retries=self.oom_retries,
                 redzone_scans=self.redzone_scans,
@@ -236,10 +240,11 @@ def check_watchdog_args(interval_s: object, min_free_bytes: object, on_low: obje
         raise InvalidArgumentError(
             f"spawn_oom_watchdog: interval_s must be a number of seconds in (0, 3600], got {interval_s!r}"
         )
-    if isinstance(min_free_bytes, bool) or not isinstance(min_free_bytes, int) or min_free_bytes < 0:
+    min_free = as_index(min_free_bytes)
+    if min_free is None or min_free < 0:
         raise InvalidArgumentError(
             f"spawn_oom_watchdog: min_free_bytes must be a byte count >= 0, got {min_free_bytes!r}"
         )
     if on_low is not None and not callable(on_low):
         raise InvalidArgumentError(f"spawn_oom_watchdog: on_low must be callable or None, got {on_low!r}")
-    return float(interval_s), min_free_bytes
+    return float(interval_s), min_free
