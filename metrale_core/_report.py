@@ -33,6 +33,7 @@ from typing import Any, Final, Literal, cast
 from ._errors import ConfigError, InvalidArgumentError
 from ._ledger import format_bytes
 from ._snapshot import FORMAT, VERSION  # one definition of the format, shared with the writer
+from ._types import AllocRecord  # a snapshot's allocation has exactly a ledger record's fields
 
 __all__ = [
     "FORMAT",
@@ -40,7 +41,6 @@ __all__ = [
     "VERSION",
     "MemorySnapshot",
     "SiteTimeline",
-    "SnapshotAllocation",
     "SnapshotEvent",
     "chrome_trace",
     "format_time",
@@ -60,24 +60,6 @@ _HOW_TO_WRITE: Final = "write one with backend.save_snapshot(path)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class SnapshotAllocation:
-    """One allocation as a snapshot records it: the fields of an :class:`~metrale_core.AllocRecord`.
-
-    :param ptr: the device address handed to the user.
-    :param nbytes: the bytes asked for.
-    :param kind: ``"device"`` or ``"managed"``.
-    :param index: the creation index, unique within the process that saved the snapshot.
-    :param site: the caller's ``"file:line"``.
-    """
-
-    ptr: int
-    nbytes: int
-    kind: str
-    index: int
-    site: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class SnapshotEvent:
     """One entry of a snapshot's event log.
 
@@ -88,7 +70,7 @@ class SnapshotEvent:
 
     t: float
     op: EventOp
-    allocation: SnapshotAllocation
+    allocation: AllocRecord
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,7 +100,7 @@ class MemorySnapshot:
     history_limit: int
     dropped: int
     events: tuple[SnapshotEvent, ...]
-    live: tuple[SnapshotAllocation, ...]
+    live: tuple[AllocRecord, ...]
     elapsed: float | None = None
     stats: Mapping[str, Any] = dataclasses.field(default_factory=lambda: MappingProxyType({}), hash=False)
     source: Path | None = None
@@ -220,8 +202,8 @@ class _Reader:
             raise self.wrong(key, "", "a list", value)
         return value
 
-    def allocation(self, obj: Mapping[str, Any], where: str) -> SnapshotAllocation:
-        return SnapshotAllocation(
+    def allocation(self, obj: Mapping[str, Any], where: str) -> AllocRecord:
+        return AllocRecord(
             ptr=self.integer(obj, "ptr", where, minimum=0),
             nbytes=self.integer(obj, "nbytes", where, minimum=0),
             kind=self.string(obj, "kind", where),
@@ -302,7 +284,7 @@ def _describe(event: SnapshotEvent, i: int) -> str:
     return f"events[{i}] ({event.op} of allocation #{a.index}, {format_bytes(a.nbytes)} from {a.site})"
 
 
-def initial_live(snapshot: MemorySnapshot) -> tuple[SnapshotAllocation, ...]:
+def initial_live(snapshot: MemorySnapshot) -> tuple[AllocRecord, ...]:
     """The live set before the snapshot's first event, in creation order.
 
     Walks the log backwards from the ``live`` list: an ``alloc`` takes its
@@ -316,7 +298,7 @@ def initial_live(snapshot: MemorySnapshot) -> tuple[SnapshotAllocation, ...]:
         or allocated while already live, or an ``alloc`` and what takes it off
         disagree on its size or site.
     """
-    live: dict[int, SnapshotAllocation] = {}
+    live: dict[int, AllocRecord] = {}
     for a in snapshot.live:
         if a.index in live:
             raise _inconsistent(snapshot, f'"live" lists allocation #{a.index} twice')

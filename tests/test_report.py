@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
-from metrale_core import ConfigError, InvalidArgumentError, MetraleSettings, open_backend
+from metrale_core import AllocRecord, ConfigError, InvalidArgumentError, MetraleSettings, open_backend
 from metrale_core._cli import main
 from metrale_core._report import (
     OTHER_SITES,
     MemorySnapshot,
-    SnapshotAllocation,
     chrome_trace,
     initial_live,
     live_by_site,
@@ -96,7 +95,7 @@ def test_load_reads_every_field(snapshot_path: Path) -> None:
         (0.010, "alloc", 5), (0.020, "free", 2), (0.030, "alloc", 6), (0.040, "free", 5), (0.050, "alloc", 7),
         (0.060, "sweep", 7),
     ]
-    assert snap.live == (SnapshotAllocation(**A), SnapshotAllocation(**D))
+    assert snap.live == (AllocRecord(**A), AllocRecord(**D))
     assert snap.stats["alloc_count"] == 3
     assert snap.source == snapshot_path
 
