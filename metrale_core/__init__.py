@@ -47,7 +47,7 @@ from ._ledger import LedgerEvent, LedgerProbe
 from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
 from ._pressure import MemoryStats, OomWatchdog
 from ._ptx import ArchitectureError, Param, PtxImage, parse_ptx
-from ._raw import AllocKind, ForeignMemory, RawDevice
+from ._raw import AllocKind, Baseline, CopyDirection, ForeignMemory, RawDevice
 from ._registration import BackendRegistration
 from ._settings import MetraleSettings
 from ._types import AllocRecord, BackendInfo, DeviceBuffer, MemoryInfo, RedZoneViolation
@@ -66,8 +66,10 @@ __all__ = [
     "BackendNotFoundError",
     "BackendRegistration",
     "BackendUnavailableError",
+    "Baseline",
     "CaptureError",
     "ConfigError",
+    "CopyDirection",
     "DeviceArray",
     "DeviceBuffer",
     "DeviceFaultError",

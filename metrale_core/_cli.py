@@ -1,4 +1,5 @@
-"""The ``metrale`` command line: ``backends``, ``info``, ``selftest``, ``preflight``, ``conformance``, ``report``."""
+"""The ``metrale`` command line: ``backends``, ``info``, ``selftest``, ``preflight``, ``conformance``, ``report``,
+``bench``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ._bench import MEASUREMENTS, pick, run_bench
 from ._discovery import available_backends, open_backend
 from ._errors import ConfigError, MetraleError
 from ._ledger import format_bytes
@@ -154,6 +156,24 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(settings: MetraleSettings, args: argparse.Namespace) -> int:
+    if args.list:
+        print(_table([("measurement", "what it times")] + [(m.name, m.title) for m in MEASUREMENTS]))
+        return 0
+    pick(args.only)  # an unknown name is refused before a backend opens
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    report = run_bench(settings, only=args.only, quick=args.quick, progress=progress)
+    print(report.text())
+    if args.json:
+        path = Path(args.json)
+        path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        print(f"\nwrote {path}")
+    return 0
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -191,6 +211,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace-event timeline (Perfetto, chrome://tracing)")
     rep.add_argument("--png", metavar="OUT.png", help="write a stacked plot of live memory (needs matplotlib)")
     rep.add_argument("--top", type=_positive, default=8, metavar="N", help="call sites shown on their own (default 8)")
+    bench = sub.add_parser(
+        "bench", help="time metrale's operations next to the raw driver, CuPy and PyTorch; print medians and ratios"
+    )
+    bench.add_argument("--only", metavar="NAMES", help="comma-separated measurements to run (see --list)")
+    bench.add_argument("--json", metavar="PATH", help="also write the results, versions and device as JSON")
+    bench.add_argument("--quick", action="store_true", help="a few small rounds: a smoke run, figures mean little")
+    bench.add_argument("--list", action="store_true", help="list the measurements and exit")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -209,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _conformance(settings, args)
         if args.command == "report":
             return _report(args)
+        if args.command == "bench":
+            return _bench(settings, args)
         if args.command == "selftest":
             return _selftest(settings, args.snapshot)
         return commands[args.command](settings)

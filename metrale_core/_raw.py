@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from ._errors import error_for_code
@@ -32,7 +32,7 @@ from ._errors import error_for_code
 if TYPE_CHECKING:
     from ._kernels import KernelImplementation, LaunchArg
 
-__all__ = ["AllocKind", "ForeignMemory", "RawDevice"]
+__all__ = ["AllocKind", "Baseline", "CopyDirection", "ForeignMemory", "RawDevice"]
 
 #: The kinds of device memory. ``"external"`` is reserved for memory metrale
 #: does not own.
@@ -57,6 +57,55 @@ class ForeignMemory:
     address: int
     nbytes: int
     keepalive: object = None
+
+
+#: The directions of :meth:`Baseline.copy`: device to device, pinned host to device, device to pinned host.
+CopyDirection = Literal["dtod", "htod", "dtoh"]
+
+
+class Baseline(abc.ABC):
+    """The vendor's own API, called directly with nothing of metrale in between: what ``metrale bench``
+    times metrale against.
+
+    A backend returns one from :meth:`RawDevice.baseline`. Each factory prepares one operation the way
+    a user without metrale would write it (allocating what it needs, owned by the baseline until
+    :meth:`close`) and returns a callable that performs it once. Operations on a stream are queued
+    on the baseline's own stream and not waited for; :meth:`synchronize` waits for them.
+    """
+
+    @property
+    @abc.abstractmethod
+    def label(self) -> str:
+        """What the baseline calls, with its version, e.g. ``"cuda.bindings 13.3.1"``."""
+
+    @property
+    def versions(self) -> Mapping[str, str]:
+        """The versions of what the baseline runs on (the bindings, the driver), for the record."""
+        return {}
+
+    @abc.abstractmethod
+    def alloc_free(self, nbytes: int) -> Callable[[], None]:
+        """One allocation of ``nbytes`` of device memory and its release."""
+
+    @abc.abstractmethod
+    def memset(self, nbytes: int) -> Callable[[], None]:
+        """One asynchronous memset of ``nbytes``."""
+
+    @abc.abstractmethod
+    def copy(self, direction: CopyDirection, nbytes: int) -> Callable[[], None]:
+        """One asynchronous copy of ``nbytes`` in ``direction`` (host memory pinned)."""
+
+    @abc.abstractmethod
+    def vector_add(self, n: int) -> Callable[[], None]:
+        """One launch of the shipped ``vector_add`` over ``n`` float32 elements, 256 threads a block."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Wait for everything the baseline queued."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release everything the factories allocated."""
 
 
 class RawDevice(abc.ABC):
@@ -252,3 +301,9 @@ class RawDevice(abc.ABC):
 
     def forget_memory(self, ptr: int) -> None:  # noqa: B027 - optional hook, default no-op
         """Stop addressing memory of :meth:`import_memory` (it stays its owner's to free)."""
+
+    # -- benchmarks (optional) -------------------------------------------------------------
+
+    def baseline(self) -> Baseline:
+        """The vendor API on this device, for ``metrale bench`` to compare metrale with (the caller closes it)."""
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} has no baseline: baseline")

@@ -33,6 +33,7 @@ from typing import Any, Final, cast
 from metrale_core import (
     AllocKind,
     BackendUnavailableError,
+    Baseline,
     DriverError,
     ForeignMemory,
     InvalidArgumentError,
@@ -43,6 +44,7 @@ from metrale_core import (
 )
 
 from . import _driver as _d
+from ._baseline import DriverBaseline
 from ._driver import call, call1, call_ready, call_teardown, check, drv, invoke
 
 __all__ = ["CudaDevice"]
@@ -278,6 +280,11 @@ class CudaDevice(RawDevice):
 
     def forget_memory(self, ptr: int) -> None:
         """Nothing to undo: the pointer was the other library's all along."""
+
+    def baseline(self) -> Baseline:
+        """The driver API called directly (``cuda.bindings``), for ``metrale bench``; in this device's context."""
+        self._bind_checked()
+        return DriverBaseline()
 
     def close(self) -> None:
         """Release the primary context; never raises, idempotent.

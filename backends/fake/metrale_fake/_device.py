@@ -19,6 +19,7 @@ import numpy as np
 
 from metrale_core import (
     AllocKind,
+    Baseline,
     ForeignMemory,
     KernelImplementation,
     LaunchArg,
@@ -28,6 +29,8 @@ from metrale_core import (
     parse_ptx,
 )
 from metrale_core._ledger import format_bytes
+
+from ._baseline import NumpyBaseline
 
 __all__ = ["FAULT_OPS", "FakeDevice"]
 
@@ -298,6 +301,10 @@ class FakeDevice(RawDevice):
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake forget of {ptr:#x}")
             del self._allocs[ptr]
             self._bases.remove(ptr)
+
+    def baseline(self) -> Baseline:
+        """numpy, what a program without a GPU would call (``metrale bench`` compares the fake with it)."""
+        return NumpyBaseline()
 
     # -- work on streams ------------------------------------------------------------
 

@@ -18,7 +18,7 @@ TRACE_LENGTH: Final = 10_000
 _PRIMITIVES: Final = sorted(
     RawDevice.__abstractmethods__
     | {"bind_to_thread", "compute_capability", "module_load", "module_unload", "module_function", "launch",
-       "add_kernel_implementations", "export_memory", "import_memory", "forget_memory"}
+       "add_kernel_implementations", "export_memory", "import_memory", "forget_memory", "baseline"}
 )
 
 
