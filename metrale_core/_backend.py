@@ -949,6 +949,8 @@ class GpuBackend:
 
     @staticmethod
     def _dims(value: object, name: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
+        if type(value) is int and 1 <= value <= limits[0]:  # the hot path: one dimension
+            return value, 1, 1
         dims = [value] if isinstance(value, int) and not isinstance(value, bool) else value
         if isinstance(dims, str | bytes) or not isinstance(dims, Sequence) or not 1 <= len(dims) <= 3:
             raise InvalidArgumentError(f"launch: {name} must be an int or 1 to 3 ints, got {value!r}")

@@ -10,7 +10,7 @@ import struct
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ._errors import DriverError, InvalidArgumentError, MetraleError, error_for_code
@@ -198,26 +198,38 @@ class KernelRegistry:
 
 def pack_args(kernel: Kernel, args: object, what: str, live: Callable[[DeviceBuffer], None]) -> list[LaunchArg]:
     """Check ``args`` against the kernel's parameters and pack them; nothing reaches a driver otherwise."""
-    if isinstance(args, str | bytes) or not hasattr(args, "__len__") or not hasattr(args, "__iter__"):
-        raise InvalidArgumentError(f"{what}: args must be a list or tuple, got {args!r}")
-    values = list(args)
-    if len(values) != len(kernel.params):
+    if type(args) is not tuple and type(args) is not list:
+        if isinstance(args, str | bytes) or not hasattr(args, "__len__") or not hasattr(args, "__iter__"):
+            raise InvalidArgumentError(f"{what}: args must be a list or tuple, got {args!r}")
+        args = list(args)  # type: ignore[call-overload, unused-ignore]
+    values: Sequence[object] = args  # type: ignore[assignment, unused-ignore]
+    params = kernel.params
+    if len(values) != len(params):
         raise InvalidArgumentError(
-            f"{what}: {kernel.signature} takes {len(kernel.params)} argument(s), got {len(values)}"
+            f"{what}: {kernel.signature} takes {len(params)} argument(s), got {len(values)}"
         )
-    return [_pack(kernel, param, value, what, live) for param, value in zip(kernel.params, values, strict=True)]
+    packed = []
+    for param, value in zip(params, values, strict=True):
+        if type(value) is DeviceBuffer and param.pointer_sized:  # the hot path: a buffer for a pointer
+            live(value)
+            packed.append(LaunchArg(param, value.ptr.to_bytes(8, "little"), value.ptr))
+        else:
+            packed.append(_pack(kernel, param, value, what, live))
+    return packed
 
 
 def _pack(kernel: Kernel, param: Param, value: object, what: str, live: Callable[[DeviceBuffer], None]) -> LaunchArg:
-    where = f"{what}: argument {param.name} ({param.describe()}) of {kernel.module}.{kernel.name}"
+    def where() -> str:  # built only for an error: launches are a hot path
+        return f"{what}: argument {param.name} ({param.describe()}) of {kernel.module}.{kernel.name}"
+
     if param.count > 1:
         if isinstance(value, bytes | bytearray | memoryview) and len(memoryview(value).cast("B")) == param.nbytes:
             return LaunchArg(param, bytes(value))
-        raise InvalidArgumentError(f"{where} takes {param.nbytes} raw bytes, got {value!r}")
+        raise InvalidArgumentError(f"{where()} takes {param.nbytes} raw bytes, got {value!r}")
     if isinstance(value, DeviceBuffer) or (isinstance(value, int) and not isinstance(value, bool)):
         if not param.pointer_sized:
             raise InvalidArgumentError(
-                f"{where} is not a pointer: pass an explicitly typed scalar (numpy.uint32(7), ctypes.c_float(1.0))"
+                f"{where()} is not a pointer: pass an explicitly typed scalar (numpy.uint32(7), ctypes.c_float(1.0))"
             )
         if isinstance(value, DeviceBuffer):
             live(value)
@@ -225,18 +237,21 @@ def _pack(kernel: Kernel, param: Param, value: object, what: str, live: Callable
         else:
             pointer = operator.index(value)
             if not 0 <= pointer < 1 << 64:
-                raise InvalidArgumentError(f"{where}: {pointer} is not a 64-bit device address")
+                raise InvalidArgumentError(f"{where()}: {pointer} is not a 64-bit device address")
         return LaunchArg(param, pointer.to_bytes(8, "little"), pointer)
     kind, size, data = _scalar(value)
     if kind is None:
         raise InvalidArgumentError(
-            f"{where}: expected a DeviceBuffer, an int pointer or an explicitly typed scalar "
+            f"{where()}: expected a DeviceBuffer, an int pointer or an explicitly typed scalar "
             f"(a numpy scalar or a ctypes value), got {value!r}"
         )
     compatible = param.kind == "b" or (param.kind == "f") == (kind == "f")
     if size != param.size or not compatible:
-        raise InvalidArgumentError(f"{where} does not take {value!r} ({kind}{size * 8}); pass a matching type")
+        raise InvalidArgumentError(f"{where()} does not take {value!r} ({kind}{size * 8}); pass a matching type")
     return LaunchArg(param, data)
+
+
+_CTYPES_KINDS: dict[type, str | None] = {}
 
 
 def _scalar(value: object) -> tuple[str | None, int, bytes]:
@@ -247,9 +262,14 @@ def _scalar(value: object) -> tuple[str | None, int, bytes]:
         little = value.astype(dtype.newbyteorder("<")) if dtype.byteorder == ">" else value  # type: ignore[attr-defined]
         return kind, int(dtype.itemsize), bytes(little.tobytes())
     if isinstance(value, ctypes._SimpleCData):
-        kind = "f" if isinstance(value, ctypes.c_float | ctypes.c_double) else "i"
-        if isinstance(value, ctypes.c_char_p | ctypes.c_wchar_p | ctypes.c_void_p | ctypes.c_bool):
-            kind = "i" if isinstance(value, ctypes.c_void_p) else None
+        cls = type(value)
+        if cls in _CTYPES_KINDS:
+            kind = _CTYPES_KINDS[cls]
+        else:
+            kind = "f" if isinstance(value, ctypes.c_float | ctypes.c_double) else "i"
+            if isinstance(value, ctypes.c_char_p | ctypes.c_wchar_p | ctypes.c_void_p | ctypes.c_bool):
+                kind = "i" if isinstance(value, ctypes.c_void_p) else None
+            _CTYPES_KINDS[cls] = kind
         return kind, ctypes.sizeof(value), bytes(value)
     return None, 0, b""
 

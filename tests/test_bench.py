@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,11 @@ def test_the_fake_is_compared_with_numpy() -> None:
     raw, ledger = alloc.figures[0], alloc.figures[1]
     assert raw.source.startswith("numpy ") and raw.value is not None
     assert ledger.vs == raw.label and ledger.ratio == pytest.approx(ledger.value / raw.value)  # type: ignore[operator]
-    assert ledger.note.endswith(" pairs/s")
+    assert re.fullmatch(r"[\d,]+ pairs/s, \+[\d.]+ us", ledger.note)
+    assert [f.label for f in alloc.figures] == [
+        "raw alloc + free 1 MiB", "metrale 1 MiB (ledger)", "metrale 1 MiB, red zone",
+        "raw alloc + free 64 MiB", "metrale 64 MiB (ledger)", "metrale 64 MiB, red zone",
+    ]
     assert [f.label for f in copy.figures] == [
         "raw D2D 1 MiB", "metrale D2D 1 MiB", "raw pinned H2D 1 MiB", "metrale pinned H2D 1 MiB",
         "raw pinned D2H 1 MiB", "metrale pinned D2H 1 MiB",

@@ -27,6 +27,7 @@ METRALE_TARGET_HW=strix-halo METRALE_REDZONE=256 \
 rc=$(( rc | PIPESTATUS[0] ))
 python3 tools/bench_redzones.py --zones 10000 2>&1 | tee "$out/bench-redzones.txt"
 python3 backends/cuda/tools/probe_costs.py 2>&1 | tee "$out/probe-costs.txt"
-python3 tools/bench_arena.py 2>&1 | tee "$out/bench-arena.txt"
+python3 -m metrale_core bench --json "$out/bench.json" 2>"$out/bench-progress.txt" | tee "$out/bench.txt"
+rc=$(( rc | PIPESTATUS[0] ))
 echo "gpu-suite: exit $rc"
 exit $rc

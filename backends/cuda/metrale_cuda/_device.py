@@ -598,16 +598,22 @@ class CudaDevice(RawDevice):
         """``cuLaunchKernel`` with each argument's packed bytes (the driver copies them at the call)."""
         if _THREAD.ctx != self._key:
             self._bind()
-        storage = [ctypes.create_string_buffer(a.data, len(a.data)) for a in args]
-        pointers = (ctypes.c_void_p * max(len(storage), 1))(*[ctypes.addressof(b) for b in storage])
+        # every argument in one buffer, each at an 8-byte-aligned offset, and the array of pointers to them
+        blob = b"".join(a.data.ljust(-(-len(a.data) // 8) * 8, b"\0") for a in args)
+        storage = ctypes.create_string_buffer(blob, max(len(blob), 1))
+        base, offsets, offset = ctypes.addressof(storage), [], 0
+        for a in args:
+            offsets.append(base + offset)
+            offset += -(-len(a.data) // 8) * 8
+        pointers = (ctypes.c_void_p * max(len(offsets), 1))(*offsets)
         call(
             drv.cuLaunchKernel,
             "cuLaunchKernel",
             function,
-            *grid,
-            *block,
+            grid[0], grid[1], grid[2],
+            block[0], block[1], block[2],
             shared_mem,
             cast(_Stream, stream).handle,
-            ctypes.addressof(pointers) if storage else None,
+            ctypes.addressof(pointers) if offsets else None,
             0,  # extra: void_ptr, NULL
         )
