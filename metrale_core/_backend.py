@@ -127,6 +127,27 @@ class _GuardedRaw:
         return call
 
 
+#: Red-zone scans queued behind graph launches (``redzone_scan_queued``) that may be in flight at once;
+#: a launch that finds them all pending waits for the oldest.
+_MAX_QUEUED_SCANS: Final = 4
+
+
+class _QueuedScan:
+    """A red-zone scan queued behind a graph launch: its buffers, and what judging it needs."""
+
+    __slots__ = ("capacity", "event", "host", "pending", "result_ptr", "seq", "when", "zones")
+
+    def __init__(self, event: object, result_ptr: int, host: tuple[int, memoryview], capacity: int) -> None:
+        self.event = event
+        self.result_ptr = result_ptr  # device memory for one result per zone (raw arena memory: on no ledger)
+        self.host = host  # pinned memory the results are copied to
+        self.capacity = capacity  # zones the two buffers hold
+        self.pending = False
+        self.seq = 0
+        self.when = ""
+        self.zones: Sequence[Zone] = ()
+
+
 def _zone_table(zones: Sequence[Zone]) -> bytes:
     """The scan kernel's table for ``zones``: an (address, length) pair of u64 per zone."""
     table = array.array("Q")
@@ -171,6 +192,7 @@ class GpuBackend:
         self._scan_lock = threading.RLock()
         self._scan_buffers: dict[str, tuple[int, int]] = {}  # role -> (raw arena pointer, bytes)
         self._scan_table_version = -1  # the live-zone table version the device's table buffer holds
+        self._queued_scans: list[_QueuedScan] = []  # redzone_scan_queued: scans behind graph launches
         # Red-zone fills queued on the default stream, and how many of them are known done.
         self._fills_issued = 0
         self._fills_settled = 0
@@ -760,6 +782,7 @@ class GpuBackend:
         self._check_open()
         forbid_during_capture("synchronize()")
         self._sync_device()
+        self._report_queued_scans()
 
     def bind_to_thread(self) -> None:
         """Make this backend's context current on the calling thread (for code outside metrale)."""
@@ -1007,6 +1030,7 @@ class GpuBackend:
         self._check_open()
         forbid_during_capture("scan_redzones()")
         violations = self._read_zones()
+        self._drop_queued_scans()  # done by now; this scan reports every zone they could have found
         self._report(violations, "scan_redzones()")
         return violations
 
@@ -1155,10 +1179,131 @@ class GpuBackend:
         for violation in violations:
             _log.warning("%s (found by %s)", violation.describe(), when)
 
-    def _after_graph_launch(self) -> None:
+    def _after_graph_launch(self, stream: Stream | None) -> None:
         self._stats.graph_launches += 1
-        if self.settings.redzone_scan_graphs and not active_captures():
-            self._report(self._read_zones(), "the scan after GraphExec.launch")
+        if not self.settings.redzone_scan_graphs or active_captures():
+            return
+        if self.settings.redzone_scan_queued and self._queue_scan(stream):
+            return
+        self._report(self._read_zones(), "the scan after GraphExec.launch")
+
+    # -- red-zone scans queued behind graph launches (redzone_scan_queued) ------------------------
+
+    def _queue_scan(self, stream: Stream | None) -> bool:
+        """Queue a scan of every live zone on ``stream``, behind the graph just launched on it, without
+        waiting; report the scans earlier launches queued that have finished (never this launch's own, so
+        every backend reports it at the same later call). ``False`` where scans cannot run as kernels
+        here (then the caller scans and waits)."""
+        finished: list[tuple[str, list[RedZoneViolation]]] = []
+        with self._scan_lock:
+            if self._scanner is None:
+                self._scanner = self._load_scanner()
+            if self._scanner is False:
+                return False
+            finished += self._judge_queued_scans(wait=False)  # earlier launches' scans; never this one's
+            version, zones, table = self._redzones.snapshot(self._scan_table_version)
+            if zones:
+                self._stats.redzone_scans += 1
+                n = len(zones)
+                if table is not None:  # the device's table changes: no queued scan may still read it
+                    finished += self._judge_queued_scans(wait=True)
+                slot, waited = self._scan_slot(n)
+                finished += waited
+                table_ptr, grown = self._scan_buffer("table", n * 16)
+                if table is None and grown:
+                    table = _zone_table(zones)
+                target = self._stream(stream, "GraphExec.launch")._raw
+                if table is not None:
+                    self._raw.copy_htod(table_ptr, memoryview(table), target, pinned=False)
+                    self._scan_table_version = version
+                args = pack_args(
+                    self._scanner,
+                    [table_ptr, ctypes.c_uint32(n), ctypes.c_uint32(self._redzones.fill), slot.result_ptr],
+                    "red-zone scan", lambda buf: None,
+                )
+                self._raw.launch(self._scanner._raw, (n, 1, 1), (256, 1, 1), 0, target, args)
+                self._raw.copy_dtoh(slot.host[1][: n * 4], slot.result_ptr, target, pinned=True)
+                self._raw.event_record(slot.event, target)
+                slot.zones, slot.pending, slot.seq = zones, True, self._stats.graph_launches
+                slot.when = f"the scan queued after graph launch #{slot.seq} of this backend"
+        for when, violations in finished:
+            self._report(violations, when)
+        return True
+
+    def _scan_slot(self, n: int) -> tuple[_QueuedScan, list[tuple[str, list[RedZoneViolation]]]]:
+        """A queued-scan slot not in flight, with room for ``n`` zones (waiting for the oldest when all are
+        in flight), and the results of any scan waited for."""
+        waited: list[tuple[str, list[RedZoneViolation]]] = []
+        idle = [slot for slot in self._queued_scans if not slot.pending]
+        if not idle and len(self._queued_scans) >= _MAX_QUEUED_SCANS:
+            oldest = min(self._queued_scans, key=lambda slot: slot.seq)
+            waited += self._judge_queued_scans(wait=True, only=oldest)
+            idle = [oldest]
+        slot = next((s for s in idle if s.capacity >= n), idle[0] if idle else None)
+        if slot is not None and slot.capacity >= n:
+            return slot, waited
+        capacity = max(2 * n, 1024)
+        result_ptr = self._raw.alloc(capacity * 4, "arena")
+        try:
+            host = self._raw.alloc_host(capacity * 4)
+        except MetraleError:
+            self._quietly("free a scan buffer", self._raw.free, result_ptr, "arena")
+            raise
+        if slot is not None:  # too small: grown in place
+            self._raw.free(slot.result_ptr, "arena")
+            self._raw.free_host(slot.host[0])
+            slot.result_ptr, slot.host, slot.capacity = result_ptr, host, capacity
+            return slot, waited
+        slot = _QueuedScan(self._raw.event_create(), result_ptr, host, capacity)
+        self._queued_scans.append(slot)
+        return slot, waited
+
+    def _judge_queued_scans(
+        self, *, wait: bool, only: _QueuedScan | None = None
+    ) -> list[tuple[str, list[RedZoneViolation]]]:
+        """The queued scans that have finished (all of them, waiting, when ``wait``), oldest first, as
+        ``(what found it, violations)`` for those that found any."""
+        out: list[tuple[str, list[RedZoneViolation]]] = []
+        with self._scan_lock:
+            for slot in sorted(self._queued_scans, key=lambda slot: slot.seq):
+                if not slot.pending or (only is not None and slot is not only):
+                    continue
+                if wait:
+                    self._raw.event_synchronize(slot.event)
+                elif not self._raw.event_query(slot.event):
+                    continue
+                zones, slot.zones, slot.pending = slot.zones, (), False
+                results = slot.host[1][: len(zones) * 4]
+                if bytes(results).count(0) == len(results):
+                    continue
+                violations = [
+                    RedZoneViolation(z.buffer.ptr, z.buffer.nbytes, z.buffer.index, z.buffer.site, z.side, first - 1)
+                    for z, first in zip(zones, results.cast("I"), strict=True)
+                    if first
+                ]
+                out.append((slot.when, violations))
+        return out
+
+    def _report_queued_scans(self) -> None:
+        """Report the queued scans that have finished, without waiting (at the waits a user makes)."""
+        if self._queued_scans and not active_captures():
+            for when, violations in self._judge_queued_scans(wait=False):
+                self._report(violations, when)
+
+    def _drop_queued_scans(self) -> None:
+        """Forget the queued scans' results after the device is idle: a full scan is about to report
+        every zone they could have found."""
+        with self._scan_lock:
+            for slot in self._queued_scans:
+                slot.pending, slot.zones = False, ()
+
+    def _release_queued_scans(self) -> None:
+        with self._scan_lock:
+            for slot in self._queued_scans:
+                self._quietly("event destroy", self._raw.event_destroy, slot.event)
+                self._quietly("free a scan buffer", self._raw.free, slot.result_ptr, "arena")
+                self._quietly("free the scan buffer", self._raw.free_host, slot.host[0])
+            self._queued_scans.clear()
 
     def memory_info(self) -> MemoryInfo:
         """Free and total device memory, and what an allocation can really have."""
@@ -1364,6 +1509,7 @@ class GpuBackend:
                 capture.finish()
                 self._discard_raw_capture(stream)
         self._quietly("synchronize", self._raw.synchronize)
+        self._drop_queued_scans()  # the scan below reports every zone they could have found
         if self._fault is None and not active_captures():
             try:
                 self._report(self._read_zones(), "close()", may_raise=False)
@@ -1383,6 +1529,7 @@ class GpuBackend:
         for ptr, _ in self._scan_buffers.values():
             self._quietly("free a scan buffer", self._raw.free, ptr, "arena")
         self._scan_buffers.clear()
+        self._release_queued_scans()
         for kind in (GraphExec, Graph, Event, Stream):  # dependents first
             for handle in handles:
                 if isinstance(handle, kind):

@@ -73,6 +73,7 @@ class Stream(_Handle):
         raw = self._live()
         forbid_during_capture("Stream.synchronize()")
         self._backend._raw.stream_synchronize(raw)
+        self._backend._report_queued_scans()
 
     def query(self) -> bool:
         """Whether all work issued to this stream has completed."""
@@ -156,6 +157,7 @@ class Event(_Handle):
         if self._captured_in is not None:
             raise captured_event_error("Event.synchronize()")
         self._backend._raw.event_synchronize(raw)
+        self._backend._report_queued_scans()
 
     def query(self) -> bool:
         """Whether the work before the event's last record has completed."""
@@ -299,7 +301,7 @@ class GraphExec(_Handle):
                     f"GraphExec.launch: the graph recorded {hb!r}, which was freed; capture again"
                 )
         backend._issue(stream, "GraphExec.launch", self._buffers, lambda s: backend._raw.graph_launch(raw, s))
-        backend._after_graph_launch()
+        backend._after_graph_launch(stream)
 
     def close(self) -> None:
         """Release the executable graph."""

@@ -104,6 +104,12 @@ class MetraleSettings(BaseSettings):
         description="Scan every live red zone after each graph launch (it waits for the device), so an overrun "
         "is reported by the launch of the graph that made it.",
     )
+    redzone_scan_queued: bool = Field(
+        False,
+        description="With `redzone_scan_graphs`, queue the scan on the graph's stream behind the graph instead of "
+        "waiting for it: the launch returns at once, and the scan's result is reported by the next graph launch "
+        "that finds it done, or by the next `synchronize()`, `Stream.synchronize()` or `Event.synchronize()`.",
+    )
     kernel_timing: bool = Field(
         False,
         description="Time every kernel launch made outside a capture with a pair of events; `run_metrics()` turns "

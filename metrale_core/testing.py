@@ -146,11 +146,14 @@ class BackendMachine(RuleBasedStateMachine):
         return bytes(out)
 
     def _launch_graph(self, exe: GraphExec, stream: Stream) -> None:
-        """Launch, expecting the scan after it to raise where zones changed and the settings say so."""
+        """Launch, expecting the scan after it to raise where zones changed and the settings say so (with
+        ``redzone_scan_queued``, the stream's synchronize after the launch)."""
         settings = self.gpu.settings
         expect = bool(self.dirty) and settings.redzone_scan_graphs and settings.redzone_action == "raise"
         try:
             exe.launch(stream)
+            if settings.redzone_scan_queued:  # the scan is queued behind the graph: the wait reports it
+                stream.synchronize()
         except RedZoneError as exc:
             assert expect, f"a graph launch raised {exc} with no changed zone in the model"
             assert {(v.index, v.side): v.offset for v in exc.violations} == self.dirty

@@ -87,12 +87,15 @@ def test_cli_quick_run_writes_json(tmp_path: Path) -> None:
     assert "[1/2] alloc:" in out.stderr and "[2/2] safety:" in out.stderr  # progress goes to stderr
     assert out.stdout.startswith("metrale bench on fake: metrale fake device 0")
     assert "\nalloc: ledgered allocation against the raw driver pair" in out.stdout
-    assert "step, checks on" in out.stdout and f"wrote {path}" in out.stdout
+    assert "step, checks on, scan queued" in out.stdout and f"wrote {path}" in out.stdout
     data = json.loads(path.read_text())
     assert data["backend"] == "fake" and data["quick"] is True
     assert set(data["versions"]) >= {"metrale", "python", "numpy"}
     assert [r["name"] for r in data["results"]] == ["alloc", "safety"]
-    assert data["results"][1]["figures"][1]["vs"] == "step, checks off"
+    assert [f["label"] for f in data["results"][1]["figures"]] == [
+        "step, checks off", "step, checks on, scan waits", "step, checks on, scan queued",
+    ]
+    assert data["results"][1]["figures"][2]["vs"] == "step, checks off"
 
 
 def test_cli_list_and_unknown_names() -> None:

@@ -54,6 +54,85 @@ def test_scan_after_graph_launch(backend_name: str) -> None:
             exe.launch(stream)
 
 
+QUEUED = SETTINGS.updated(redzone=64, redzone_action="raise", redzone_scan_graphs=True, redzone_scan_queued=True)
+
+
+def _overrunning_graph(gpu: GpuBackend, buf: object, stream: object) -> object:
+    gpu.begin_capture(stream)  # type: ignore[arg-type]
+    gpu.memset(buf.ptr + 100, 0x00, nbytes=2, stream=stream)  # type: ignore[attr-defined, arg-type]
+    graph = gpu.end_capture(stream)  # type: ignore[arg-type]
+    exe = graph.instantiate()
+    graph.close()
+    return exe
+
+
+def test_a_queued_scan_is_reported_by_the_next_wait_naming_the_launch(backend_name: str) -> None:
+    with open_backend(backend_name, settings=QUEUED) as gpu:
+        buf = gpu.alloc(100)
+        stream = gpu.create_stream()
+        exe = _overrunning_graph(gpu, buf, stream)
+        exe.launch(stream)  # type: ignore[attr-defined]  # returns at once: the scan is queued behind the graph
+        with pytest.raises(RedZoneError, match=r"^the scan queued after graph launch #1 of this backend found") as info:
+            stream.synchronize()
+        assert [(v.index, v.side, v.offset) for v in info.value.violations] == [(buf.index, "trail", 0)]
+        stream.synchronize()  # reported once
+        event = gpu.create_event()
+        for wait in (gpu.synchronize, event.synchronize):
+            exe.launch(stream)  # type: ignore[attr-defined]
+            event.record(stream)  # behind the scan
+            with pytest.raises(RedZoneError, match=r"queued after graph launch #[23] of"):
+                wait()
+        assert gpu.stats().redzone_scans == 3
+
+
+def test_a_later_launch_reports_an_earlier_launch_s_queued_scan(backend_name: str) -> None:
+    with open_backend(backend_name, settings=QUEUED) as gpu:
+        buf = gpu.alloc(100)
+        stream = gpu.create_stream()
+        exe = _overrunning_graph(gpu, buf, stream)
+        exe.launch(stream)  # type: ignore[attr-defined]
+        while not stream.query():  # done, and not yet judged
+            pass
+        with pytest.raises(RedZoneError, match=r"queued after graph launch #1 of"):
+            exe.launch(stream)  # type: ignore[attr-defined]  # its own scan is queued all the same
+        with pytest.raises(RedZoneError, match=r"queued after graph launch #2 of"):
+            stream.synchronize()
+
+
+def test_queued_scans_of_a_clean_program_report_nothing_and_keep_up(backend_name: str) -> None:
+    with open_backend(backend_name, settings=QUEUED) as gpu:
+        bufs = [gpu.alloc(1000) for _ in range(20)]
+        kernel = gpu.load_modules(shipped_modules("vector")).kernel("vector", "fill_u32")
+        stream = gpu.create_stream()
+        gpu.begin_capture(stream)
+        gpu.launch(kernel, 2, 128, [bufs[0], np.uint32(250), np.uint32(7)], stream=stream)
+        exe = gpu.end_capture(stream).instantiate()
+        for i in range(12):  # more launches than scans may be in flight: the oldest is waited for
+            exe.launch(stream)
+            if i == 5:
+                bufs.append(gpu.alloc(64))  # the zone table changes while scans may be in flight
+        stream.synchronize()
+        assert gpu.scan_redzones() == []
+        assert gpu.stats().redzone_scans == 12 + 1
+
+
+def test_a_full_scan_or_close_reports_a_pending_queued_scan_s_find_once(
+    backend_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = QUEUED.updated(redzone_action="warn")
+    gpu = open_backend(backend_name, settings=settings)
+    buf = gpu.alloc(100)
+    stream = gpu.create_stream()
+    exe = _overrunning_graph(gpu, buf, stream)
+    with caplog.at_level(logging.WARNING, logger="metrale"):
+        exe.launch(stream)  # type: ignore[attr-defined]
+        assert len(gpu.scan_redzones()) == 1
+        exe.launch(stream)  # type: ignore[attr-defined]
+        gpu.close()
+    found = [r.getMessage().rpartition("(found by ")[2] for r in caplog.records if "red zone trail" in r.getMessage()]
+    assert found == ["scan_redzones())", "close())"], found
+
+
 def test_close_scans(backend_name: str, caplog: pytest.LogCaptureFixture) -> None:
     gpu = open_backend(backend_name, settings=SETTINGS.updated(redzone=64, redzone_action="raise"))
     _planted(gpu)

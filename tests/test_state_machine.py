@@ -12,6 +12,7 @@ CONFIGS = {
     "zones": SETTINGS.updated(redzone=128, redzone_lead=True, redzone_min_idx=0),
     "scale": SETTINGS.updated(target_hw="strix-halo", redzone=256),
     "raise": SETTINGS.updated(redzone=64, redzone_action="raise", redzone_scan_graphs=True),
+    "queued": SETTINGS.updated(redzone=64, redzone_action="raise", redzone_scan_graphs=True, redzone_scan_queued=True),
 }
 
 
