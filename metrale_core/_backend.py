@@ -127,21 +127,32 @@ class _GuardedRaw:
         return call
 
 
+#: What a finished queued scan found: the launch it followed, and the violations.
+_Judged = tuple[str, list[RedZoneViolation]]
+
 #: Red-zone scans queued behind graph launches (``redzone_scan_queued``) that may be in flight at once;
 #: a launch that finds them all pending waits for the oldest.
 _MAX_QUEUED_SCANS: Final = 4
 
 
 class _QueuedScan:
-    """A red-zone scan queued behind a graph launch: its buffers, and what judging it needs."""
+    """A red-zone scan queued behind a graph launch: its own buffers, and what judging it needs.
 
-    __slots__ = ("capacity", "event", "host", "pending", "result_ptr", "seq", "when", "zones")
+    Each slot has its own copy of the zone table on the device, written on the stream of the scan
+    that reads it (so a scan on another stream never reads a table still being written) and only
+    when the live-zone set changed since the slot last held it.
+    """
 
-    def __init__(self, event: object, result_ptr: int, host: tuple[int, memoryview], capacity: int) -> None:
+    __slots__ = ("capacity", "event", "host", "pending", "result_ptr", "seq", "table_ptr", "table_version", "when",
+                 "zones")
+
+    def __init__(self, event: object) -> None:
         self.event = event
-        self.result_ptr = result_ptr  # device memory for one result per zone (raw arena memory: on no ledger)
-        self.host = host  # pinned memory the results are copied to
-        self.capacity = capacity  # zones the two buffers hold
+        self.result_ptr = 0  # device memory, one result per zone (raw arena memory: on no ledger)
+        self.table_ptr = 0  # device memory, the (address, length) pair of each zone
+        self.table_version = -1  # the live-zone table version table_ptr holds
+        self.host: tuple[int, memoryview] | None = None  # pinned memory the results are copied to
+        self.capacity = 0  # zones the buffers hold
         self.pending = False
         self.seq = 0
         self.when = ""
@@ -1029,8 +1040,9 @@ class GpuBackend:
         """
         self._check_open()
         forbid_during_capture("scan_redzones()")
-        violations = self._read_zones()
-        self._drop_queued_scans()  # done by now; this scan reports every zone they could have found
+        with self._scan_lock:
+            violations = self._read_zones()
+            self._drop_queued_scans()  # this scan reports every zone the finished ones could have found
         self._report(violations, "scan_redzones()")
         return violations
 
@@ -1194,76 +1206,77 @@ class GpuBackend:
         waiting; report the scans earlier launches queued that have finished (never this launch's own, so
         every backend reports it at the same later call). ``False`` where scans cannot run as kernels
         here (then the caller scans and waits)."""
-        finished: list[tuple[str, list[RedZoneViolation]]] = []
+        finished: list[_Judged] = []
         with self._scan_lock:
             if self._scanner is None:
                 self._scanner = self._load_scanner()
             if self._scanner is False:
                 return False
-            finished += self._judge_queued_scans(wait=False)  # earlier launches' scans; never this one's
-            version, zones, table = self._redzones.snapshot(self._scan_table_version)
-            if zones:
-                self._stats.redzone_scans += 1
-                n = len(zones)
-                if table is not None:  # the device's table changes: no queued scan may still read it
-                    finished += self._judge_queued_scans(wait=True)
-                slot, waited = self._scan_slot(n)
-                finished += waited
-                table_ptr, grown = self._scan_buffer("table", n * 16)
-                if table is None and grown:
-                    table = _zone_table(zones)
-                target = self._stream(stream, "GraphExec.launch")._raw
-                if table is not None:
-                    self._raw.copy_htod(table_ptr, memoryview(table), target, pinned=False)
-                    self._scan_table_version = version
-                args = pack_args(
-                    self._scanner,
-                    [table_ptr, ctypes.c_uint32(n), ctypes.c_uint32(self._redzones.fill), slot.result_ptr],
-                    "red-zone scan", lambda buf: None,
-                )
-                self._raw.launch(self._scanner._raw, (n, 1, 1), (256, 1, 1), 0, target, args)
-                self._raw.copy_dtoh(slot.host[1][: n * 4], slot.result_ptr, target, pinned=True)
-                self._raw.event_record(slot.event, target)
-                slot.zones, slot.pending, slot.seq = zones, True, self._stats.graph_launches
-                slot.when = f"the scan queued after graph launch #{slot.seq} of this backend"
-        for when, violations in finished:
-            self._report(violations, when)
+            try:
+                self._judge_queued_scans(finished, wait=False)  # earlier launches' scans; never this one's
+                version, zones, table = self._redzones.snapshot(-1)
+                if zones:
+                    self._stats.redzone_scans += 1
+                    n = len(zones)
+                    slot = self._scan_slot(n, finished)
+                    target = self._stream(stream, "GraphExec.launch")._raw
+                    assert table is not None and slot.host is not None
+                    if slot.table_version != version:
+                        self._raw.copy_htod(slot.table_ptr, memoryview(table), target, pinned=False)
+                        slot.table_version = version
+                    args = pack_args(
+                        self._scanner,
+                        [slot.table_ptr, ctypes.c_uint32(n), ctypes.c_uint32(self._redzones.fill), slot.result_ptr],
+                        "red-zone scan", lambda buf: None,
+                    )
+                    self._raw.launch(self._scanner._raw, (n, 1, 1), (256, 1, 1), 0, target, args)
+                    self._raw.copy_dtoh(slot.host[1][: n * 4], slot.result_ptr, target, pinned=True)
+                    self._raw.event_record(slot.event, target)
+                    slot.zones, slot.pending, slot.seq = zones, True, self._stats.graph_launches
+                    slot.when = f"graph launch #{slot.seq}"
+            except BaseException:
+                self._report_judged(finished, may_raise=False)  # logged: the failure to queue is what raises
+                raise
+        self._report_judged(finished)
         return True
 
-    def _scan_slot(self, n: int) -> tuple[_QueuedScan, list[tuple[str, list[RedZoneViolation]]]]:
-        """A queued-scan slot not in flight, with room for ``n`` zones (waiting for the oldest when all are
-        in flight), and the results of any scan waited for."""
-        waited: list[tuple[str, list[RedZoneViolation]]] = []
+    def _scan_slot(self, n: int, finished: list[_Judged]) -> _QueuedScan:
+        """A queued-scan slot not in flight with room for ``n`` zones; when all are in flight, the oldest
+        is waited for (its results go to ``finished``)."""
         idle = [slot for slot in self._queued_scans if not slot.pending]
         if not idle and len(self._queued_scans) >= _MAX_QUEUED_SCANS:
             oldest = min(self._queued_scans, key=lambda slot: slot.seq)
-            waited += self._judge_queued_scans(wait=True, only=oldest)
+            self._judge_queued_scans(finished, wait=True, only=oldest)
             idle = [oldest]
         slot = next((s for s in idle if s.capacity >= n), idle[0] if idle else None)
         if slot is not None and slot.capacity >= n:
-            return slot, waited
+            return slot
+        if slot is None:
+            slot = _QueuedScan(self._raw.event_create())
+            self._queued_scans.append(slot)
+        self._free_slot_buffers(slot)  # too small (or new): grown, and kept on failure for close() to release
         capacity = max(2 * n, 1024)
-        result_ptr = self._raw.alloc(capacity * 4, "arena")
-        try:
-            host = self._raw.alloc_host(capacity * 4)
-        except MetraleError:
-            self._quietly("free a scan buffer", self._raw.free, result_ptr, "arena")
-            raise
-        if slot is not None:  # too small: grown in place
-            self._raw.free(slot.result_ptr, "arena")
-            self._raw.free_host(slot.host[0])
-            slot.result_ptr, slot.host, slot.capacity = result_ptr, host, capacity
-            return slot, waited
-        slot = _QueuedScan(self._raw.event_create(), result_ptr, host, capacity)
-        self._queued_scans.append(slot)
-        return slot, waited
+        slot.result_ptr = self._raw.alloc(capacity * 4, "arena")
+        slot.table_ptr = self._raw.alloc(capacity * 16, "arena")
+        slot.host = self._raw.alloc_host(capacity * 4)
+        slot.capacity, slot.table_version = capacity, -1
+        return slot
 
-    def _judge_queued_scans(
-        self, *, wait: bool, only: _QueuedScan | None = None
-    ) -> list[tuple[str, list[RedZoneViolation]]]:
-        """The queued scans that have finished (all of them, waiting, when ``wait``), oldest first, as
-        ``(what found it, violations)`` for those that found any."""
-        out: list[tuple[str, list[RedZoneViolation]]] = []
+    def _free_slot_buffers(self, slot: _QueuedScan) -> None:
+        for attr in ("result_ptr", "table_ptr"):
+            ptr = getattr(slot, attr)
+            if ptr:
+                setattr(slot, attr, 0)
+                self._quietly("free a scan buffer", self._raw.free, ptr, "arena")
+        if slot.host is not None:
+            host, slot.host = slot.host, None
+            self._quietly("free the scan buffer", self._raw.free_host, host[0])
+        slot.capacity = 0
+
+    def _judge_queued_scans(self, finished: list[_Judged], *, wait: bool, only: _QueuedScan | None = None) -> None:
+        """Add to ``finished`` the violations found by the queued scans that are done (all of them, waiting,
+        when ``wait``), oldest first. A zone whose allocation was freed since is left out: ``free`` read it
+        and reported it itself."""
         with self._scan_lock:
             for slot in sorted(self._queued_scans, key=lambda slot: slot.seq):
                 if not slot.pending or (only is not None and slot is not only):
@@ -1273,36 +1286,49 @@ class GpuBackend:
                 elif not self._raw.event_query(slot.event):
                     continue
                 zones, slot.zones, slot.pending = slot.zones, (), False
+                assert slot.host is not None
                 results = slot.host[1][: len(zones) * 4]
                 if bytes(results).count(0) == len(results):
                     continue
                 violations = [
                     RedZoneViolation(z.buffer.ptr, z.buffer.nbytes, z.buffer.index, z.buffer.site, z.side, first - 1)
                     for z, first in zip(zones, results.cast("I"), strict=True)
-                    if first
+                    if first and self._is_live(z.buffer)
                 ]
-                out.append((slot.when, violations))
-        return out
+                if violations:
+                    finished.append((slot.when, violations))
+
+    def _report_judged(self, finished: list[_Judged], *, may_raise: bool = True) -> None:
+        """Report the violations of finished queued scans together (one error, naming every launch)."""
+        if not finished:
+            return
+        launches = [when for when, _ in finished]
+        named = launches[0] if len(launches) == 1 else ", ".join(launches[:-1]) + " and " + launches[-1]
+        scans = "the scan" if len(launches) == 1 else "the scans"
+        violations = [v for _, found in finished for v in found]
+        self._report(violations, f"{scans} queued after {named} of this backend", may_raise=may_raise)
 
     def _report_queued_scans(self) -> None:
         """Report the queued scans that have finished, without waiting (at the waits a user makes)."""
         if self._queued_scans and not active_captures():
-            for when, violations in self._judge_queued_scans(wait=False):
-                self._report(violations, when)
+            finished: list[_Judged] = []
+            try:
+                self._judge_queued_scans(finished, wait=False)
+            finally:
+                self._report_judged(finished)
 
     def _drop_queued_scans(self) -> None:
-        """Forget the queued scans' results after the device is idle: a full scan is about to report
-        every zone they could have found."""
-        with self._scan_lock:
-            for slot in self._queued_scans:
+        """Forget the results of the queued scans that are done: a full scan that has just run (the caller
+        holds the scan lock) reports every zone they could have found. Scans still running are kept."""
+        for slot in self._queued_scans:
+            if slot.pending and self._raw.event_query(slot.event):
                 slot.pending, slot.zones = False, ()
 
     def _release_queued_scans(self) -> None:
         with self._scan_lock:
             for slot in self._queued_scans:
                 self._quietly("event destroy", self._raw.event_destroy, slot.event)
-                self._quietly("free a scan buffer", self._raw.free, slot.result_ptr, "arena")
-                self._quietly("free the scan buffer", self._raw.free_host, slot.host[0])
+                self._free_slot_buffers(slot)
             self._queued_scans.clear()
 
     def memory_info(self) -> MemoryInfo:
@@ -1509,7 +1535,8 @@ class GpuBackend:
                 capture.finish()
                 self._discard_raw_capture(stream)
         self._quietly("synchronize", self._raw.synchronize)
-        self._drop_queued_scans()  # the scan below reports every zone they could have found
+        with self._scan_lock:  # the device is idle: every queued scan is done, and the scan below reports it all
+            self._quietly("drop the queued scans", self._drop_queued_scans)
         if self._fault is None and not active_captures():
             try:
                 self._report(self._read_zones(), "close()", may_raise=False)

@@ -12,6 +12,7 @@ to read.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import datetime
@@ -215,11 +216,14 @@ def _cupy(gpu: GpuBackend) -> tuple[Any, str]:
     try:
         import cupy  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
-        cupy.cuda.runtime.getDeviceCount()
+        if gpu.ordinal >= cupy.cuda.runtime.getDeviceCount():
+            return None, f"skipped: CuPy has no CUDA device {gpu.ordinal} here"
     except ImportError:
         return None, "skipped: CuPy is not installed"
     except Exception as exc:  # CuPy without a usable CUDA runtime raises its own errors
         return None, f"skipped: CuPy cannot reach the GPU ({type(exc).__name__}: {exc})"
+    finally:
+        gpu.bind_to_thread()
     return cupy, f"cupy {cupy.__version__}"
 
 
@@ -231,8 +235,16 @@ def _torch(gpu: GpuBackend) -> tuple[Any, str]:
         import torch  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError:
         return None, "skipped: PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return None, f"skipped: PyTorch {torch.__version__} has no CUDA device here"
+    except Exception as exc:  # a PyTorch built for another CUDA fails to import with its own errors
+        return None, f"skipped: PyTorch cannot be imported ({type(exc).__name__}: {exc})"
+    try:
+        usable = torch.cuda.is_available() and gpu.ordinal < torch.cuda.device_count()
+    except Exception as exc:
+        return None, f"skipped: PyTorch cannot reach the GPU ({type(exc).__name__}: {exc})"
+    finally:
+        gpu.bind_to_thread()  # whatever PyTorch made current, metrale's context is current again
+    if not usable:
+        return None, f"skipped: PyTorch {torch.__version__} has no CUDA device {gpu.ordinal} here"
     return torch, f"torch {torch.__version__}"
 
 
@@ -353,15 +365,18 @@ def _pools(b: _Bench) -> Result:
     if cupy is None:
         skipped.append(Figure(label, "cupy", "us", None, note=cupy_source))
     else:
-        malloc = cupy.cuda.MemoryPool().malloc
+        with cupy.cuda.Device(gpu.ordinal):
+            malloc = cupy.cuda.MemoryPool().malloc
+            malloc(n)  # the pool's first block, on the backend's device
+        gpu.bind_to_thread()
         ops[label], sources[label] = (lambda: malloc(n)), cupy_source
     torch, torch_source = _torch(gpu)
     label = "torch.empty + release (caching allocator)"
     if torch is None:
         skipped.append(Figure(label, "torch", "us", None, note=torch_source))
     else:
-        empty, u8 = torch.empty, torch.uint8
-        ops[label], sources[label] = (lambda: empty(n, dtype=u8, device="cuda")), torch_source
+        empty, u8, device = torch.empty, torch.uint8, torch.device("cuda", gpu.ordinal)
+        ops[label], sources[label] = (lambda: empty(n, dtype=u8, device=device)), torch_source
     b.say(f"  {len(ops)} allocators, {rounds} rounds of {calls}")
     try:
         medians = _turns(ops, rounds=rounds, calls=calls)
@@ -393,13 +408,17 @@ def _copies(b: _Bench) -> Result:
         try:
             op: Callable[[], object]
             if direction == "dtod":
-                dst, src = gpu.alloc(n), gpu.alloc(n)
-                allocated += [dst, src]
+                dst = gpu.alloc(n)
+                allocated.append(dst)
+                src = gpu.alloc(n)
+                allocated.append(src)
                 gpu.memset(src, 1)
                 op = functools.partial(gpu.copy_device, dst, src)
             else:
-                dev, host = gpu.alloc(n), gpu.alloc_host(n)
-                allocated += [dev, host]
+                dev = gpu.alloc(n)
+                allocated.append(dev)
+                host = gpu.alloc_host(n)
+                allocated.append(host)
                 if direction == "htod":
                     op = functools.partial(gpu.copy_to_device, dev, host)
                 else:
@@ -431,26 +450,24 @@ def _eager(b: _Bench) -> Result:
     gpu = b.gpu
     rounds, calls, n = b.rounds(15), b.calls(256), 4096
     kernel = b.vector_add()
-    bufs = [gpu.alloc(4 * n) for _ in range(3)]
     count = ctypes.c_uint32(n)
     grid = (n + _BLOCK - 1) // _BLOCK
     stream = gpu.default_stream
     memset, launch = gpu.memset, gpu.launch
-    ops: dict[str, Callable[[], object]] = {
-        "metrale memset 4 KiB": lambda: memset(bufs[0], 0, nbytes=4 * KIB),
-        "metrale launch vector_add": lambda: launch(kernel, grid, _BLOCK, (bufs[0], bufs[1], bufs[2], count)),
-    }
-    settle: dict[str, Callable[[], object]] = {label: stream.synchronize for label in ops}
-    if b.baseline is not None:
-        ops["raw memset 4 KiB"] = b.baseline.memset(4 * KIB)
-        ops["raw launch vector_add"] = b.baseline.vector_add(n)
-        settle["raw memset 4 KiB"] = settle["raw launch vector_add"] = b.baseline.synchronize
-    b.say(f"  {len(ops)} operations, {rounds} rounds of {calls}")
-    try:
+    with ExitStack() as stack:
+        bufs = _buffers(gpu, stack, 3, 4 * n)
+        ops: dict[str, Callable[[], object]] = {
+            "metrale memset 4 KiB": lambda: memset(bufs[0], 0, nbytes=4 * KIB),
+            "metrale launch vector_add": lambda: launch(kernel, grid, _BLOCK, (bufs[0], bufs[1], bufs[2], count)),
+        }
+        settle: dict[str, Callable[[], object]] = {label: stream.synchronize for label in ops}
+        if b.baseline is not None:
+            ops["raw memset 4 KiB"] = b.baseline.memset(4 * KIB)
+            ops["raw launch vector_add"] = b.baseline.vector_add(n)
+            settle["raw memset 4 KiB"] = settle["raw launch vector_add"] = b.baseline.synchronize
+        b.say(f"  {len(ops)} operations, {rounds} rounds of {calls}")
         medians = _turns(ops, rounds=rounds, calls=calls, settle=settle)
-    finally:
-        for buf in bufs:
-            gpu.free(buf)
+        stream.synchronize()
     figures: list[Figure] = []
     for what in ("memset 4 KiB", "launch vector_add"):
         if b.baseline is not None:
@@ -463,6 +480,16 @@ def _eager(b: _Bench) -> Result:
     return Result("eager", "eager memset and launch against the raw calls", detail, tuple(figures))
 
 
+def _buffers(gpu: GpuBackend, stack: ExitStack, count: int, nbytes: int) -> list[Any]:
+    """``count`` buffers of ``nbytes``, each freed when ``stack`` closes."""
+    bufs = []
+    for _ in range(count):
+        buf = gpu.alloc(nbytes)
+        stack.callback(gpu.free, buf)
+        bufs.append(buf)
+    return bufs
+
+
 def _capture_adds(gpu: GpuBackend, kernel: Kernel, stream: Stream, bufs: Sequence[Any], n: int, k: int) -> GraphExec:
     count = ctypes.c_uint32(n)
     grid = (n + _BLOCK - 1) // _BLOCK
@@ -470,8 +497,11 @@ def _capture_adds(gpu: GpuBackend, kernel: Kernel, stream: Stream, bufs: Sequenc
     try:
         for _ in range(k):
             gpu.launch(kernel, grid, _BLOCK, (bufs[0], bufs[1], bufs[2], count), stream=stream)
-    finally:
-        graph = gpu.end_capture(stream)
+    except BaseException:
+        with contextlib.suppress(MetraleError):
+            gpu.end_capture(stream).close()
+        raise
+    graph = gpu.end_capture(stream)
     try:
         return graph.instantiate()
     finally:
@@ -483,55 +513,56 @@ def _graph(b: _Bench) -> Result:
     gpu, k, n = b.gpu, 100, 4096
     rounds, calls = b.rounds(15), b.calls(20)
     kernel = b.vector_add()
-    stream = gpu.create_stream()
-    bufs = [gpu.alloc(4 * n) for _ in range(3)]
     count = ctypes.c_uint32(n)
     grid = (n + _BLOCK - 1) // _BLOCK
     launch = gpu.launch
-    exe = _capture_adds(gpu, kernel, stream, bufs, n, k)
-    start, end = gpu.create_event(), gpu.create_event()
-
-    def replay() -> None:
-        exe.launch(stream)
-
-    def eager() -> None:
-        args = (bufs[0], bufs[1], bufs[2], count)
-        for _ in range(k):
-            launch(kernel, grid, _BLOCK, args, stream=stream)
-
-    def device_us(op: Callable[[], object]) -> float:
-        times = []
-        for _ in range(rounds + 1):
-            start.record(stream)
-            op()
-            end.record(stream)
-            end.synchronize()
-            times.append(start.elapsed_ms(end) * 1e3)
-        return statistics.median(times[1:])
-
-    ops: dict[str, Callable[[], object]] = {"metrale graph replay": replay, f"metrale {k} eager launches": eager}
-    settle: dict[str, Callable[[], object]] = {label: stream.synchronize for label in ops}
     device: dict[str, float] = {}
-    sources = {label: "metrale" for label in ops}
-    torch, torch_source = _torch(gpu)
     torch_label = "torch.cuda.CUDAGraph replay"
-    if torch is not None:
-        torch_replay, torch_device, torch_sync = _torch_graph(torch, k, n, rounds)
-        ops[torch_label], settle[torch_label], sources[torch_label] = torch_replay, torch_sync, torch_source
-    b.say(f"  host time: {len(ops)} ways, {rounds} rounds of {calls}")
-    try:
+    with ExitStack() as stack:
+        stream = gpu.create_stream()
+        stack.callback(stream.close)
+        bufs = _buffers(gpu, stack, 3, 4 * n)
+        stack.callback(stream.synchronize)  # before the buffers go
+        exe = _capture_adds(gpu, kernel, stream, bufs, n, k)
+        stack.callback(exe.close)
+        start, end = gpu.create_event(), gpu.create_event()
+        stack.callback(start.close)
+        stack.callback(end.close)
+
+        def replay() -> None:
+            exe.launch(stream)
+
+        def eager() -> None:
+            args = (bufs[0], bufs[1], bufs[2], count)
+            for _ in range(k):
+                launch(kernel, grid, _BLOCK, args, stream=stream)
+
+        def device_us(op: Callable[[], object]) -> float:
+            times = []
+            for _ in range(rounds + 1):
+                start.record(stream)
+                op()
+                end.record(stream)
+                end.synchronize()
+                times.append(start.elapsed_ms(end) * 1e3)
+            return statistics.median(times[1:])
+
+        ops: dict[str, Callable[[], object]] = {"metrale graph replay": replay, f"metrale {k} eager launches": eager}
+        settle: dict[str, Callable[[], object]] = {label: stream.synchronize for label in ops}
+        sources = {label: "metrale" for label in ops}
+        torch, torch_source = _torch(gpu)
+        if torch is not None:
+            torch_replay, torch_device, torch_sync = _torch_graph(torch, gpu.ordinal, k, n, rounds)
+            gpu.bind_to_thread()
+            ops[torch_label], settle[torch_label], sources[torch_label] = torch_replay, torch_sync, torch_source
+        b.say(f"  host time: {len(ops)} ways, {rounds} rounds of {calls}")
         medians = _turns(ops, rounds=rounds, calls=calls, settle=settle)
         b.say("  device time, from events")
         device["metrale graph replay"] = device_us(replay)
         device[f"metrale {k} eager launches"] = device_us(eager)
         if torch is not None:
             device[torch_label] = torch_device()
-    finally:
-        stream.synchronize()
-        for handle in (exe, start, end, stream):
-            handle.close()
-        for buf in bufs:
-            gpu.free(buf)
+            gpu.bind_to_thread()
     reference = Figure("metrale graph replay", "metrale", "us", _us(medians["metrale graph replay"]))
     figures = [reference] + [
         _compare(Figure(label, sources[label], "us", _us(medians[label])), reference)
@@ -551,35 +582,48 @@ def _graph(b: _Bench) -> Result:
 
 
 def _torch_graph(
-    torch: Any, k: int, n: int, rounds: int
+    torch: Any, ordinal: int, k: int, n: int, rounds: int
 ) -> tuple[Callable[[], None], Callable[[], float], Callable[[], None]]:
-    """A ``torch.cuda.CUDAGraph`` of ``k`` ``torch.add(a, b, out=c)`` over ``n`` float32: its replay, a
-    function giving its device time per replay from CUDA events, and a wait."""
-    a, b_, c = (torch.ones(n, dtype=torch.float32, device="cuda") for _ in range(3))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture, as PyTorch asks
-        for _ in range(3):
-            torch.add(a, b_, out=c)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(k):
-            torch.add(a, b_, out=c)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    """A ``torch.cuda.CUDAGraph`` of ``k`` ``torch.add(a, b, out=c)`` over ``n`` float32 on device ``ordinal``:
+    its replay, a function giving its device time per replay from CUDA events, and a wait."""
+    on_device = functools.partial(torch.cuda.device, ordinal)
+    with on_device():
+        a, b_, c = (torch.ones(n, dtype=torch.float32, device=torch.device("cuda", ordinal)) for _ in range(3))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture, as PyTorch asks
+            for _ in range(3):
+                torch.add(a, b_, out=c)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(k):
+                torch.add(a, b_, out=c)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def replay() -> None:  # on another device than the current one only: a device guard costs host time
+        with on_device():
+            graph.replay()
+
+    if torch.cuda.current_device() == ordinal:
+        replay = graph.replay
+
+    def synchronize() -> None:
+        torch.cuda.synchronize(ordinal)
 
     def device_us() -> float:
         times = []
-        for _ in range(rounds + 1):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(float(start.elapsed_time(end)) * 1e3)
+        with on_device():
+            for _ in range(rounds + 1):
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(float(start.elapsed_time(end)) * 1e3)
         return statistics.median(times[1:])
 
-    return graph.replay, device_us, torch.cuda.synchronize
+    return replay, device_us, synchronize
 
 
 _LOOP_KERNELS: Final = 128

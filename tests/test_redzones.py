@@ -116,6 +116,61 @@ def test_queued_scans_of_a_clean_program_report_nothing_and_keep_up(backend_name
         assert gpu.stats().redzone_scans == 12 + 1
 
 
+def test_no_queued_scan_s_find_is_lost(backend_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Two launches overrun two buffers: each scan's find is heard once, whichever call judges it (on a GPU
+    both scans may finish before a wait, and are reported together)."""
+    with open_backend(backend_name, settings=QUEUED.updated(redzone_action="warn")) as gpu:
+        first, second = gpu.alloc(100), gpu.alloc(100)
+        heard: list[tuple[int, int]] = []
+        stream = gpu.create_stream()
+        graphs = [_overrunning_graph(gpu, buf, stream) for buf in (first, second)]
+        gpu.on_redzone_violation(lambda name, v: heard.append((v.index, v.offset)))
+        with caplog.at_level(logging.WARNING, logger="metrale"):
+            for exe in graphs:
+                exe.launch(stream)  # type: ignore[attr-defined]
+            stream.synchronize()
+        # the first scan sees the first overrun; the second sees both (zones are not refilled)
+        assert sorted(heard) == sorted([(first.index, 0), (first.index, 0), (second.index, 0)])
+        found = [r.getMessage().rpartition("(found by ")[2] for r in caplog.records]
+        assert all(f.startswith(("the scan queued after graph launch #", "the scans queued after")) for f in found)
+
+
+def test_a_freed_buffer_s_overrun_is_reported_by_its_free_only(backend_name: str) -> None:
+    with open_backend(backend_name, settings=QUEUED) as gpu:
+        buf = gpu.alloc(100)
+        stream = gpu.create_stream()
+        exe = _overrunning_graph(gpu, buf, stream)
+        exe.launch(stream)  # type: ignore[attr-defined]
+        exe.close()  # type: ignore[attr-defined]
+        with pytest.raises(RedZoneError, match="free of allocation"):
+            gpu.free(buf)
+        stream.synchronize()  # the queued scan saw it too, but the buffer is gone: not reported twice
+
+
+def test_queued_scans_on_two_streams_while_zones_come_and_go(backend_name: str) -> None:
+    """Each queued scan reads its own copy of the zone table, written on its own stream."""
+    with open_backend(backend_name, settings=QUEUED) as gpu:
+        kernel = gpu.load_modules(shipped_modules("vector")).kernel("vector", "fill_u32")
+        streams = [gpu.create_stream(), gpu.create_stream()]
+        target = gpu.alloc(1024)
+        graphs = []
+        for stream in streams:
+            gpu.begin_capture(stream)
+            gpu.launch(kernel, 2, 128, [target, np.uint32(256), np.uint32(7)], stream=stream)
+            graphs.append(gpu.end_capture(stream).instantiate())
+        extra = []
+        for i in range(10):
+            extra.append(gpu.alloc(64 * (i + 1)))  # the zone set changes before every launch
+            graphs[i % 2].launch(streams[i % 2])
+        victim = extra[3]
+        gpu.memset(victim.ptr + victim.nbytes + 1, 0, nbytes=1)  # one planted overrun, on the default stream
+        gpu.default_stream.synchronize()
+        graphs[0].launch(streams[0])
+        with pytest.raises(RedZoneError) as info:
+            gpu.synchronize()
+        assert [(v.index, v.side, v.offset) for v in info.value.violations] == [(victim.index, "trail", 1)]
+
+
 def test_a_full_scan_or_close_reports_a_pending_queued_scan_s_find_once(
     backend_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
