@@ -295,6 +295,12 @@ def _compare(figure: Figure, reference: Figure) -> Figure:
     return dataclasses.replace(figure, vs=reference.label, ratio=_ratio(figure.value, reference.value))
 
 
+def _against_first(labels: Sequence[str], medians: Mapping[str, float], sources: Mapping[str, str]) -> list[Figure]:
+    """Host times of ``labels`` (medians in seconds), each after the first compared with the first."""
+    first = Figure(labels[0], sources[labels[0]], "us", _us(medians[labels[0]]))
+    return [first] + [_compare(Figure(label, sources[label], "us", _us(medians[label])), first) for label in labels[1:]]
+
+
 # -- the measurements ---------------------------------------------------------------------------------
 
 
@@ -382,12 +388,7 @@ def _pools(b: _Bench) -> Result:
         medians = _turns(ops, rounds=rounds, calls=calls)
     finally:
         arena.close()
-    reference = Figure("metrale Arena.alloc + reset", "metrale", "us", _us(medians["metrale Arena.alloc + reset"]))
-    figures = [reference] + [
-        _compare(Figure(label, sources[label], "us", _us(medians[label])), reference)
-        for label in ops
-        if label != reference.label
-    ]
+    figures = _against_first(list(ops), medians, sources)
     detail = f"{_format_size(n)}, host time per allocation and release, median of {rounds} rounds of {calls}"
     return Result("pools", "the arena against the pools of CuPy and PyTorch", detail, (*figures, *skipped))
 
@@ -563,12 +564,7 @@ def _graph(b: _Bench) -> Result:
         if torch is not None:
             device[torch_label] = torch_device()
             gpu.bind_to_thread()
-    reference = Figure("metrale graph replay", "metrale", "us", _us(medians["metrale graph replay"]))
-    figures = [reference] + [
-        _compare(Figure(label, sources[label], "us", _us(medians[label])), reference)
-        for label in ops
-        if label != reference.label
-    ]
+    figures = _against_first(list(ops), medians, sources)
     if torch is None:
         figures.append(Figure(torch_label, "torch", "us", None, note=torch_source))
     device_reference = Figure("device time: metrale graph", "metrale", "us", device["metrale graph replay"])
