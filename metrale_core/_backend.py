@@ -167,6 +167,17 @@ def _zone_table(zones: Sequence[Zone]) -> bytes:
     return table.tobytes()
 
 
+def _zone_violations(
+    zones: Sequence[Zone], firsts: Iterable[int], keep: Callable[[DeviceBuffer], bool] = lambda buf: True
+) -> list[RedZoneViolation]:
+    """The violations in a scan's results: ``firsts[i]`` is zone ``i``'s first changed offset + 1, or 0."""
+    return [
+        RedZoneViolation(z.buffer.ptr, z.buffer.nbytes, z.buffer.index, z.buffer.site, z.side, first - 1)
+        for z, first in zip(zones, firsts, strict=True)
+        if first and keep(z.buffer)
+    ]
+
+
 class GpuBackend:
     """One open device of one backend. A context manager; thread-safe.
 
@@ -204,6 +215,7 @@ class GpuBackend:
         self._scan_buffers: dict[str, tuple[int, int]] = {}  # role -> (raw arena pointer, bytes)
         self._scan_table_version = -1  # the live-zone table version the device's table buffer holds
         self._queued_scans: list[_QueuedScan] = []  # redzone_scan_queued: scans behind graph launches
+        self._queued_table_version = -1  # the live-zone table version last written to a queued scan's slot
         # Red-zone fills queued on the default stream, and how many of them are known done.
         self._fills_issued = 0
         self._fills_settled = 0
@@ -1079,11 +1091,7 @@ class GpuBackend:
             firsts = self._scan_on_device(self._scanner, zones, table, version)
             if firsts is None:
                 return []
-            return [
-                RedZoneViolation(z.buffer.ptr, z.buffer.nbytes, z.buffer.index, z.buffer.site, z.side, first - 1)
-                for z, first in zip(zones, firsts, strict=True)
-                if first
-            ]
+            return _zone_violations(zones, firsts)
 
     def _load_scanner(self) -> Kernel | Literal[False]:
         """The shipped ``redzone.redzone_scan`` kernel, or ``False`` where it cannot load (then reads)."""
@@ -1117,16 +1125,20 @@ class GpuBackend:
         if table is not None:
             self._raw.copy_htod(table_ptr, memoryview(table), stream, pinned=False)
             self._scan_table_version = version  # -1 for a caller's own zones: the next full scan re-copies
-        args = pack_args(
-            kernel, [table_ptr, ctypes.c_uint32(n), ctypes.c_uint32(self._redzones.fill), result_ptr],
-            "red-zone scan", lambda buf: None,
-        )
-        self._raw.launch(kernel._raw, (n, 1, 1), (256, 1, 1), 0, stream, args)
+        self._launch_scan(kernel, table_ptr, n, result_ptr, stream)
         results = bytearray(n * 4)
         self._raw.copy_dtoh(memoryview(results), result_ptr, stream, pinned=False)
         if results.count(0) == len(results):
             return None
         return list(memoryview(results).cast("I"))
+
+    def _launch_scan(self, kernel: Kernel, table_ptr: int, n: int, result_ptr: int, stream: object) -> None:
+        """Queue the scan kernel over the ``n`` zones of the device table at ``table_ptr``."""
+        args = pack_args(
+            kernel, [table_ptr, ctypes.c_uint32(n), ctypes.c_uint32(self._redzones.fill), result_ptr],
+            "red-zone scan", lambda buf: None,
+        )
+        self._raw.launch(kernel._raw, (n, 1, 1), (256, 1, 1), 0, stream, args)
 
     def _scan_buffer(self, role: str, nbytes: int) -> tuple[int, bool]:
         """Device scratch for the scan (raw arena memory: on no ledger), kept and grown as needed;
@@ -1214,22 +1226,20 @@ class GpuBackend:
                 return False
             try:
                 self._judge_queued_scans(finished, wait=False)  # earlier launches' scans; never this one's
-                version, zones, table = self._redzones.snapshot(-1)
+                # the table's bytes only when the zones changed since a slot was last written
+                version, zones, table = self._redzones.snapshot(self._queued_table_version)
                 if zones:
                     self._stats.redzone_scans += 1
                     n = len(zones)
                     slot = self._scan_slot(n, finished)
                     target = self._stream(stream, "GraphExec.launch")._raw
-                    assert table is not None and slot.host is not None
+                    assert slot.host is not None
                     if slot.table_version != version:
+                        if table is None:  # unchanged since another slot was written: this one is older
+                            table = _zone_table(zones)
                         self._raw.copy_htod(slot.table_ptr, memoryview(table), target, pinned=False)
-                        slot.table_version = version
-                    args = pack_args(
-                        self._scanner,
-                        [slot.table_ptr, ctypes.c_uint32(n), ctypes.c_uint32(self._redzones.fill), slot.result_ptr],
-                        "red-zone scan", lambda buf: None,
-                    )
-                    self._raw.launch(self._scanner._raw, (n, 1, 1), (256, 1, 1), 0, target, args)
+                        slot.table_version = self._queued_table_version = version
+                    self._launch_scan(self._scanner, slot.table_ptr, n, slot.result_ptr, target)
                     self._raw.copy_dtoh(slot.host[1][: n * 4], slot.result_ptr, target, pinned=True)
                     self._raw.event_record(slot.event, target)
                     slot.zones, slot.pending, slot.seq = zones, True, self._stats.graph_launches
@@ -1290,11 +1300,7 @@ class GpuBackend:
                 results = slot.host[1][: len(zones) * 4]
                 if bytes(results).count(0) == len(results):
                     continue
-                violations = [
-                    RedZoneViolation(z.buffer.ptr, z.buffer.nbytes, z.buffer.index, z.buffer.site, z.side, first - 1)
-                    for z, first in zip(zones, results.cast("I"), strict=True)
-                    if first and self._is_live(z.buffer)
-                ]
+                violations = _zone_violations(zones, results.cast("I"), keep=self._is_live)
                 if violations:
                     finished.append((slot.when, violations))
 
