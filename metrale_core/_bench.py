@@ -261,7 +261,6 @@ class _Bench:
         self.quick = quick
         self.say = say
         self.on_gpu = gpu.name != "fake"
-        self._registry: Any = None
 
     def rounds(self, full: int) -> int:
         return 2 if self.quick else full
@@ -276,19 +275,20 @@ class _Bench:
         return gpu if self.on_gpu else fake
 
     def vector_add(self, gpu: GpuBackend | None = None) -> Kernel:
+        """The shipped ``vector_add`` on ``gpu`` (the bench's backend by default); the kernel keeps its
+        registry, so its module, loaded."""
         target = gpu or self.gpu
-        registry = target.load_modules(shipped_modules("vector"))
-        if target is self.gpu:
-            self._registry = registry
-        return registry.kernel("vector", "vector_add")
+        return target.load_modules(shipped_modules("vector")).kernel("vector", "vector_add")
 
     def goals(self, *goals: Goal) -> tuple[Goal, ...]:
         """The goals, where they mean something: they are the CUDA backend's, so none on the fake."""
         return goals if self.on_gpu else ()
 
-    def baseline_figure(self, label: str, unit: str, skipped: str | None = None) -> Figure:
-        note = skipped or f"skipped: {self.why_not}"
-        return Figure(label, "baseline", unit, None, note=note)
+    def raw_figure(self, label: str, unit: str, value: float | None) -> Figure:
+        """The baseline's figure ``label``; without a baseline, skipped, saying why."""
+        if self.baseline is None or value is None:
+            return Figure(label, "baseline", unit, None, note=f"skipped: {self.why_not}")
+        return Figure(label, self.baseline.label, unit, value)
 
 
 def _compare(figure: Figure, reference: Figure) -> Figure:
@@ -333,11 +333,7 @@ def _alloc(b: _Bench) -> Result:
             ops[zone] = functools.partial(_pair, zalloc, zfree, n)
             b.say(f"  {size}: {len(ops)} ways, {rounds} rounds of {calls}")
             medians = _turns(ops, rounds=rounds, calls=calls)
-            raw = (
-                Figure(raw_label, b.baseline.label, "us", _us(medians[raw_label]))
-                if b.baseline is not None
-                else b.baseline_figure(raw_label, "us")
-            )
+            raw = b.raw_figure(raw_label, "us", _us(medians[raw_label]) if raw_label in medians else None)
             figures.append(raw)
             for label in (ledger, zone):
                 us = _us(medians[label])
@@ -435,10 +431,7 @@ def _copies(b: _Bench) -> Result:
                 gpu.free(obj)
         moved = 2 * n if direction == "dtod" else n  # D2D reads and writes every byte
         rate = {label: moved / seconds / 1e9 for label, seconds in medians.items()}
-        if b.baseline is not None:
-            raw = Figure(f"raw {what}", b.baseline.label, "GB/s", rate[f"raw {what}"])
-        else:
-            raw = b.baseline_figure(f"raw {what}", "GB/s")
+        raw = b.raw_figure(f"raw {what}", "GB/s", rate.get(f"raw {what}"))
         mine = _compare(Figure(f"metrale {what}", "metrale", "GB/s", rate[f"metrale {what}"]), raw)
         figures += [raw, mine]
         goals.append(Goal(f"{names[direction]} at least 97% of the raw copy", mine.ratio, 0.97, at_most=False))
@@ -471,10 +464,8 @@ def _eager(b: _Bench) -> Result:
         stream.synchronize()
     figures: list[Figure] = []
     for what in ("memset 4 KiB", "launch vector_add"):
-        if b.baseline is not None:
-            raw = Figure(f"raw {what}", b.baseline.label, "us", _us(medians[f"raw {what}"]))
-        else:
-            raw = b.baseline_figure(f"raw {what}", "us")
+        seconds = medians.get(f"raw {what}")
+        raw = b.raw_figure(f"raw {what}", "us", None if seconds is None else _us(seconds))
         mine = _compare(Figure(f"metrale {what}", "metrale", "us", _us(medians[f"metrale {what}"])), raw)
         figures += [raw, mine]
     detail = f"host time per call ({n} float32 elements for the launch), median of {rounds} rounds of {calls}"
