@@ -17,7 +17,9 @@ from ._arena import Arena
 from ._backend import GpuBackend
 from ._discovery import ENTRY_POINT_GROUP, available_backends, open_backend
 from ._errors import (
+    ArchitectureError,
     ArenaFullError,
+    BackendClosedError,
     BackendNotFoundError,
     BackendUnavailableError,
     CaptureError,
@@ -29,6 +31,7 @@ from ._errors import (
     MetraleError,
     OutOfMemoryError,
     RedZoneError,
+    SnapshotError,
     cuda_code,
     error_for_code,
 )
@@ -46,7 +49,7 @@ from ._kernels import (
 from ._ledger import LedgerEvent, LedgerProbe
 from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
 from ._pressure import MemoryStats, OomWatchdog
-from ._ptx import ArchitectureError, Param, PtxImage, parse_ptx
+from ._ptx import Param, PtxImage, parse_ptx
 from ._raw import AllocKind, Baseline, CopyDirection, ForeignMemory, RawDevice
 from ._registration import BackendRegistration
 from ._settings import MetraleSettings
@@ -62,6 +65,7 @@ __all__ = [
     "ArchitectureError",
     "Arena",
     "ArenaFullError",
+    "BackendClosedError",
     "BackendInfo",
     "BackendNotFoundError",
     "BackendRegistration",
@@ -101,6 +105,7 @@ __all__ = [
     "RedZoneError",
     "RedZoneViolation",
     "RunMetrics",
+    "SnapshotError",
     "Stream",
     "__version__",
     "available_backends",

@@ -69,6 +69,11 @@ class Arena:
         self.allocs = 0
 
     @property
+    def base(self) -> int:
+        """The device address of the block's first byte."""
+        return self._base
+
+    @property
     def capacity(self) -> int:
         """Bytes in the block."""
         return self._capacity

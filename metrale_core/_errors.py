@@ -3,15 +3,21 @@
 ::
 
     MetraleError                   .code: int | None, .name: str | None
-     ├── ConfigError
-     ├── BackendNotFoundError
-     ├── BackendUnavailableError
+     ├── ConfigError               a METRALE_* setting or settings keyword is invalid
+     ├── SnapshotError             a memory snapshot file cannot be read  .path
+     ├── BackendNotFoundError      no installed backend has that name
+     ├── BackendUnavailableError   installed, but cannot run here
+     ├── BackendClosedError        the backend (or its handle) was used after close()
      ├── InvalidArgumentError      (also a ValueError)
-     │    └── InvalidBufferError
-     ├── OutOfMemoryError          (also a MemoryError)  .requested: int
-     ├── CaptureError
-     ├── DeviceFaultError
-     └── DriverError
+     │    ├── InvalidBufferError   a buffer is not live, or an operation runs past it
+     │    └── ArchitectureError    PTX for an architecture the device cannot run
+     ├── OutOfMemoryError          (also a MemoryError)  .requested
+     │    └── ArenaFullError       an Arena has no room  .capacity, .used
+     ├── CaptureError              a stream-capture rule was broken (CUDA 900-908)
+     ├── DeviceFaultError          a sticky device fault: the backend is unusable
+     ├── RedZoneError              red zones changed (redzone_action="raise")  .violations
+     └── DriverError               any other driver failure
+          └── KernelNotFoundError  a module or kernel the registry does not hold
 
 Every backend speaks CUDA's vocabulary: where CUDA fails, a backend raises the
 class :func:`error_for_code` picks for CUDA's result code, with CUDA's ``code``
@@ -24,7 +30,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 __all__ = [
+    "ArchitectureError",
     "ArenaFullError",
+    "BackendClosedError",
     "BackendNotFoundError",
     "BackendUnavailableError",
     "CaptureError",
@@ -33,9 +41,12 @@ __all__ = [
     "DriverError",
     "InvalidArgumentError",
     "InvalidBufferError",
+    "KernelNotFoundError",
     "MetraleError",
     "OutOfMemoryError",
     "RedZoneError",
+    "SnapshotError",
+    "capture_error",
     "cuda_code",
     "error_for_code",
 ]
@@ -72,6 +83,17 @@ class ConfigError(MetraleError):
     """A ``METRALE_*`` setting (or a keyword to ``MetraleSettings``) is invalid."""
 
 
+class SnapshotError(MetraleError):
+    """A memory snapshot file (``save_snapshot``, ``metrale report``) cannot be read: missing,
+    not JSON, not a metrale snapshot, of a newer version, or inconsistent. ``path`` names it."""
+
+    path: str | None
+
+    def __init__(self, message: str, *, path: object = None) -> None:
+        super().__init__(message)
+        self.path = None if path is None else str(path)
+
+
 class BackendNotFoundError(MetraleError):
     """No installed backend has the name that was asked for."""
 
@@ -80,12 +102,20 @@ class BackendUnavailableError(MetraleError):
     """The backend is installed but cannot run here; the message says why."""
 
 
+class BackendClosedError(MetraleError):
+    """A backend, or a handle of one, was used after ``close()``; open a new backend."""
+
+
 class InvalidArgumentError(MetraleError, ValueError):
     """An argument is out of range or of the wrong kind; nothing was changed."""
 
 
 class InvalidBufferError(InvalidArgumentError):
     """A buffer is unknown, no longer live, or an operation would run past it."""
+
+
+class ArchitectureError(InvalidArgumentError):
+    """PTX images target an architecture the device cannot run (``CUDA_ERROR_NO_BINARY_FOR_GPU``)."""
 
 
 class OutOfMemoryError(MetraleError, MemoryError):
@@ -129,6 +159,10 @@ class DeviceFaultError(MetraleError):
 
 class DriverError(MetraleError):
     """Any other failure the driver (or the fake, speaking for it) reported."""
+
+
+class KernelNotFoundError(DriverError):
+    """A module or kernel the registry does not hold (``CUDA_ERROR_NOT_FOUND``); the message lists what it does."""
 
 
 class RedZoneError(MetraleError):
@@ -260,6 +294,12 @@ def error_for_code(
     if name in _STICKY:
         return DeviceFaultError(message, code=code, name=name)
     return DriverError(message, code=code, name=name)
+
+
+def capture_error(name: str, message: str) -> CaptureError:
+    """The :class:`CaptureError` for CUDA result ``name`` (one of 900-908, or ``CUDA_ERROR_ILLEGAL_STATE``)
+    with metrale's ``message``: the one place capture errors are built."""
+    return CaptureError(message, code=_CODES.get(name), name=name)
 
 
 def is_sticky(name: str | None) -> bool:

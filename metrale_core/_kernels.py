@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from ._errors import DriverError, InvalidArgumentError, MetraleError, error_for_code
+from ._errors import InvalidArgumentError, KernelNotFoundError, MetraleError, error_for_code
 from ._ptx import Param, PtxImage
 from ._types import DeviceBuffer
 
@@ -35,10 +35,6 @@ __all__ = [
 MAX_THREADS_PER_BLOCK: Final = 1024
 MAX_BLOCK: Final = (1024, 1024, 64)
 MAX_GRID: Final = ((1 << 31) - 1, 65535, 65535)
-
-
-class KernelNotFoundError(DriverError):
-    """A module or kernel the registry does not hold (``CUDA_ERROR_NOT_FOUND``); the message lists what it does."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

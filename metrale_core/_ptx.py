@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from ._errors import InvalidArgumentError, error_for_code
+from ._errors import ArchitectureError, InvalidArgumentError, error_for_code
 
 __all__ = ["ArchitectureError", "Param", "PtxImage", "check_architecture", "parse_ptx"]
 
@@ -82,10 +82,6 @@ class PtxImage:
         if self.suffix == "f":
             return capability[0] == self.sm // 10 and capability[1] >= self.sm % 10
         return device >= self.sm
-
-
-class ArchitectureError(InvalidArgumentError):
-    """PTX images target an architecture the device cannot run (``CUDA_ERROR_NO_BINARY_FOR_GPU``)."""
 
 
 def _text(image: bytes | str) -> str:

@@ -234,7 +234,7 @@ class BackendMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, _ARENA_BYTES // 2), align=st.sampled_from([1, 16, 256, 4096]))
     def arena_alloc(self, n: int, align: int) -> None:
-        base = self.sub._base
+        base = self.sub.base
         start = (base + self.sub_top + align - 1) // align * align - base
         if start + n > _ARENA_BYTES:
             try:
