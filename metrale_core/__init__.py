@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ._arena import Arena
 from ._backend import GpuBackend
+from ._buffer import DeviceArray, DeviceBuffer
 from ._discovery import ENTRY_POINT_GROUP, available_backends, open_backend
 from ._errors import (
     ArchitectureError,
@@ -28,6 +29,7 @@ from ._errors import (
     DriverError,
     InvalidArgumentError,
     InvalidBufferError,
+    KernelNotFoundError,
     MetraleError,
     OutOfMemoryError,
     RedZoneError,
@@ -36,24 +38,25 @@ from ._errors import (
     error_for_code,
 )
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
-from ._interop import DeviceArray
-from ._kernels import (
-    Kernel,
-    KernelImplementation,
-    KernelNotFoundError,
-    KernelRegistry,
-    LaunchArg,
-    RunMetrics,
-    kernel_implementation,
-)
 from ._ledger import LedgerEvent, LedgerProbe
 from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
 from ._pressure import MemoryStats, OomWatchdog
 from ._ptx import Param, PtxImage, parse_ptx
-from ._raw import AllocKind, Baseline, CopyDirection, ForeignMemory, RawDevice
+from ._raw import Baseline, CopyDirection, RawDevice
 from ._registration import BackendRegistration
+from ._registry import Kernel, KernelRegistry, RunMetrics
 from ._settings import MetraleSettings
-from ._types import AllocRecord, BackendInfo, DeviceBuffer, MemoryInfo, RedZoneViolation
+from ._types import (
+    AllocKind,
+    AllocRecord,
+    BackendInfo,
+    ForeignMemory,
+    KernelImplementation,
+    LaunchArg,
+    MemoryInfo,
+    RedZoneViolation,
+    kernel_implementation,
+)
 from .hookspec import hookimpl
 
 __version__ = "0.1.0"

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Final
 
+from ._buffer import DeviceBuffer
 from ._errors import ArenaFullError, InvalidArgumentError, InvalidBufferError
-from ._ledger import format_bytes, next_index
-from ._types import DeviceBuffer, as_index
+from ._ledger import next_index
+from ._types import as_index, format_bytes
 
 __all__ = ["Arena"]
 
@@ -51,7 +52,7 @@ class Arena:
     """
 
     __slots__ = (
-        "_base", "_block", "_capacity", "_lock", "_on_close", "_owner", "_top", "_valid_from", "allocs", "site",
+        "_base", "_block", "_capacity", "_lock", "_on_close", "_owner", "_pieces", "_top", "allocs", "site",
     )
 
     def __init__(self, block: DeviceBuffer, on_close: Callable[[Arena, DeviceBuffer], None]) -> None:
@@ -59,7 +60,7 @@ class Arena:
         self._base = block.ptr
         self._capacity = block.nbytes
         self._top = 0
-        self._valid_from = next_index()  # pieces have creation indexes from here on
+        self._pieces: dict[int, tuple[int, int]] = {}  # creation index -> (address, nbytes) of each live piece
         self._lock = threading.Lock()
         self._on_close = on_close
         self._owner = block._owner
@@ -107,16 +108,14 @@ class Arena:
                 )
             self._top = end
             self.allocs += 1
-        return DeviceBuffer._make(start, nbytes, "arena", next_index(), self.site, self._owner)
+            index = next_index()
+            self._pieces[index] = (start, nbytes)
+        return DeviceBuffer._make(start, nbytes, "arena", index, self.site, self._owner)
 
     def holds(self, buf: DeviceBuffer) -> bool:
-        """Whether ``buf`` is a live piece of this arena."""
-        return (
-            self._block is not None
-            and buf.index >= self._valid_from
-            and self._base <= buf.ptr
-            and buf.ptr + buf.nbytes <= self._base + self._top
-        )
+        """Whether ``buf`` is a live piece of this arena: one it handed out since the last ``reset()``,
+        at the address and with the size it recorded (a copy of the handle with another size is not)."""
+        return buf._owner is self._owner and self._pieces.get(buf.index) == (buf.ptr, buf.nbytes)
 
     def reset(self) -> None:
         """Take every piece back; buffers handed out so far are no longer live."""
@@ -124,20 +123,28 @@ class Arena:
             if self._block is None:
                 raise InvalidBufferError(f"Arena.reset: this arena (from {self.site}) is closed")
             self._top = 0
-            self._valid_from = next_index()
+            self._pieces = {}
 
     def close(self) -> None:
-        """Release the block; idempotent. Its pieces are no longer live."""
+        """Release the block; idempotent. Its pieces are no longer live.
+
+        Refused (during a capture, say) it changes nothing: the arena stays open and usable.
+        """
         with self._lock:
-            block, self._block = self._block, None
+            block = self._block
+            if block is None:
+                return
+            self._on_close(self, block)  # may refuse; nothing has changed then
+            self._block = None
             self._top = 0
-        if block is not None:
-            self._on_close(self, block)
+            self._pieces = {}
 
     def _take_block(self) -> DeviceBuffer | None:
         """For the backend's close: forget the block (the backend releases it)."""
         with self._lock:
             block, self._block = self._block, None
+            self._top = 0
+            self._pieces = {}
             return block
 
     def __enter__(self) -> Arena:

@@ -19,32 +19,38 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from ._errors import CaptureError, error_for_code
+from ._errors import CaptureError, capture_error
 
 if TYPE_CHECKING:
-    from ._handles import HostBuffer, Stream
-    from ._kernels import KernelRegistry
-    from ._types import DeviceBuffer
+    from ._buffer import DeviceBuffer
 
-__all__ = ["Capture", "active_captures", "captured_event_error", "forbid_during_capture", "invalidated_error"]
+__all__ = [
+    "Capture",
+    "abandon_captures",
+    "active_captures",
+    "captured_event_error",
+    "forbid_during_capture",
+    "invalidated_error",
+]
 
 _LOCK = threading.Lock()
 _ACTIVE: dict[int, Capture] = {}
 
 
 class Capture:
-    """One capture in progress: its stream, whether it is invalidated, and what it touched."""
+    """One capture in progress: the device context it belongs to (``owner``), whether it is
+    invalidated, and what it touched (the buffers, host buffers and kernel registries its work uses)."""
 
-    __slots__ = ("active", "buffers", "host_buffers", "invalidated", "reason", "registries", "stream")
+    __slots__ = ("active", "buffers", "host_buffers", "invalidated", "owner", "reason", "registries")
 
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
+    def __init__(self, owner: object) -> None:
+        self.owner = owner
         self.active = False
         self.invalidated = False
         self.reason = ""
-        self.buffers: dict[tuple[int, int], DeviceBuffer] = {}
-        self.host_buffers: dict[int, HostBuffer] = {}
-        self.registries: dict[int, KernelRegistry] = {}  # whose kernels the capture launched
+        self.buffers: dict[int, DeviceBuffer] = {}  # creation index -> buffer
+        self.host_buffers: dict[int, object] = {}  # id -> HostBuffer
+        self.registries: dict[int, object] = {}  # id -> KernelRegistry whose kernels the capture launched
 
     def invalidate(self, reason: str) -> None:
         if not self.invalidated:
@@ -62,6 +68,17 @@ class Capture:
             self.active = False
 
 
+def abandon_captures(owner: object, reason: str) -> None:
+    """Take the captures of ``owner`` out of the process-wide record, invalidated with ``reason``
+    (a device fault: a faulted backend's capture can never end well, and must not bar the others)."""
+    with _LOCK:
+        mine = [c for c in _ACTIVE.values() if c.owner is owner]
+        for capture in mine:
+            del _ACTIVE[id(capture)]
+            capture.active = False
+            capture.invalidate(reason)
+
+
 def active_captures() -> list[Capture]:
     """The captures metrale's backends have begun and not ended, in this process."""
     with _LOCK:
@@ -75,35 +92,29 @@ def forbid_during_capture(what: str) -> None:
         return
     for capture in captures:
         capture.invalidate(f"{what} was called during the capture")
-    err = error_for_code("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", what)
-    raise CaptureError(
+    raise capture_error(
+        "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
         f"{what} is not allowed while a stream is capturing (global mode bars it in every "
         f"thread); the capture is now invalidated: call end_capture to discard it, and do "
         f"this before begin_capture or after end_capture",
-        code=err.code,
-        name=err.name,
     )
 
 
 def invalidated_error(capture: Capture, what: str) -> CaptureError:
-    err = error_for_code("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", what)
     todo = (
         "the capture has ended and its work is discarded: capture again without the forbidden call"
         if what == "end_capture"
         else "call end_capture to discard it, then capture again"
     )
-    return CaptureError(
+    return capture_error(
+        "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
         f"{what} failed: the capture on this stream was invalidated ({capture.reason}); {todo}",
-        code=err.code,
-        name=err.name,
     )
 
 
 def captured_event_error(what: str) -> CaptureError:
-    err = error_for_code("CUDA_ERROR_CAPTURED_EVENT", what)
-    return CaptureError(
+    return capture_error(
+        "CUDA_ERROR_CAPTURED_EVENT",
         f"{what}: the event was last recorded inside a capture, so it marks a point in a graph, not "
         f"in a stream's work; record it again on a stream outside any capture first",
-        code=err.code,
-        name=err.name,
     )

@@ -12,7 +12,6 @@ import dataclasses
 import importlib.metadata
 import logging
 from collections.abc import Callable
-from typing import Final
 
 import pluggy
 
@@ -24,17 +23,14 @@ from ._errors import (
     InvalidArgumentError,
     MetraleError,
 )
-from ._kernels import KernelImplementation
+from ._raw import RawDevice
 from ._registration import BackendRegistration
-from ._settings import MetraleSettings
-from ._types import BackendInfo, RedZoneViolation, as_index
+from ._settings import ENTRY_POINT_GROUP, MetraleSettings
+from ._types import BackendInfo, KernelImplementation, RedZoneViolation, as_index
 
 __all__ = ["ENTRY_POINT_GROUP", "available_backends", "open_backend"]
 
 _log = logging.getLogger("metrale.discovery")
-
-#: The entry-point group every backend registers in, the bundled ones too.
-ENTRY_POINT_GROUP: Final = "metrale.backends"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,6 +105,10 @@ def _discover_with_plugins(settings: MetraleSettings) -> tuple[dict[str, _Found]
             )
             continue
         registration = registrations[0]
+        problem = _malformed(registration)
+        if problem is not None:
+            unavailable(name, dist, f"the BackendRegistration of {dist} {problem}")
+            continue
         try:
             reason = registration.probe(settings)
         except Exception as exc:
@@ -117,6 +117,45 @@ def _discover_with_plugins(settings: MetraleSettings) -> tuple[dict[str, _Found]
                            registration.description)
         found[name] = _Found(info, registration, package)
     return dict(sorted(found.items())), pm
+
+
+def _malformed(registration: BackendRegistration) -> str | None:
+    """What is wrong with a registration's fields, or ``None``."""
+    preference = registration.preference
+    if isinstance(preference, bool) or not isinstance(preference, int):
+        return f"has preference={preference!r}; it must be an integer"
+    cls = registration.backend_class
+    if cls is not None and not (isinstance(cls, type) and issubclass(cls, GpuBackend)):
+        return f"has backend_class={cls!r}; it must be GpuBackend or a subclass of it"
+    return None
+
+
+def _choose_auto(found: dict[str, _Found]) -> str:
+    """The available backend with the highest preference; of equals, the name first in alphabetical order."""
+    ranked = sorted(
+        (-f.registration.preference, name)
+        for name, f in found.items()
+        if f.registration is not None and f.info.available
+    )
+    if not ranked:
+        reasons = "; ".join(f"{name}: {f.info.reason}" for name, f in found.items()) or "none is installed"
+        raise BackendUnavailableError(
+            f"backend auto: no installed backend is available here ({reasons}); see `metrale backends`"
+        )
+    _log.info("backend auto: chose %s (preference %d, of %s)", ranked[0][1], -ranked[0][0],
+              ", ".join(name for _, name in ranked))
+    return ranked[0][1]
+
+
+def _close_quietly(raw: object) -> None:
+    """Close what a failed open left, if it can be closed; a failure to close is logged, not raised."""
+    close = getattr(raw, "close", None)
+    if not callable(close):
+        return
+    try:
+        close()
+    except Exception:
+        _log.warning("closing the raw device of a backend that failed to open raised", exc_info=True)
 
 
 def _kernel_implementations(pm: pluggy.PluginManager, settings: MetraleSettings) -> list[KernelImplementation]:
@@ -155,8 +194,9 @@ def open_backend(
 ) -> GpuBackend:
     """Open backend ``name`` on device ``ordinal``.
 
-    ``name=None`` takes ``settings.backend``; ``"auto"`` picks ``cuda`` when a
-    CUDA driver and device answer, else ``fake``.
+    ``name=None`` takes ``settings.backend``; ``"auto"`` picks, of the
+    backends available here, the one whose registration declares the highest
+    ``preference`` (of equals, the name first in alphabetical order).
     """
     settings = settings or MetraleSettings()
     index = as_index(ordinal)
@@ -165,9 +205,7 @@ def open_backend(
     requested = settings.backend if name is None else name
     found, plugins = _discover_with_plugins(settings)
     if requested == "auto":
-        cuda = found.get("cuda")
-        requested = "cuda" if cuda is not None and cuda.info.available else "fake"
-        _log.info("backend auto: chose %s", requested)
+        requested = _choose_auto(found)
     entry = found.get(requested)
     installed = ", ".join(found) or "none"
     if entry is None:
@@ -193,17 +231,36 @@ def open_backend(
             f"backend {requested!r} ({entry.info.distribution}) failed to open device {ordinal}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+    if not isinstance(raw, RawDevice):
+        _close_quietly(raw)
+        raise BackendUnavailableError(
+            f"backend {requested!r} ({entry.info.distribution}) failed to open device {ordinal}: its open() "
+            f"returned {type(raw).__qualname__}, not a RawDevice; fix or uninstall that distribution"
+        )
     cls = registration.backend_class or GpuBackend
     try:
         backend = cls(requested, index, settings, raw, internal_packages={entry.package})
-    except BaseException:
-        raw.close()
+    except MetraleError:
+        _close_quietly(raw)
         raise
-    implementations = _kernel_implementations(plugins, settings)
-    if implementations:
-        backend.add_kernel_implementations(*implementations)
-    for impl in plugins.hook.metrale_redzone_violation.get_hookimpls():
-        backend.on_redzone_violation(_observer(impl.function, tuple(impl.argnames)))
+    except Exception as exc:
+        _close_quietly(raw)
+        raise BackendUnavailableError(
+            f"backend {requested!r} ({entry.info.distribution}) failed to start on device {ordinal}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    except BaseException:
+        _close_quietly(raw)
+        raise
+    try:
+        implementations = _kernel_implementations(plugins, settings)
+        if implementations:
+            backend.add_kernel_implementations(*implementations)
+        for impl in plugins.hook.metrale_redzone_violation.get_hookimpls():
+            backend.on_redzone_violation(_observer(impl.function, tuple(impl.argnames)))
+    except BaseException:
+        backend.close()
+        raise
     return backend
 
 

@@ -1,187 +1,236 @@
 """Handles a backend gives out: streams, events, graphs, executable graphs, host buffers.
 
-Each holds its backend's raw handle, is owned by that backend (closed with
-it), and refuses use after its own ``close()`` or the backend's.
+Each holds its raw handle and the device context, and is owned by one part of
+the backend: the stream front (streams, events, graphs) or the allocator (host
+buffers), each reached through the small protocol it implements here
+(:class:`HandleOwner`, :class:`HostOwner`). A handle refuses use after its own
+``close()`` or its backend's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._capture import Capture, captured_event_error, forbid_during_capture, invalidated_error
-from ._errors import CaptureError, InvalidBufferError, MetraleError, error_for_code
+from ._context import DeviceContext, gated, invalid_argument
+from ._errors import BackendClosedError, InvalidArgumentError, capture_error
 
 if TYPE_CHECKING:
-    from ._backend import GpuBackend
-    from ._kernels import KernelRegistry
-    from ._types import DeviceBuffer
+    from ._buffer import DeviceBuffer
 
-__all__ = ["Event", "Graph", "GraphExec", "HostBuffer", "Stream"]
+__all__ = ["Event", "Graph", "GraphExec", "HandleOwner", "HostBuffer", "HostOwner", "Stream"]
+
+_H = TypeVar("_H", bound="_Handle")
+
+
+class HandleOwner(Protocol):
+    """What streams, events and graphs ask of the part that owns them (the stream front)."""
+
+    @property
+    def ctx(self) -> DeviceContext: ...
+
+    def resolve(self, stream: Stream | None, what: str) -> Stream:
+        """``stream``, checked to be a live stream of this backend; the default stream for ``None``."""
+
+    def adopt(self, handle: _H) -> _H:
+        """Own ``handle``: it is released when the backend closes."""
+
+    def release(self, handle: _Handle) -> None:
+        """Forget ``handle`` and destroy its raw object (its ``close()``)."""
+
+    def waited(self) -> None:
+        """A user's wait has returned: report what finished work found (queued red-zone scans)."""
+
+    def launch_graph(self, graph: GraphExec, stream: Stream | None) -> None:
+        """Replay ``graph`` on ``stream`` (its ``launch()``)."""
+
+
+class HostOwner(Protocol):
+    """What a host buffer asks of the part that owns it (the allocator)."""
+
+    @property
+    def ctx(self) -> DeviceContext: ...
+
+    def free_host(self, buf: HostBuffer, what: str) -> None:
+        """Release ``buf`` (its ``close()``, or ``backend.free(buf)``)."""
 
 
 class _Handle:
-    __slots__ = ("__weakref__", "_backend", "_closed", "_raw")
+    __slots__ = ("__weakref__", "_closed", "_ctx", "_raw")
 
     _what = "handle"
+    #: The ``RawDevice`` method that destroys this kind of handle.
+    _destroy_op = ""
 
-    def __init__(self, backend: GpuBackend, raw: object) -> None:
-        self._backend = backend
+    def __init__(self, ctx: DeviceContext, raw: object) -> None:
+        self._ctx = ctx
         self._raw = raw
         self._closed = False
 
     def _live(self) -> object:
-        self._backend._check_open()
+        self._ctx.check_open()
         if self._closed:
-            raise MetraleError(f"this {self._what} was closed; create a new one")
+            raise BackendClosedError(f"this {self._what} was closed; create a new one")
         return self._raw
 
     @property
-    def backend(self) -> GpuBackend:
-        """The backend that owns this handle."""
-        return self._backend
+    def raw(self) -> object:
+        """The backend's raw handle (for the part that owns it and for diagnostics)."""
+        return self._raw
+
+    @property
+    def backend(self) -> Any:
+        """The backend that owns this handle (``None`` once that backend is gone)."""
+        return self._ctx.facade()
 
     @property
     def closed(self) -> bool:
-        return self._closed or self._backend.closed
+        return self._closed or self._ctx.closed
 
-    #: The ``RawDevice`` method that destroys this kind of handle.
-    _destroy_op = ""
-
-    def close(self) -> None:
-        """Release the handle; idempotent, and a no-op once its backend is closed (which released it)."""
-        if self._closed or self._backend.closed:
-            return
+    def _mark_closed(self) -> bool:
+        """For the owner: mark the handle closed; ``False`` if it already was."""
+        if self._closed:
+            return False
         self._closed = True
-        self._backend._forget_handle(self)
-        self._backend._destroy(getattr(self._backend._raw, self._destroy_op), self._raw)
+        return True
 
 
 class Stream(_Handle):
     """A queue of device work. Work on one stream runs in issue order."""
 
-    __slots__ = ("_capture", "_default")
+    __slots__ = ("_owner", "capture", "default")
     _what = "stream"
     _destroy_op = "stream_destroy"
 
-    def __init__(self, backend: GpuBackend, raw: object, *, default: bool = False) -> None:
-        super().__init__(backend, raw)
-        self._capture: Capture | None = None
-        self._default = default
+    def __init__(self, owner: HandleOwner, raw: object, *, default: bool = False) -> None:
+        super().__init__(owner.ctx, raw)
+        self._owner = owner
+        #: The capture in progress on this stream (the stream front's to set), or ``None``.
+        self.capture: Capture | None = None
+        #: Whether this is the backend's default stream (closed only with the backend).
+        self.default = default
 
+    @gated
     def synchronize(self) -> None:
         """Wait until all work issued to this stream has completed."""
         raw = self._live()
         forbid_during_capture("Stream.synchronize()")
-        self._backend._raw.stream_synchronize(raw)
-        self._backend._report_queued_scans()
+        self._ctx.raw.stream_synchronize(raw)
+        self._owner.waited()
 
+    @gated
     def query(self) -> bool:
         """Whether all work issued to this stream has completed."""
         raw = self._live()
         forbid_during_capture("Stream.query()")
-        return self._backend._raw.stream_query(raw)
+        return self._ctx.raw.stream_query(raw)
 
+    @gated
     def wait(self, event: Event) -> None:
         """Make later work on this stream wait for the event's last record."""
         raw = self._live()
-        if not isinstance(event, Event) or event._backend is not self._backend:
-            raise self._backend._invalid_argument("Stream.wait(event)", "an Event of this backend", event)
+        if not isinstance(event, Event) or event._ctx is not self._ctx:
+            raise invalid_argument("Stream.wait(event)", "an Event of this backend", event)
         raw_event = event._live()
-        capture = self._capture
+        capture = self.capture
         if capture is not None:
             if capture.invalidated:
                 raise invalidated_error(capture, "Stream.wait(event)")
-            if event._captured_in is not capture:
+            if event.captured_in is not capture:
                 capture.invalidate("Stream.wait on an event recorded outside the capture")
-                err = error_for_code("CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "Stream.wait(event)")
-                raise CaptureError(
+                raise capture_error(
+                    "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
                     "Stream.wait(event) on a capturing stream needs an event recorded in the "
                     "same capture; record the event on this stream after begin_capture",
-                    code=err.code,
-                    name=err.name,
                 )
-        elif event._captured_in is not None and not event._captured_in.active:
+        elif event.captured_in is not None and not event.captured_in.active:
             raise captured_event_error("Stream.wait(event)")
-        elif event._captured_in is not None:
-            raise CaptureError(
+        elif event.captured_in is not None:
+            raise capture_error(
+                "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
                 "Stream.wait(event) on a stream that is not capturing, with an event recorded "
                 "in a capture in progress, would join this stream to the capture; metrale "
                 "captures one stream at a time: wait after end_capture instead",
-                code=error_for_code("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "").code,
-                name="CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
             )
-        self._backend._raw.stream_wait_event(raw, raw_event)
+        self._ctx.raw.stream_wait_event(raw, raw_event)
 
     def close(self) -> None:
         """Destroy the stream (after its work completes). The default stream closes with its backend."""
-        if self._closed or self._backend.closed:
+        if self.closed:
             return
-        if self._default:
-            raise MetraleError("the default stream is closed by its backend's close(), not by itself")
-        if self._capture is not None:
-            raise CaptureError("this stream is capturing: call end_capture before closing it")
-        super().close()
+        if self.default:
+            raise InvalidArgumentError("the default stream is closed by its backend's close(), not by itself")
+        if self.capture is not None:
+            raise capture_error(
+                "CUDA_ERROR_ILLEGAL_STATE", "this stream is capturing: call end_capture before closing it"
+            )
+        self._owner.release(self)
 
     def __repr__(self) -> str:
-        kind = "default " if self._default else ""
-        return f"<metrale {kind}Stream of {self._backend.name}:{self._backend.ordinal}>"
+        kind = "default " if self.default else ""
+        return f"<metrale {kind}Stream of {self._ctx.name}:{self._ctx.ordinal}>"
 
 
 class Event(_Handle):
     """A marker in a stream's work, for ordering and timing."""
 
-    __slots__ = ("_captured_in", "_recorded")
+    __slots__ = ("_owner", "_recorded", "captured_in")
     _what = "event"
     _destroy_op = "event_destroy"
 
-    def __init__(self, backend: GpuBackend, raw: object) -> None:
-        super().__init__(backend, raw)
-        self._captured_in: Capture | None = None
+    def __init__(self, owner: HandleOwner, raw: object) -> None:
+        super().__init__(owner.ctx, raw)
+        self._owner = owner
+        #: The capture the event was last recorded in, or ``None``.
+        self.captured_in: Capture | None = None
         self._recorded = False
 
+    @gated
     def record(self, stream: Stream | None = None) -> None:
         """Record the event on ``stream`` (the default stream when ``None``)."""
         raw = self._live()
-        target = self._backend._stream(stream, "Event.record")
-        capture = target._capture
+        target = self._owner.resolve(stream, "Event.record")
+        capture = target.capture
         if capture is not None and capture.invalidated:
             raise invalidated_error(capture, "Event.record")
-        self._backend._raw.event_record(raw, target._raw)
-        self._captured_in = capture
+        self._ctx.raw.event_record(raw, target.raw)
+        self.captured_in = capture
         self._recorded = True
 
+    @gated
     def synchronize(self) -> None:
         """Wait until the work before the event's last record has completed."""
         raw = self._live()
         forbid_during_capture("Event.synchronize()")
-        if self._captured_in is not None:
+        if self.captured_in is not None:
             raise captured_event_error("Event.synchronize()")
-        self._backend._raw.event_synchronize(raw)
-        self._backend._report_queued_scans()
+        self._ctx.raw.event_synchronize(raw)
+        self._owner.waited()
 
+    @gated
     def query(self) -> bool:
         """Whether the work before the event's last record has completed."""
         raw = self._live()
         forbid_during_capture("Event.query()")
-        if self._captured_in is not None:
+        if self.captured_in is not None:
             raise captured_event_error("Event.query()")
-        return self._backend._raw.event_query(raw)
+        return self._ctx.raw.event_query(raw)
 
+    @gated
     def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event's record to ``end``'s; both must have completed."""
         raw = self._live()
-        if not isinstance(end, Event) or end._backend is not self._backend:
-            raise self._backend._invalid_argument("Event.elapsed_ms(end)", "an Event of this backend", end)
+        if not isinstance(end, Event) or end._ctx is not self._ctx:
+            raise invalid_argument("Event.elapsed_ms(end)", "an Event of this backend", end)
         raw_end = end._live()
         if not (self._recorded and end._recorded):
-            raise self._backend._invalid_argument(
-                "Event.elapsed_ms(end)", "two events that have both been recorded", end
-            )
-        return self._backend._raw.event_elapsed_ms(raw, raw_end)
+            raise invalid_argument("Event.elapsed_ms(end)", "two events that have both been recorded", end)
+        return self._ctx.raw.event_elapsed_ms(raw, raw_end)
 
     def close(self) -> None:
         """Destroy the event."""
-        super().close()
+        if not self.closed:
+            self._owner.release(self)
 
 
 class HostBuffer(_Handle):
@@ -191,11 +240,12 @@ class HostBuffer(_Handle):
     after ``free``.
     """
 
-    __slots__ = ("_view", "nbytes", "ptr")
+    __slots__ = ("_owner", "_view", "nbytes", "ptr")
     _what = "host buffer"
 
-    def __init__(self, backend: GpuBackend, ptr: int, nbytes: int, view: memoryview) -> None:
-        super().__init__(backend, ptr)
+    def __init__(self, owner: HostOwner, ptr: int, nbytes: int, view: memoryview) -> None:
+        super().__init__(owner.ctx, ptr)
+        self._owner = owner
         self.ptr = ptr
         self.nbytes = nbytes
         self._view = view
@@ -208,7 +258,7 @@ class HostBuffer(_Handle):
     def close(self) -> None:
         """Free the buffer, as ``backend.free(host_buffer)`` does; idempotent."""
         if not self.closed:
-            self._backend.free(self)
+            self._owner.free_host(self, "HostBuffer.close")
 
     def __buffer__(self, flags: int) -> memoryview:
         """The buffer protocol (Python 3.12+): ``memoryview(host_buffer)``, ``numpy.asarray`` etc."""
@@ -224,85 +274,65 @@ class HostBuffer(_Handle):
 class Graph(_Handle):
     """Work recorded by a stream capture; instantiate it to run it."""
 
-    __slots__ = ("_buffers", "_host_buffers", "_registries")
+    __slots__ = ("_owner", "buffers", "host_buffers", "registries")
     _what = "graph"
     _destroy_op = "graph_destroy"
 
-    def __init__(self, backend: GpuBackend, raw: object, capture: Capture) -> None:
-        super().__init__(backend, raw)
-        self._buffers = tuple(capture.buffers.values())
-        self._host_buffers = tuple(capture.host_buffers.values())
-        self._registries = tuple(capture.registries.values())
+    def __init__(self, owner: HandleOwner, raw: object, capture: Capture) -> None:
+        super().__init__(owner.ctx, raw)
+        self._owner = owner
+        #: The device buffers the recorded work touches.
+        self.buffers: tuple[DeviceBuffer, ...] = tuple(capture.buffers.values())
+        #: The host buffers the recorded work reads or writes.
+        self.host_buffers: tuple[Any, ...] = tuple(capture.host_buffers.values())
+        #: The kernel registries whose kernels it launches.
+        self.registries: tuple[Any, ...] = tuple(capture.registries.values())
 
+    @gated
     def instantiate(self) -> GraphExec:
         """An executable graph that replays the recorded work."""
         raw = self._live()
-        exec_raw = self._backend._raw.graph_instantiate(raw)
-        return self._backend._adopt(
-            GraphExec(self._backend, exec_raw, self._buffers, self._host_buffers, self._registries)
-        )
-
-    @property
-    def buffers(self) -> tuple[DeviceBuffer, ...]:
-        """The device buffers the recorded work touches."""
-        return self._buffers
+        exec_raw = self._ctx.raw.graph_instantiate(raw)
+        return self._owner.adopt(GraphExec(self._owner, exec_raw, self.buffers, self.host_buffers, self.registries))
 
     def close(self) -> None:
         """Release the graph (executable graphs made from it stay usable)."""
-        super().close()
+        if not self.closed:
+            self._owner.release(self)
 
 
 class GraphExec(_Handle):
     """An instantiated graph: ``launch`` replays its work on a stream."""
 
-    __slots__ = ("_buffers", "_host_buffers", "_registries")
+    __slots__ = ("_owner", "buffers", "host_buffers", "registries")
     _what = "executable graph"
     _destroy_op = "graph_exec_destroy"
 
     def __init__(
         self,
-        backend: GpuBackend,
+        owner: HandleOwner,
         raw: object,
         buffers: tuple[DeviceBuffer, ...],
-        host_buffers: tuple[HostBuffer, ...],
-        registries: tuple[KernelRegistry, ...] = (),
+        host_buffers: tuple[Any, ...],
+        registries: tuple[Any, ...] = (),
     ) -> None:
-        super().__init__(backend, raw)
-        self._buffers = buffers
-        self._host_buffers = host_buffers
-        self._registries = registries  # held: the modules of its kernels stay loaded while it lives
+        super().__init__(owner.ctx, raw)
+        self._owner = owner
+        #: The device buffers the graph's work touches.
+        self.buffers = buffers
+        #: The host buffers the graph's work reads or writes.
+        self.host_buffers = host_buffers
+        #: Held: the modules of its kernels stay loaded while it lives.
+        self.registries = registries
 
-    @property
-    def buffers(self) -> tuple[DeviceBuffer, ...]:
-        """The device buffers the graph's work touches."""
-        return self._buffers
-
+    @gated
     def launch(self, stream: Stream | None = None) -> None:
         """Replay the graph on ``stream`` (the default stream when ``None``)."""
-        raw = self._live()
-        backend = self._backend
-        for buf in self._buffers:
-            if not backend._is_live(buf):
-                raise InvalidBufferError(
-                    f"GraphExec.launch: the graph recorded allocation #{buf.index} "
-                    f"({buf.nbytes} bytes from {buf.site}), which is no longer live; its "
-                    f"address may belong to another allocation now. Capture the graph again "
-                    f"with live buffers"
-                )
-        for registry in self._registries:
-            if registry.closed:
-                raise MetraleError(
-                    f"GraphExec.launch: the graph launches kernels of {registry!r}, whose modules "
-                    f"were unloaded; keep the registry open while its graphs run, or capture again"
-                )
-        for hb in self._host_buffers:
-            if hb.closed:
-                raise InvalidBufferError(
-                    f"GraphExec.launch: the graph recorded {hb!r}, which was freed; capture again"
-                )
-        backend._issue(stream, "GraphExec.launch", self._buffers, lambda s: backend._raw.graph_launch(raw, s))
-        backend._after_graph_launch(stream)
+        self._live()
+        self._owner.launch_graph(self, stream)
 
     def close(self) -> None:
         """Release the executable graph."""
-        super().close()
+        if not self.closed:
+            self._owner.release(self)
+

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Literal
 
-from ._types import AllocRecord
+from ._types import AllocRecord, format_bytes
 
 __all__ = ["Ledger", "LedgerEvent", "LedgerProbe", "call_site", "format_bytes", "largest_sites", "next_index"]
 
@@ -45,8 +45,8 @@ next_index: Callable[[], int] = (
 )
 
 
-#: Modules of metrale's own that call the API as a user does: their frames are call sites.
-_USER_MODULES = frozenset({"metrale_core._selftest", "metrale_core.testing"})
+#: Modules (and packages) of metrale's own that call the API as a user does: their frames are call sites.
+_USER_MODULES = ("metrale_core._selftest", "metrale_core.testing")
 
 
 def call_site(internal: frozenset[str], depth: int = 2) -> str:
@@ -54,20 +54,10 @@ def call_site(internal: frozenset[str], depth: int = 2) -> str:
     frame = sys._getframe(depth)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
-        if module.partition(".")[0] not in internal or module in _USER_MODULES:
+        if module.partition(".")[0] not in internal or module.startswith(_USER_MODULES):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return "<unknown>:0"
-
-
-def format_bytes(n: int) -> str:
-    """Bytes in the largest binary unit that keeps the number at least 1."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def largest_sites(records: Iterable[AllocRecord], top: int = 5) -> list[tuple[str, int, int]]:
@@ -101,7 +91,8 @@ class LedgerEvent:
 
 
 class Ledger:
-    """The live allocations of one backend, keyed by pointer. Thread-safe.
+    """The live allocations of one backend, keyed by creation index (an allocation's identity:
+    never an address, which the driver hands out again). Thread-safe.
 
     With ``history`` above zero it also keeps the last ``history`` events, oldest
     dropped first (:meth:`events`, :attr:`dropped`).
@@ -129,24 +120,25 @@ class Ledger:
 
     def add(self, record: AllocRecord) -> None:
         with self._lock:
-            self._records[record.ptr] = record
+            self._records[record.index] = record
             if self._events is not None:
                 self._log("alloc", record)
 
-    def take(self, ptr: int, index: int) -> AllocRecord | None:
-        """Take the record of ``ptr`` off, if it is the allocation ``index``."""
+    def take(self, index: int, ptr: int, nbytes: int) -> AllocRecord | None:
+        """Take allocation ``index`` off, if it is on the ledger at ``ptr`` with ``nbytes``."""
         with self._lock:
-            rec = self._records.get(ptr)
-            if rec is None or rec.index != index:
+            rec = self._records.get(index)
+            if rec is None or rec.ptr != ptr or rec.nbytes != nbytes:
                 return None
-            del self._records[ptr]
+            del self._records[index]
             if self._events is not None:
                 self._log("free", rec)
             return rec
 
-    def holds(self, ptr: int, index: int) -> bool:
-        rec = self._records.get(ptr)
-        return rec is not None and rec.index == index
+    def holds(self, index: int, ptr: int, nbytes: int) -> bool:
+        """Whether allocation ``index`` is on the ledger, at ``ptr`` with the ``nbytes`` recorded."""
+        rec = self._records.get(index)
+        return rec is not None and rec.ptr == ptr and rec.nbytes == nbytes
 
     def drain(self) -> list[AllocRecord]:
         """Take every record off (a sweep)."""

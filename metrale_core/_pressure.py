@@ -15,8 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
 from ._errors import InvalidArgumentError, MetraleError
-from ._ledger import format_bytes
-from ._types import MemoryInfo, as_index
+from ._types import MemoryInfo, as_index, format_bytes
 
 if TYPE_CHECKING:
     from ._arena import Arena

@@ -2,9 +2,13 @@
 
 A backend plugin implements this class and nothing of metrale's semantics:
 the ledger, red zones, bounds checks, stale-handle checks and the capture
-rules all live in :class:`metrale_core.GpuBackend`, which calls these
-primitives only after its own checks have passed. So a backend that forgets
-an invariant cannot break it.
+rules all live in the core (behind :class:`metrale_core.GpuBackend`), which
+calls these primitives only after its own checks have passed. So a backend
+that forgets an invariant cannot break it. The core also decides when a
+primitive may block: it never calls a waiting primitive (a synchronize, a
+query) while a capture in global mode runs anywhere in the process, and it
+tells :meth:`RawDevice.copy_dtoh` whether it may wait (``may_wait``); a
+primitive never decides that on its own.
 
 Conventions for implementers:
 
@@ -23,41 +27,16 @@ Conventions for implementers:
 from __future__ import annotations
 
 import abc
-import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from ._errors import error_for_code
+from ._types import AllocKind, ForeignMemory
 
 if TYPE_CHECKING:
-    from ._kernels import KernelImplementation, LaunchArg
+    from ._types import KernelImplementation, LaunchArg
 
 __all__ = ["AllocKind", "Baseline", "CopyDirection", "ForeignMemory", "RawDevice"]
-
-#: The kinds of device memory. ``"external"`` is reserved for memory metrale
-#: does not own.
-AllocKind = Literal["device", "managed", "arena"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ForeignMemory:
-    """Memory as another library sees it, for interop (DLPack, the CUDA array interface).
-
-    :param device: ``"cuda"`` (a device pointer of CUDA device ``device_id``) or ``"cpu"``
-        (host memory, as the fake's device memory is).
-    :param device_id: the CUDA ordinal; 0 for ``"cpu"``.
-    :param address: where the bytes are, in that device's address space.
-    :param nbytes: how many.
-    :param keepalive: an object that keeps the bytes valid while it lives (a numpy view of the
-        fake's memory), or ``None`` when metrale's own bookkeeping does.
-    """
-
-    device: Literal["cuda", "cpu"]
-    device_id: int
-    address: int
-    nbytes: int
-    keepalive: object = None
-
 
 #: The directions of :meth:`Baseline.copy`: device to device, pinned host to device, device to pinned host.
 CopyDirection = Literal["dtod", "htod", "dtoh"]
@@ -130,7 +109,11 @@ class RawDevice(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Release the device (context, default resources). Must not raise at teardown."""
+        """Release the device (context, default resources). Must not raise at teardown.
+
+        The core has waited for the device before (``synchronize``) whenever waiting was
+        allowed, and has released every handle and allocation it made.
+        """
 
     # -- memory ---------------------------------------------------------------
 
@@ -163,10 +146,14 @@ class RawDevice(abc.ABC):
         """
 
     @abc.abstractmethod
-    def copy_dtoh(self, dst: memoryview, src: int, stream: object, *, pinned: bool) -> None:
+    def copy_dtoh(self, dst: memoryview, src: int, stream: object, *, pinned: bool, may_wait: bool = True) -> None:
         """Fill all of ``dst`` (host bytes) from ``src``, on ``stream``.
 
-        A copy into pageable memory (``pinned`` false) has completed when this returns.
+        A copy into pageable memory (``pinned`` false) has completed when this returns, waiting
+        for ``stream`` if the driver does not (host memory another library page-locked is copied
+        asynchronously) — where ``may_wait`` allows. The core decides ``may_wait``: false while a
+        capture in global mode runs anywhere in the process, where a wait would invalidate it.
+        A backend never decides that on its own.
         """
 
     @abc.abstractmethod

@@ -7,8 +7,9 @@ import dataclasses
 import threading
 from typing import Final, Literal
 
+from ._buffer import DeviceBuffer
 from ._settings import MetraleSettings
-from ._types import DeviceBuffer, RedZoneViolation
+from ._types import RedZoneViolation
 
 __all__ = ["ALIGN", "Layout", "RedZones", "Zone"]
 
@@ -59,7 +60,7 @@ class RedZones:
         self.fill = settings.redzone_fill
         self.lead = settings.redzone_lead
         self._lock = threading.Lock()
-        self._zones: dict[int, tuple[Zone, ...]] = {}
+        self._zones: dict[int, tuple[Zone, ...]] = {}  # creation index -> its zones
         self._slots: list[Zone] = []  # slot i: the zone at table[2i], table[2i + 1]
         self._slot_of: dict[int, int] = {}  # zone start -> slot (live zones never share a start)
         self._table = array.array("Q")
@@ -87,17 +88,17 @@ class RedZones:
         if not zones:
             return
         with self._lock:
-            self._zones[zones[0].buffer.ptr] = zones
+            self._zones[zones[0].buffer.index] = zones
             for zone in zones:
                 self._slot_of[zone.start] = len(self._slots)
                 self._slots.append(zone)
                 self._table.extend((zone.start, zone.length))
             self.version += 1
 
-    def remove(self, ptr: int) -> tuple[Zone, ...]:
-        """Forget the zones of the allocation at ``ptr``; returns them (empty if it had none)."""
+    def remove(self, index: int) -> tuple[Zone, ...]:
+        """Forget the zones of allocation ``index``; returns them (empty if it had none)."""
         with self._lock:
-            zones = self._zones.pop(ptr, ())
+            zones = self._zones.pop(index, ())
             for zone in zones:
                 slot = self._slot_of.pop(zone.start)
                 last = self._slots.pop()

@@ -34,9 +34,18 @@ class BackendRegistration:
         ``inject_fault``). A subclass adds; it does not override the core's
         methods.
     :param description: one line for ``metrale backends``.
+    :param preference: how strongly ``auto`` prefers this backend: of the
+        backends available here, ``auto`` opens the one with the highest
+        preference, and of several with the same, the one whose name comes
+        first in alphabetical order. A backend over real hardware declares a
+        high one (the CUDA backend declares ``100``), an in-memory or CPU
+        backend ``0`` (the fake), a wrapper or debugging backend below ``0``
+        (the tracing example declares ``-10``), so that it is opened only by
+        name.
     """
 
     open: Callable[[MetraleSettings, int], RawDevice]
     probe: Callable[[MetraleSettings], str | None] = _always_available
     backend_class: type[GpuBackend] | None = None
     description: str = ""
+    preference: int = 0

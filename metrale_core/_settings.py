@@ -1,28 +1,63 @@
-"""``MetraleSettings``: the one place metrale reads the environment."""
+"""``MetraleSettings``: the one place metrale reads the environment.
+
+The core's settings are the fields of :class:`MetraleSettings`. Each installed
+plugin may contribute a model of its own, a :class:`PluginSettings` subclass
+returned by its ``metrale_settings`` hook and read from ``METRALE_<NAME>_*``
+(``<NAME>`` is the plugin's entry-point name). ``MetraleSettings`` finds those
+models through the entry-point group, validates them with the core's fields,
+accepts and exposes their values as ``<name>_<field>`` and hands a plugin its
+model through :meth:`MetraleSettings.plugin`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import importlib.metadata
 import logging
 import os
 import re
+import sys
+import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
+import pluggy
 import pydantic
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_serializer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ._errors import ConfigError
+from ._errors import ConfigError, InvalidArgumentError
 
-__all__ = ["MetraleSettings"]
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ENV_PREFIX",
+    "PROJECT_NAME",
+    "MetraleSettings",
+    "PluginModel",
+    "PluginSettings",
+    "Size",
+    "installed_plugin_settings",
+    "is_size",
+]
 
 _log = logging.getLogger("metrale.settings")
 
+#: The prefix of every variable metrale reads.
 ENV_PREFIX: Final = "METRALE_"
+#: The entry-point group every backend registers in, the bundled ones too.
+ENTRY_POINT_GROUP: Final = "metrale.backends"
+#: The pluggy project name of metrale's hooks.
+PROJECT_NAME: Final = "metrale"
 
 _SIZE_RE: Final = re.compile(r"^\s*(0[xX][0-9a-fA-F]+|-?\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
 _UNITS: Final = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_NOT_A_NAME: Final = re.compile(r"[^0-9a-z_]")
+_DOCS: Final = "docs/settings.md lists every setting"
 
 
 def _parse_int(value: Any, *, sizes: bool) -> Any:
@@ -49,6 +84,177 @@ def _parse_int(value: Any, *, sizes: bool) -> Any:
     return number
 
 
+def _size(value: Any) -> Any:
+    return _parse_int(value, sizes=True)
+
+
+_SIZE_VALIDATOR: Final = BeforeValidator(_size)
+
+#: The type of a setting that is a size in bytes: an ``int`` written in decimal or
+#: ``0x`` hex, optionally with ``KiB``/``MiB``/``GiB`` (``"2 GiB"``, ``"0x10 KiB"``).
+Size: TypeAlias = Annotated[int, _SIZE_VALIDATOR]
+
+
+def is_size(field: FieldInfo) -> bool:
+    """Whether a settings field is declared with :data:`Size` (the settings table marks it)."""
+    return any(item is _SIZE_VALIDATOR for item in field.metadata)
+
+
+class PluginSettings(BaseSettings):
+    """The base of a plugin's own settings: a pydantic-settings model read from ``METRALE_<NAME>_*``.
+
+    A subclass names its prefix, ``METRALE_`` and the plugin's entry-point name
+    in capitals, and declares fields as ``MetraleSettings`` does::
+
+        class FakeSettings(PluginSettings):
+            model_config = SettingsConfigDict(env_prefix="METRALE_FAKE_")
+
+            memory_bytes: Size = Field(16 << 30, gt=0, description="...")
+
+    and the plugin's ``metrale_settings`` hook returns the class. Its fields
+    are then settings like the core's: ``METRALE_FAKE_MEMORY_BYTES``, the
+    keyword and attribute ``fake_memory_bytes`` of :class:`MetraleSettings`,
+    a row of the settings table, and known to the unknown-variable warning.
+    Models are frozen, refuse unknown keywords, count an empty variable as
+    unset, and a bad value raises :class:`~metrale_core.ConfigError`.
+    """
+
+    model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
+        env_ignore_empty=True,
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except pydantic.ValidationError as exc:
+            # chained, so that MetraleSettings can name its own keywords for the same problems
+            prefix = str(type(self).model_config.get("env_prefix", ""))
+            raise _config_error(_problems(exc, prefix, "", set(values))) from exc
+        except Exception as exc:  # a plugin's validator may fail in any way
+            raise ConfigError(
+                f"the settings model {type(self).__qualname__} failed to validate: {type(exc).__name__}: {exc}; "
+                f"fix the plugin that declares it"
+            ) from exc
+
+
+_P = TypeVar("_P", bound=PluginSettings)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PluginModel:
+    """An installed plugin's settings model: ``name`` is its keyword prefix (the entry point's name)."""
+
+    name: str
+    model: type[PluginSettings]
+    distribution: str | None
+
+    @property
+    def env_prefix(self) -> str:
+        return f"{ENV_PREFIX}{self.name.upper()}_"
+
+    def keyword(self, field: str) -> str:
+        return f"{self.name}_{field}"
+
+
+class _InstalledModels:
+    """The plugins' settings models, found once per ``sys.path`` through the entry points.
+
+    Loading a plugin may construct settings (at its import); that inner
+    construction sees no plugin models rather than looping.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._loading = False
+        self._key: tuple[str, ...] | None = None
+        self._models: tuple[PluginModel, ...] = ()
+
+    def get(self) -> tuple[PluginModel, ...]:
+        key = tuple(sys.path)
+        with self._lock:
+            if self._loading:
+                return ()
+            if key != self._key:
+                self._loading = True
+                try:
+                    self._models = _load_models()
+                finally:
+                    self._loading = False
+                self._key = key
+            return self._models
+
+
+def _load_models() -> tuple[PluginModel, ...]:
+    by_name: dict[str, list[importlib.metadata.EntryPoint]] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        by_name.setdefault(ep.name, []).append(ep)
+    taken = set(MetraleSettings.model_fields)
+    models: list[PluginModel] = []
+    for name, eps in sorted(by_name.items()):
+        if len(eps) != 1:
+            continue  # a name clash: discovery reports it
+        found = _model_of(name, eps[0])
+        if found is None:
+            continue
+        keywords = {found.keyword(field) for field in found.model.model_fields}
+        clash = sorted(keywords & taken)
+        if clash:
+            _log.warning("plugin %s (%s): its settings are ignored: %s already name other settings",
+                         name, found.distribution, ", ".join(clash))
+            continue
+        taken |= keywords
+        models.append(found)
+    return tuple(models)
+
+
+def _model_of(name: str, ep: importlib.metadata.EntryPoint) -> PluginModel | None:
+    """The settings model of one plugin, or ``None`` (a plugin that fails is reported by discovery)."""
+    dist = getattr(ep, "dist", None)
+    distribution = None if dist is None else str(dist.name)
+    try:
+        plugin = ep.load()
+        manager = pluggy.PluginManager(PROJECT_NAME)
+        manager.register(plugin, name=name)
+    except Exception:  # a plugin's import may fail in any way; `metrale backends` says why
+        _log.debug("plugin %s did not load; it contributes no settings", name, exc_info=True)
+        return None
+    caller = getattr(manager.hook, "metrale_settings", None)
+    results: list[object] = []
+    for impl in [] if caller is None else caller.get_hookimpls():
+        try:
+            results.append(impl.function())
+        except Exception as exc:
+            _log.warning("plugin %s (%s): metrale_settings raised %s: %s; its settings are ignored",
+                         name, distribution, type(exc).__name__, exc)
+            return None
+    models = [r for r in results if r is not None]
+    if not models:
+        return None
+    model = models[0]
+    if len(models) > 1 or not (isinstance(model, type) and issubclass(model, PluginSettings)):
+        _log.warning("plugin %s (%s): metrale_settings returned %r; it must return one PluginSettings "
+                     "subclass; its settings are ignored", name, distribution, models)
+        return None
+    found = PluginModel(_NOT_A_NAME.sub("_", name.lower()), model, distribution)
+    declared = str(model.model_config.get("env_prefix", ""))
+    if declared.upper() != found.env_prefix:
+        _log.warning("plugin %s (%s): %s reads %r; it must read %r (the entry point's name); its settings "
+                     "are ignored", name, distribution, model.__qualname__, declared, found.env_prefix)
+        return None
+    return found
+
+
+_INSTALLED: Final = _InstalledModels()
+
+
+def installed_plugin_settings() -> tuple[PluginModel, ...]:
+    """The settings models of the installed plugins, by name (cached while ``sys.path`` stays the same)."""
+    return _INSTALLED.get()
+
+
 class MetraleSettings(BaseSettings):
     """Every setting of metrale, read from ``METRALE_*`` environment variables.
 
@@ -58,6 +264,10 @@ class MetraleSettings(BaseSettings):
     hex; sizes (``redzone`` and every ``*_bytes`` field) also accept
     ``KiB``/``MiB``/``GiB``, case-insensitive, with or without a space.
     A bad value raises :class:`~metrale_core.ConfigError` naming the variable.
+
+    The settings of installed plugins (``fake_memory_bytes``, from
+    ``METRALE_FAKE_MEMORY_BYTES``) are keywords and attributes too, validated
+    here; a plugin reads its own with :meth:`plugin`.
     """
 
     model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
@@ -70,15 +280,16 @@ class MetraleSettings(BaseSettings):
 
     backend: str = Field(
         "auto",
-        description="The backend `open_backend()` opens when no name is given: a backend's name, or `auto` (`cuda` "
-        "when a CUDA driver and device answer, else `fake`).",
+        description="The backend `open_backend()` opens when no name is given: a backend's name, or `auto`: of "
+        "the backends available here, the one whose registration declares the highest `preference` (a GPU "
+        "backend outranks an in-memory one; a tie goes to the name first in alphabetical order).",
     )
     debug_sync_kernels: bool = Field(
         False,
         description="Synchronize the stream after every kernel launch made outside a capture, so a kernel's fault is "
         "raised by the launch that caused it, naming it; costs a synchronization per launch.",
     )
-    redzone: int = Field(
+    redzone: Size = Field(
         0, ge=0,
         description="Bytes of the guard band after each `alloc` buffer; `0` turns red zones off.",
     )
@@ -135,32 +346,37 @@ class MetraleSettings(BaseSettings):
         description="A value starting with `strix` (any case) selects the scale variant: `stream_is_capturing` "
         "answers from metrale's own record and never asks the driver.",
     )
-    fake_memory_bytes: int = Field(
-        16 << 30, gt=0,
-        description="The fake device's capacity; an allocation past it raises `OutOfMemoryError`.",
-    )
-    fake_integrated: bool = Field(
-        False,
-        description="The fake reports an integrated device, so `memory_info().effective_free` follows the host's "
-        "`MemAvailable`.",
-    )
-    fake_compute_capability: str = Field(
-        "9.0",
-        pattern=r"^\d+\.\d+$",
-        description="The compute capability the fake reports, `major.minor`; PTX images are checked against it.",
-    )
-    fake_defer: bool = Field(
-        False,
-        description="The fake runs stream work only when it must (a synchronize, a query, a pageable copy, "
-        "a free), so a missing synchronization reads stale data as on a GPU.",
-    )
+
+    _plugins: dict[str, PluginSettings] = PrivateAttr(default_factory=dict)
 
     def __init__(self, **values: Any) -> None:
+        installed = installed_plugin_settings()
+        owners = {p.keyword(field): (p.name, field) for p in installed for field in p.model.model_fields}
+        ours: dict[str, Any] = {}
+        theirs: dict[str, dict[str, Any]] = {p.name: {} for p in installed}
+        for key, value in values.items():
+            if key in owners:
+                plugin, field = owners[key]
+                theirs[plugin][field] = value
+            else:
+                ours[key] = value
+        problems: list[str] = []
         try:
-            super().__init__(**values)
+            super().__init__(**ours)
         except pydantic.ValidationError as exc:
-            raise _config_error(exc, set(values)) from None
-        _warn_unknown_variables()
+            problems += _problems(exc, ENV_PREFIX, "", set(ours))
+        built: dict[str, PluginSettings] = {}
+        for p in installed:
+            try:
+                built[p.name] = p.model(**theirs[p.name])
+            except ConfigError as err:
+                if not isinstance(err.__cause__, pydantic.ValidationError):
+                    raise ConfigError(f"plugin {p.name} ({p.distribution}): {err}") from None
+                problems += _problems(err.__cause__, p.env_prefix, p.keyword(""), set(theirs[p.name]))
+        if problems:
+            raise _config_error(problems)
+        self._plugins = built
+        _warn_unknown_variables(installed)
 
     def updated(self, **changes: Any) -> MetraleSettings:
         """A copy with ``changes`` applied and validated (unlike pydantic's ``model_copy``).
@@ -169,15 +385,64 @@ class MetraleSettings(BaseSettings):
         """
         return type(self)(**{**self.model_dump(), **changes})
 
-    @field_validator("redzone", "redzone_min_idx", "redzone_fill", "fake_memory_bytes", mode="before")
+    def plugin(self, model: type[_P]) -> _P:
+        """The validated settings of the plugin whose ``metrale_settings`` hook returns ``model``.
+
+        A model no installed plugin declares (a plugin used without its entry
+        point) is read from the environment alone, without keywords.
+        """
+        if not (isinstance(model, type) and issubclass(model, PluginSettings)):
+            raise InvalidArgumentError(f"plugin: model must be a PluginSettings subclass, got {model!r}")
+        for instance in self._plugins.values():
+            if type(instance) is model:
+                return instance
+        _log.debug("%s is no installed plugin's settings model; read from the environment", model.__qualname__)
+        return model()
+
+    @field_validator("redzone_min_idx", "redzone_fill", mode="before")
     @classmethod
-    def _sizes(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
-        return _parse_int(value, sizes=info.field_name in {"redzone", "fake_memory_bytes"})
+    def _integers(cls, value: Any) -> Any:
+        return _parse_int(value, sizes=False)
 
     @field_validator("redzone_trace_idx", mode="before")
     @classmethod
     def _index(cls, value: Any) -> Any:
         return None if value is None else _parse_int(value, sizes=False)
+
+    @model_serializer(mode="wrap")
+    def _with_plugins(self, handler: pydantic.SerializerFunctionWrapHandler,
+                      info: pydantic.SerializationInfo) -> dict[str, Any]:
+        data: dict[str, Any] = dict(handler(self))
+        for name, instance in self._plugins.items():
+            dumped = instance.model_dump(
+                mode=info.mode, exclude_unset=info.exclude_unset, exclude_defaults=info.exclude_defaults,
+                exclude_none=info.exclude_none, round_trip=info.round_trip,
+            )
+            for field, value in dumped.items():
+                key = f"{name}_{field}"
+                if (info.include is None or key in info.include) and (info.exclude is None or key not in info.exclude):
+                    data[key] = value
+        return data
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        yield from super().__repr_args__()
+        for name, instance in self._plugins.items():
+            for field in type(instance).model_fields:
+                yield f"{name}_{field}", getattr(instance, field)
+
+    if not TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any:
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                if name.startswith("_"):
+                    raise
+            for plugin, instance in self._plugins.items():
+                field = name.removeprefix(f"{plugin}_")
+                if field != name and field in type(instance).model_fields:
+                    return getattr(instance, field)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def scale_variant(self) -> bool:
@@ -185,9 +450,11 @@ class MetraleSettings(BaseSettings):
         return self.target_hw.lower().startswith("strix")
 
 
-def _warn_unknown_variables() -> None:
+def _warn_unknown_variables(installed: Iterable[PluginModel]) -> None:
     """One WARNING per ``METRALE_*`` variable that names no setting (a typo is otherwise silent)."""
     known = {ENV_PREFIX + name.upper() for name in MetraleSettings.model_fields}
+    for p in installed:
+        known |= {p.env_prefix + field.upper() for field in p.model.model_fields}
     for variable in sorted(os.environ):
         if variable.startswith(ENV_PREFIX) and variable not in known:
             close = difflib.get_close_matches(variable, sorted(known), n=1)
@@ -195,14 +462,18 @@ def _warn_unknown_variables() -> None:
             _log.warning("%s is not a metrale setting and is ignored%s", variable, hint)
 
 
-def _config_error(exc: pydantic.ValidationError, keywords: set[str]) -> ConfigError:
+def _problems(exc: pydantic.ValidationError, env_prefix: str, keyword_prefix: str, keywords: set[str]) -> list[str]:
+    """Each error of ``exc`` as ``source=value: reason``, the source a keyword or a variable."""
     problems = []
     for err in exc.errors():
         field = str(err["loc"][0]) if err["loc"] else "?"
-        variable = ENV_PREFIX + field.upper()
-        source = f"keyword {field}=" if field in keywords else f"{variable}="
+        source = f"keyword {keyword_prefix}{field}=" if field in keywords else f"{env_prefix}{field.upper()}="
         reason = str(err["msg"]).removeprefix("Value error, ")
         problems.append(f"{source}{err.get('input')!r}: {reason}")
-    first = problems[0] if problems else str(exc)
+    return problems
+
+
+def _config_error(problems: list[str]) -> ConfigError:
+    first = problems[0] if problems else "?"
     more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})" if len(problems) > 1 else ""
-    return ConfigError(f"invalid setting {first}{more}; fix or unset it (docs/settings.md lists every setting)")
+    return ConfigError(f"invalid setting {first}{more}; fix or unset it ({_DOCS})")

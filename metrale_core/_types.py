@@ -1,21 +1,32 @@
-"""The immutable value types of the public contract."""
+"""The records of the public contract: immutable values that hold no backend and call nothing.
+
+The bottom of metrale's layers (above the errors and the settings): every other module may
+use them. :class:`~metrale_core.DeviceBuffer` and :class:`~metrale_core.DeviceArray`, the
+handles to memory that know how to export themselves, are one layer up, in ``_buffer``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import TYPE_CHECKING, Any, Literal
+import struct
+from collections.abc import Callable
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from ._interop import DeviceArray
+from ._ptx import Param
 
 __all__ = [
+    "AllocKind",
     "AllocRecord",
-    "as_index",
     "BackendInfo",
-    "DeviceBuffer",
+    "ForeignMemory",
+    "KernelImplementation",
+    "LaunchArg",
     "MemoryInfo",
     "RedZoneViolation",
+    "as_index",
+    "format_bytes",
+    "kernel_implementation",
 ]
 
 
@@ -26,73 +37,39 @@ def as_index(value: object) -> int | None:
     return operator.index(value)
 
 
+def format_bytes(n: int) -> str:
+    """Bytes in the largest binary unit that keeps the number at least 1."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+#: The kinds of device memory. ``"external"`` is reserved for memory metrale
+#: does not own.
+AllocKind = Literal["device", "managed", "arena"]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
-class DeviceBuffer:
-    """A handle to device memory. Immutable; liveness is the backend's to say.
+class ForeignMemory:
+    """Memory as another library sees it, for interop (DLPack, the CUDA array interface).
 
-    :param ptr: the device address handed to the user (256-byte aligned).
-    :param nbytes: the bytes asked for (never rounded or padded).
-    :param kind: ``"device"``, ``"managed"``, ``"arena"``, or ``"external"`` (another
-        library's memory, from :meth:`GpuBackend.wrap <metrale_core.GpuBackend.wrap>`).
-    :param index: the creation index, from one per-process sequence.
-    :param site: the caller's ``"file:line"``.
-
-    A buffer from a backend exports itself to other array libraries as one-dimensional
-    ``uint8`` (``__cuda_array_interface__``, ``__dlpack__``, and ``__array__`` on the fake);
-    :meth:`view` gives a typed, shaped :class:`~metrale_core.DeviceArray`.
+    :param device: ``"cuda"`` (a device pointer of CUDA device ``device_id``) or ``"cpu"``
+        (host memory, as the fake's device memory is).
+    :param device_id: the CUDA ordinal; 0 for ``"cpu"``.
+    :param address: where the bytes are, in that device's address space.
+    :param nbytes: how many.
+    :param keepalive: an object that keeps the bytes valid while it lives (a numpy view of the
+        fake's memory), or ``None`` when metrale's own bookkeeping does.
     """
 
-    ptr: int
+    device: Literal["cuda", "cpu"]
+    device_id: int
+    address: int
     nbytes: int
-    kind: str
-    index: int
-    site: str
-    #: A weak reference to the backend that made it (for exports); not part of its value.
-    _owner: Any = dataclasses.field(default=None, compare=False, repr=False, hash=False)
-
-    def __int__(self) -> int:
-        return self.ptr
-
-    def view(self, dtype: object = "uint8", shape: object = None) -> DeviceArray:
-        """A typed, C-contiguous view for other array libraries: ``dtype`` (a name such as
-        ``"float32"``, or a numpy dtype) and ``shape`` (default: as many elements as fit)."""
-        from ._interop import DeviceArray
-
-        return DeviceArray.of(self, dtype, shape)
-
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        return self.view().__cuda_array_interface__
-
-    def __dlpack__(
-        self, *, stream: object = None, max_version: object = None, dl_device: object = None, copy: object = None
-    ) -> object:
-        return self.view().__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self.view().__dlpack_device__()
-
-    def __array__(self, dtype: object = None, copy: object = None) -> Any:
-        return self.view().__array__(dtype, copy)
-
-    @classmethod
-    def _make(cls, ptr: int, nbytes: int, kind: str, index: int, site: str, owner: Any = None) -> DeviceBuffer:
-        """The same as ``DeviceBuffer(...)`` at half the cost, for the arena's fast path: a frozen
-        dataclass's ``__init__`` sets each field through ``object.__setattr__``; this sets the slots."""
-        buf = object.__new__(cls)
-        _SET_PTR(buf, ptr)
-        _SET_NBYTES(buf, nbytes)
-        _SET_KIND(buf, kind)
-        _SET_INDEX(buf, index)
-        _SET_SITE(buf, site)
-        _SET_OWNER(buf, owner)
-        return buf
-
-
-# The slot descriptors' setters, which a frozen dataclass's __setattr__ does not guard.
-_SET_PTR, _SET_NBYTES, _SET_KIND, _SET_INDEX, _SET_SITE, _SET_OWNER = (
-    vars(DeviceBuffer)[field].__set__ for field in ("ptr", "nbytes", "kind", "index", "site", "_owner")
-)
+    keepalive: object = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,3 +128,61 @@ class BackendInfo:
     reason: str | None
     distribution: str | None
     description: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaunchArg:
+    """One kernel argument, checked against its parameter and packed as the kernel receives it.
+
+    ``data`` is the parameter's bytes (little-endian); ``pointer`` is the
+    device address where the argument is a buffer or a raw pointer.
+    """
+
+    param: Param
+    data: bytes
+    pointer: int | None = None
+
+    def describe(self) -> str:
+        """The argument's value as the kernel sees it: a pointer in hex, a number, or a byte count."""
+        if self.pointer is not None:
+            return f"{self.pointer:#x}"
+        if self.param.count > 1:
+            return f"<{len(self.data)} bytes>"
+        if self.param.kind == "f" and self.param.size in (4, 8):
+            return repr(struct.unpack("<f" if self.param.size == 4 else "<d", self.data)[0])
+        return str(int.from_bytes(self.data, "little", signed=self.param.kind == "s"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelImplementation:
+    """A Python implementation of kernel ``kernel`` of module ``module``, for backends that run kernels on the CPU.
+
+    ``function(launch, *args)`` receives a launch description (grid, block,
+    shared memory) and one argument per kernel parameter: a writable
+    ``numpy.uint8`` view for each pointer, from the pointed-to byte to the end
+    of its allocation (red zone included, so a write one element too far lands
+    in the zone as on a GPU, and one further faults), and a numpy scalar of the
+    parameter's type for the others.
+    """
+
+    module: str
+    kernel: str
+    function: Callable[..., object]
+
+    def __call__(self, *args: Any) -> object:
+        return self.function(*args)
+
+
+def kernel_implementation(module: str, kernel: str) -> Callable[[Callable[..., object]], KernelImplementation]:
+    """Decorate a function as the implementation of ``(module, kernel)``.
+
+    Register the result with ``backend.add_kernel_implementations(...)`` or
+    return it from a plugin's ``metrale_kernel_implementations`` hook.
+    """
+
+    def wrap(function: Callable[..., object]) -> KernelImplementation:
+        return KernelImplementation(module, kernel, function)
+
+    return wrap
+
+

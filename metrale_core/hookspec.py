@@ -9,11 +9,13 @@ the entry point's name is the backend's name::
     mybackend = "my_package._plugin"
 
     # my_package/_plugin.py
-    from metrale_core import BackendRegistration, hookimpl
+    from metrale_core.plugin import BackendRegistration, hookimpl
 
     @hookimpl
     def metrale_backend(settings):
         return BackendRegistration(open=MyRawDevice.open, probe=MyRawDevice.probe)
+
+What a backend needs is importable from :mod:`metrale_core.plugin`.
 
 Every hook is documented with the same template: what it is for, how the
 results of several plugins combine, its parameters, and what it returns.
@@ -25,13 +27,14 @@ from typing import TYPE_CHECKING, Final
 
 import pluggy
 
+from ._settings import PROJECT_NAME
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from ._kernels import KernelImplementation
     from ._registration import BackendRegistration
-    from ._settings import MetraleSettings
-    from ._types import RedZoneViolation
+    from ._settings import MetraleSettings, PluginSettings
+    from ._types import KernelImplementation, RedZoneViolation
 
 __all__ = [
     "PROJECT_NAME",
@@ -40,10 +43,8 @@ __all__ = [
     "metrale_backend",
     "metrale_kernel_implementations",
     "metrale_redzone_violation",
+    "metrale_settings",
 ]
-
-#: The pluggy project name of metrale's hooks.
-PROJECT_NAME: Final = "metrale"
 
 hookspec: Final = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl: Final = pluggy.HookimplMarker(PROJECT_NAME)
@@ -103,3 +104,29 @@ def metrale_redzone_violation(backend: str, violation: RedZoneViolation) -> None
     :param backend: the name of the backend that found it.
     :param violation: the :class:`~metrale_core.RedZoneViolation`.
     """
+    raise RuntimeError("hook specification: never called directly")  # pragma: no cover
+
+
+@hookspec
+def metrale_settings() -> type[PluginSettings] | None:
+    """Declare the plugin's own settings: a :class:`~metrale_core.plugin.PluginSettings` subclass.
+
+    Called for each plugin on its own, once per process (again only when
+    ``sys.path`` changes), when the first :class:`~metrale_core.MetraleSettings`
+    is built; it takes no settings, since it says what they are. The model's
+    ``env_prefix`` must be ``METRALE_`` and the entry point's name in capitals
+    (``METRALE_FAKE_`` for ``fake``). Each field ``memory_bytes`` of it is then
+    the variable ``METRALE_FAKE_MEMORY_BYTES`` and the keyword and attribute
+    ``fake_memory_bytes`` of ``MetraleSettings``, validated with the core's
+    settings, listed in the settings table and known to the unknown-variable
+    warning; the plugin reads its values with ``settings.plugin(FakeSettings)``.
+    A hook that raises, returns anything but one such class, or whose model
+    names a setting the core or another plugin already has, is skipped with a
+    WARNING naming the plugin, and the others stand.
+
+    **Results:** one per plugin; not combined.
+
+    :returns: the plugin's :class:`~metrale_core.plugin.PluginSettings`
+        subclass, or ``None`` when it has no settings of its own.
+    """
+    raise RuntimeError("hook specification: never called directly")  # pragma: no cover

@@ -17,7 +17,7 @@ SETTINGS = MetraleSettings()
 
 def backend_params() -> list[object]:
     """Every discovered backend; the unavailable ones are skipped with their reason."""
-    return testing.backend_params(SETTINGS)
+    return testing.backend_params(SETTINGS, expected=("cuda",))
 
 
 @pytest.fixture(params=backend_params())

@@ -10,7 +10,9 @@ from conftest import SETTINGS, install_distribution
 from metrale_core import (
     BackendNotFoundError,
     BackendUnavailableError,
+    ConfigError,
     GpuBackend,
+    MetraleSettings,
     available_backends,
     open_backend,
 )
@@ -136,3 +138,172 @@ def test_plugins_provide_kernel_implementations(site: Path, caplog: pytest.LogCa
         gpu.copy_to_host(out, buf)
         assert out == b"\x2a" * 4
     assert any("junk" in r.getMessage() and "KernelImplementation" in r.getMessage() for r in caplog.records)
+
+
+NOT_A_DEVICE = """
+    from metrale_core import BackendRegistration, hookimpl
+
+    CLOSED = []
+
+    class NotADevice:
+        def close(self):
+            CLOSED.append(self)
+
+    @hookimpl
+    def metrale_backend(settings):
+        return BackendRegistration(open=lambda settings, ordinal: NotADevice())
+"""
+
+
+def test_open_that_returns_no_raw_device_is_unavailable_and_closed(site: Path) -> None:
+    """Bug 7: an ``open()`` that returns something other than a ``RawDevice`` raised a raw ``AttributeError``."""
+    install_distribution(site, "mtp-notraw", "mtp_notraw", NOT_A_DEVICE, {"notraw": "mtp_notraw"})
+    with pytest.raises(BackendUnavailableError, match=r"mtp-notraw.*NotADevice, not a RawDevice"):
+        open_backend("notraw", settings=SETTINGS)
+    import mtp_notraw  # type: ignore[import-not-found]
+
+    assert len(mtp_notraw.CLOSED) == 1
+
+
+# -- auto by preference, not by name --
+
+
+def _preferring(preference: object, probe: str = "None") -> str:
+    return GOOD.replace(
+        'description="a third-party test backend"', f"preference={preference!r}, probe=lambda s: {probe}"
+    )
+
+
+def test_auto_opens_the_available_backend_with_the_highest_preference(site: Path) -> None:
+    install_distribution(site, "mtp-high", "mtp_high", _preferring(10_000), {"zhigh": "mtp_high"})
+    install_distribution(site, "mtp-higher", "mtp_higher", _preferring(20_000, "'no device here'"),
+                         {"zhigher": "mtp_higher"})
+    with open_backend("auto", settings=SETTINGS) as gpu:
+        assert gpu.name == "zhigh", "the highest available preference wins; an unavailable one never does"
+    with open_backend(settings=SETTINGS.updated(backend="auto")) as gpu:
+        assert gpu.name == "zhigh"
+
+
+def test_auto_breaks_a_tie_by_name(site: Path) -> None:
+    install_distribution(site, "mtp-tie-b", "mtp_tie_b", _preferring(10_000), {"tieb": "mtp_tie_b"})
+    install_distribution(site, "mtp-tie-a", "mtp_tie_a", _preferring(10_000), {"tiea": "mtp_tie_a"})
+    for _ in range(2):
+        with open_backend("auto", settings=SETTINGS) as gpu:
+            assert gpu.name == "tiea"
+
+
+def test_auto_prefers_the_fake_to_a_wrapper_of_it() -> None:
+    infos = available_backends(SETTINGS)
+    if infos.get("cuda") is not None and infos["cuda"].available:
+        pytest.skip("a GPU answers here: auto opens cuda")
+    with open_backend("auto", settings=SETTINGS) as gpu:
+        assert gpu.name == "fake", "the tracing example declares a lower preference than the fake it wraps"
+
+
+@pytest.mark.parametrize("preference", ["high", True, 1.5])
+def test_a_preference_that_is_not_an_integer_is_unavailable(site: Path, preference: object) -> None:
+    install_distribution(site, "mtp-pref", "mtp_pref", _preferring(preference), {"pref": "mtp_pref"})
+    info = available_backends(SETTINGS)["pref"]
+    assert not info.available and "mtp-pref" in (info.reason or "") and "preference" in (info.reason or "")
+
+
+def test_backend_class_must_be_a_gpu_backend(site: Path) -> None:
+    source = GOOD.replace('description="a third-party test backend"', "backend_class=dict")
+    install_distribution(site, "mtp-cls", "mtp_cls", source, {"cls": "mtp_cls"})
+    info = available_backends(SETTINGS)["cls"]
+    assert not info.available and "backend_class" in (info.reason or "")
+
+
+# -- settings of a plugin's own --
+
+WITH_SETTINGS = """
+    from typing import ClassVar
+
+    from pydantic import Field
+    from pydantic_settings import SettingsConfigDict
+
+    from metrale_core.plugin import BackendRegistration, PluginSettings, Size, hookimpl
+    from metrale_fake import FakeDevice
+
+    class OwnSettings(PluginSettings):
+        model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(env_prefix="METRALE_OWNED_")
+
+        window_bytes: Size = Field(4096, gt=0, description="a size of its own")
+        verbose: bool = False
+
+    SEEN = []
+
+    def _open(settings, ordinal):
+        SEEN.append(settings.plugin(OwnSettings))
+        return FakeDevice(settings, ordinal)
+
+    @hookimpl
+    def metrale_backend(settings):
+        return BackendRegistration(open=_open)
+
+    @hookimpl
+    def metrale_settings():
+        return OwnSettings
+"""
+
+
+def test_a_third_party_plugin_declares_settings(
+    site: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    install_distribution(site, "mtp-owned", "mtp_owned", WITH_SETTINGS, {"owned": "mtp_owned"})
+    monkeypatch.setenv("METRALE_OWNED_WINDOW_BYTES", "64 KiB")
+    monkeypatch.setenv("METRALE_OWNED_VERBOSE_", "1")
+    with caplog.at_level("WARNING", logger="metrale"):
+        settings = MetraleSettings(owned_verbose=True)
+    assert (settings.owned_window_bytes, settings.owned_verbose) == (64 << 10, True)
+    assert any("METRALE_OWNED_VERBOSE_ is not a metrale setting" in r.getMessage()
+               and "did you mean METRALE_OWNED_VERBOSE?" in r.getMessage() for r in caplog.records)
+    with open_backend("owned", settings=settings):
+        import mtp_owned  # type: ignore[import-not-found]
+
+        assert mtp_owned.SEEN[-1].window_bytes == 64 << 10 and mtp_owned.SEEN[-1].verbose
+    with pytest.raises(ConfigError, match=r"keyword owned_window_bytes=0"):
+        settings.updated(owned_window_bytes=0)
+    monkeypatch.setenv("METRALE_OWNED_WINDOW_BYTES", "wide")
+    with pytest.raises(ConfigError, match=r"METRALE_OWNED_WINDOW_BYTES='wide'"):
+        MetraleSettings()
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        (('env_prefix="METRALE_OWNED_"', 'env_prefix="METRALE_OTHER_"'), "must read 'METRALE_OWNED_'"),
+        (("return OwnSettings", "return 42"), "must return one PluginSettings subclass"),
+        (("return OwnSettings", "raise RuntimeError('settings blew up')"), "settings blew up"),
+        (("verbose: bool = False", "redzone_fill: int = 0"), None),  # named "owned_redzone_fill": no clash
+    ],
+)
+def test_a_plugin_whose_settings_are_wrong_does_not_break_settings(
+    site: Path, caplog: pytest.LogCaptureFixture, change: tuple[str, str], complaint: str | None
+) -> None:
+    install_distribution(site, "mtp-owned", "mtp_owned", WITH_SETTINGS.replace(*change), {"owned": "mtp_owned"})
+    with caplog.at_level("WARNING", logger="metrale"):
+        settings = MetraleSettings(redzone=64)
+    assert settings.redzone == 64
+    if complaint is None:
+        assert settings.owned_redzone_fill == 0
+        return
+    assert any("mtp-owned" in r.getMessage() and complaint in r.getMessage() for r in caplog.records)
+    with pytest.raises(ConfigError, match="owned_window_bytes"):
+        MetraleSettings(owned_window_bytes=1)
+    assert settings.fake_memory_bytes == SETTINGS.fake_memory_bytes
+
+
+def test_a_plugin_settings_name_clash_is_skipped(site: Path, caplog: pytest.LogCaptureFixture) -> None:
+    source = WITH_SETTINGS.replace("METRALE_OWNED_", "METRALE_REDZONE_").replace("verbose: bool", "fill: int")
+    install_distribution(site, "mtp-clash", "mtp_clash", source, {"redzone": "mtp_clash"})
+    with caplog.at_level("WARNING", logger="metrale"):
+        settings = MetraleSettings()
+    assert settings.redzone_fill == 0xA5
+    assert any("mtp-clash" in r.getMessage() and "redzone_fill" in r.getMessage() for r in caplog.records)
+
+
+def test_a_plugin_that_fails_to_load_does_not_break_settings(site: Path) -> None:
+    install_distribution(site, "mtp-broken", "mtp_broken", "import no_such_module_anywhere\n", {"broken": "mtp_broken"})
+    settings = MetraleSettings(fake_defer=True)
+    assert settings.fake_defer

@@ -193,3 +193,28 @@ def test_host_buffer_close_frees_it(fake: GpuBackend) -> None:
     host.close()
     with pytest.raises(InvalidArgumentError):
         fake.free(host)
+
+
+def test_no_backend_or_example_imports_a_private_core_module() -> None:
+    """Backends are written against ``metrale_core`` and ``metrale_core.plugin`` only (issue 13)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    private = re.compile(r"^\s*(from|import)\s+metrale_core\._", re.M)
+    offenders = [
+        str(path.relative_to(root))
+        for folder in ("backends", "examples")
+        for path in sorted((root / folder).rglob("*.py"))
+        if private.search(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []
+
+
+def test_fake_settings_are_the_fakes_own_model() -> None:
+    from metrale_fake import FakeSettings
+
+    settings = SETTINGS.updated(fake_memory_bytes="3 MiB", fake_compute_capability="8.6")
+    assert settings.plugin(FakeSettings).memory_bytes == 3 << 20
+    with open_backend("fake", settings=settings) as gpu:
+        assert gpu.memory_info().total == 3 << 20

@@ -10,11 +10,22 @@ from typing import Any
 
 import pytest
 
-from metrale_core import AllocRecord, ConfigError, InvalidArgumentError, MetraleSettings, open_backend
+from metrale_core import (
+    AllocRecord,
+    ConfigError,
+    InvalidArgumentError,
+    MetraleError,
+    MetraleSettings,
+    SnapshotError,
+    _report,
+    _snapshot,
+    open_backend,
+)
 from metrale_core._cli import main
 from metrale_core._report import (
     OTHER_SITES,
     MemorySnapshot,
+    SnapshotEvent,
     chrome_trace,
     initial_live,
     live_by_site,
@@ -192,9 +203,18 @@ def test_a_log_that_contradicts_itself_is_refused(
     tmp_path: Path, events: list[dict[str, Any]], live: list[dict[str, Any]], words: str
 ) -> None:
     path = write(tmp_path, document(events, live))
-    with pytest.raises(ConfigError, match=words) as info:
+    with pytest.raises(SnapshotError, match=words) as info:
         load_snapshot(path)
     assert str(path) in str(info.value) and "backend.save_snapshot(path)" in str(info.value)
+    assert info.value.path == str(path)
+
+
+def test_a_snapshot_built_in_memory_that_contradicts_itself_names_no_file() -> None:
+    record = AllocRecord(**C)
+    snap = MemorySnapshot("fake", "dev", 0, 0, "now", 10, 0, (SnapshotEvent(1.0, "free", record),), (record,))
+    with pytest.raises(SnapshotError, match="the snapshot is not a consistent metrale memory snapshot") as info:
+        initial_live(snap)
+    assert info.value.path is None
 
 
 def test_top_must_be_positive(snapshot_path: Path) -> None:
@@ -292,20 +312,42 @@ def test_chrome_trace_with_history_off(tmp_path: Path) -> None:
         (json.dumps(document([event(1, "alloc", dict(A, nbytes="4"))], [])), '"nbytes" of events\\[0\\]'),
         (json.dumps(document([{"t": 1, "op": "alloc"}], [])), 'events\\[0\\] has no "ptr" field'),
         (json.dumps(document([], [dict(A, site=None)])), '"site" of live\\[0\\] must be a string'),
-        (json.dumps(document([], ["x"])), "live\\[0\\] must be a JSON object"),
+        (json.dumps(document([], ["x"])), "live\\[0\\] must be a JSON object"),  # type: ignore[list-item]
     ],
 )
-def test_bad_files_are_config_errors_naming_the_file(tmp_path: Path, content: str, words: str) -> None:
+def test_bad_files_are_snapshot_errors_naming_the_file(tmp_path: Path, content: str, words: str) -> None:
     path = write(tmp_path, content)
-    with pytest.raises(ConfigError, match=words) as info:
+    with pytest.raises(SnapshotError, match=words) as info:
         load_snapshot(path)
-    assert str(path) in str(info.value)
+    assert str(path) in str(info.value) and info.value.path == str(path)
+    assert isinstance(info.value, MetraleError) and not isinstance(info.value, ConfigError)
     assert "save_snapshot" in str(info.value) or "upgrade" in str(info.value)
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"cannot read the memory snapshot .*nope\.json: No such file"):
+    with pytest.raises(SnapshotError, match=r"cannot read the memory snapshot .*nope\.json: No such file") as info:
         load_snapshot(tmp_path / "nope.json")
+    assert info.value.path == str(tmp_path / "nope.json")
+
+
+def test_a_directory_is_refused_as_unreadable(tmp_path: Path) -> None:
+    with pytest.raises(SnapshotError, match="cannot read the memory snapshot"):
+        load_snapshot(tmp_path)
+
+
+def test_one_module_writes_and_reads_the_format(tmp_path: Path) -> None:
+    # the report re-exports the reader; the writer and the reader share one FORMAT and VERSION
+    assert _report.load_snapshot is _snapshot.load_snapshot and _report.MemorySnapshot is _snapshot.MemorySnapshot
+    assert (_report.FORMAT, _report.VERSION) == (_snapshot.FORMAT, _snapshot.VERSION)
+    with open_backend("fake", settings=MetraleSettings(memory_history=10)) as gpu:
+        buf = gpu.alloc(MIB)
+        path = gpu.save_snapshot(tmp_path / "round.json")
+        gpu.free(buf)
+    doc = json.loads(path.read_text())
+    assert (doc["format"], doc["version"]) == (_snapshot.FORMAT, _snapshot.VERSION)
+    snap = _snapshot.load_snapshot(path)
+    assert [e.op for e in snap.events] == ["alloc"] and [a.nbytes for a in snap.live] == [MIB]
+    assert initial_live(snap) == ()
 
 
 # -- the plot -----------------------------------------------------------------------------------------------
@@ -381,7 +423,7 @@ def test_cli_bad_file_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.Capt
     assert main(["report", str(path), "--trace", str(tmp_path / "t.json")]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
-    assert captured.err.startswith("metrale report: ConfigError: ") and str(path) in captured.err
+    assert captured.err.startswith("metrale report: SnapshotError: ") and str(path) in captured.err
     assert not (tmp_path / "t.json").exists()
 
 

@@ -7,12 +7,14 @@ graph still reads, see below); events are the bindings' ``CUevent``.
 **Contexts.** A device works in its ordinal's primary context
 (``cuDevicePrimaryCtxRetain``), shared with the CUDA runtime (CuPy, PyTorch)
 of the same process. Each method makes it current on the calling thread where
-this module did not already: a thread-local records the context this module
+this module did not already, in one place, the decorator it carries:
+:func:`_bound` checks a thread-local that records the context this module
 last made current on each thread, so a call on the hot path costs one
 comparison, not a driver call. Calls that create or size something in "the
 current context" (allocations, streams, events, ``synchronize``,
-``mem_get_info``) also ask ``cuCtxGetCurrent``, so code outside metrale that
-switched the context on this thread cannot make them land on another device.
+``mem_get_info``) carry :func:`_bound_checked` instead, which also asks
+``cuCtxGetCurrent``, so code outside metrale that switched the context on
+this thread cannot make them land on another device.
 
 **Host memory in flight.** An asynchronous copy reads or writes its host
 buffer after the call returns. The buffer is kept alive on its stream until
@@ -20,15 +22,22 @@ the stream is known idle: at ``stream_synchronize``, a ``stream_query`` that
 answers true, or ``synchronize``. Work issued while a capture is active is
 also kept by the graph the capture makes (and its executable graphs, and
 their launches), since a graph reads the host buffer again at each launch.
+Whether the raw layer may wait is the core's decision, never this module's:
+the core synchronizes before it closes a device whenever no capture runs in
+the process, so a device closed with host objects still held is one the core
+could not wait for; it hands them to a module-level list kept for the rest of
+the process (see :meth:`CudaDevice.close`) rather than let the device read
+freed memory.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import threading
-from collections.abc import Sequence
-from typing import Any, Final, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 from metrale_core import (
     AllocKind,
@@ -63,10 +72,45 @@ class _ThreadState(threading.local):
 
 _THREAD: Final = _ThreadState()
 
-#: Every stream a :class:`CudaDevice` in this process is capturing. Global-mode
-#: capture is process-wide: a ``cuStreamSynchronize`` on any stream would
-#: invalidate each of these captures, so none is issued while one is active.
-_CAPTURING: Final[set[object]] = set()
+#: Host objects that a device closed while they were still held (the core could
+#: not wait for it: a capture was running in the process), kept for the rest of
+#: the process so that work still queued never reads or writes freed memory. A
+#: leak bounded by use: only what was in flight at such a close, and only then.
+_KEPT_AFTER_CLOSE: Final[list[object]] = []
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _bound(method: Callable[Concatenate[CudaDevice, _P], _R]) -> Callable[Concatenate[CudaDevice, _P], _R]:
+    """Make the device's context current on the calling thread first, where this module did not already.
+
+    The hot path: one comparison of the thread-local against the device's key
+    (a closed device's key never matches, so it always takes the slow path,
+    which raises).
+    """
+
+    @functools.wraps(method)
+    def bound(self: CudaDevice, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if _THREAD.ctx != self._key:
+            self._bind()
+        return method(self, *args, **kwargs)
+
+    return bound
+
+
+def _bound_checked(method: Callable[Concatenate[CudaDevice, _P], _R]) -> Callable[Concatenate[CudaDevice, _P], _R]:
+    """Make the device's context current first, asking the driver (``cuCtxGetCurrent``) what is current now.
+
+    For the calls that create or size something in "the current context".
+    """
+
+    @functools.wraps(method)
+    def bound_checked(self: CudaDevice, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        self._bind_checked()
+        return method(self, *args, **kwargs)
+
+    return bound_checked
 
 
 class _Stream:
@@ -233,9 +277,9 @@ class CudaDevice(RawDevice):
             self._name = text.split("\x00", 1)[0].strip()
         return self._name
 
+    @_bound_checked
     def mem_get_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes, from ``cuMemGetInfo``."""
-        self._bind_checked()
         err, free, total = invoke(drv.cuMemGetInfo, "cuMemGetInfo")
         check(err, "cuMemGetInfo")
         return int(free), int(total)
@@ -257,6 +301,7 @@ class CudaDevice(RawDevice):
         """Device memory of this device: the pointer is what other libraries use."""
         return ForeignMemory("cuda", self._ordinal, ptr, nbytes)
 
+    @_bound_checked
     def import_memory(self, memory: ForeignMemory) -> int:
         """A device pointer of another library, checked to be memory of this device (``cuPointerGetAttribute``)."""
         if memory.device != "cuda":
@@ -265,7 +310,6 @@ class CudaDevice(RawDevice):
                 f"import of {memory.nbytes} bytes of {memory.device} memory: the CUDA backend addresses device "
                 f"memory only; copy host memory in with copy_to_device",
             )
-        self._bind_checked()
         ordinal = call1(
             drv.cuPointerGetAttribute, f"cuPointerGetAttribute of {memory.address:#x}",
             _d.POINTER_DEVICE_ORDINAL, memory.address,
@@ -281,40 +325,39 @@ class CudaDevice(RawDevice):
     def forget_memory(self, ptr: int) -> None:
         """Nothing to undo: the pointer was the other library's all along."""
 
+    @_bound_checked
     def baseline(self) -> Baseline:
         """The driver API called directly (``cuda.bindings``), for ``metrale bench``; in this device's context."""
-        self._bind_checked()
         return DriverBaseline()
 
     def close(self) -> None:
-        """Release the primary context; never raises, idempotent.
+        """Release the primary context; never raises, idempotent; never waits.
 
         Destroys nothing the core owns: the core has destroyed its streams,
-        events and graphs and freed its memory before it calls this.
+        events and graphs and freed its memory before it calls this, and has
+        waited for the device (:meth:`synchronize`, which lets go of every
+        host object in flight) whenever waiting was allowed. Host objects
+        still held here mean it was not (a capture was running in the
+        process): they are kept for the rest of the process, logged at DEBUG,
+        rather than let queued work read or write freed memory.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            pending = bool(self._orphans.keep) or any(s.keep for s in self._streams)
-            # a synchronize would invalidate another device's capture (global mode is process-wide)
-            pending = pending and not _CAPTURING.difference(self._captures)
-        key, self._key = self._key, _CLOSED_KEY
-        try:
-            if pending:  # host objects may still be read by the device: wait before letting go
-                if _THREAD.ctx != key:
-                    call(drv.cuCtxSetCurrent, "cuCtxSetCurrent", self._ctx)
-                    _THREAD.ctx = key
-                call_teardown(drv.cuCtxSynchronize, "cuCtxSynchronize")
-        except Exception as exc:
-            _log.debug("close of CUDA device %d: the final synchronize failed: %s", self._ordinal, exc)
-        with self._lock:
+            held = [*self._orphans.keep, *(obj for s in self._streams for obj in s.keep)]
             self._orphans.keep.clear()
             for stream in self._streams:
                 stream.keep.clear()
             self._streams.clear()
-            _CAPTURING.difference_update(self._captures)
             self._captures.clear()
+        key, self._key = self._key, _CLOSED_KEY
+        if held:
+            _KEPT_AFTER_CLOSE.extend(held)
+            _log.debug(
+                "close of CUDA device %d without a wait: %d host object(s) still in flight are kept for the rest "
+                "of the process (%d in all)", self._ordinal, len(held), len(_KEPT_AFTER_CLOSE),
+            )
         try:
             call_teardown(drv.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", self._device)
         except Exception as exc:
@@ -325,9 +368,9 @@ class CudaDevice(RawDevice):
 
     # -- memory ---------------------------------------------------------------
 
+    @_bound_checked
     def alloc(self, nbytes: int, kind: AllocKind) -> int:
         """``cuMemAlloc`` (``"device"``, ``"arena"``) or ``cuMemAllocManaged`` (``"managed"``)."""
-        self._bind_checked()
         if kind == "managed":
             ptr = call1(
                 drv.cuMemAllocManaged,
@@ -342,14 +385,14 @@ class CudaDevice(RawDevice):
             raise InvalidArgumentError(f"alloc: unknown allocation kind {kind!r}")
         return int(ptr)
 
+    @_bound_checked
     def free(self, ptr: int, kind: AllocKind) -> None:
         """``cuMemFree`` (every kind)."""
-        self._bind_checked()
         call_teardown(drv.cuMemFree, "cuMemFree", ptr)
 
+    @_bound_checked
     def alloc_host(self, nbytes: int) -> tuple[int, memoryview]:
         """``cuMemAllocHost``: the pinned memory's address and a writable ``'B'`` view of it."""
-        self._bind_checked()
         raw = call1(drv.cuMemAllocHost, f"cuMemAllocHost of {nbytes} bytes", nbytes, requested=nbytes)
         ptr = int(raw)
         try:
@@ -359,88 +402,80 @@ class CudaDevice(RawDevice):
             raise InvalidArgumentError(f"alloc_host: cannot view {nbytes} bytes at {ptr:#x}: {exc}") from exc
         return ptr, view
 
+    @_bound_checked
     def free_host(self, ptr: int) -> None:
         """``cuMemFreeHost``."""
-        self._bind_checked()
         call_teardown(drv.cuMemFreeHost, "cuMemFreeHost", ptr)
 
+    @_bound
     def memset(self, ptr: int, value: int, nbytes: int, stream: object) -> None:
         """``cuMemsetD8Async``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         call(drv.cuMemsetD8Async, "cuMemsetD8Async", ptr, value, nbytes, cast(_Stream, stream).handle)
 
+    @_bound
     def copy_htod(self, dst: int, src: memoryview, stream: object, *, pinned: bool) -> None:
         """``cuMemcpyHtoDAsync`` of all of ``src``; ``src`` stays alive until the stream is idle."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         s = cast(_Stream, stream)
         call(drv.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync", dst, src, src.nbytes, s.handle)
         self._hold(s, src)
 
-    def copy_dtoh(self, dst: memoryview, src: int, stream: object, *, pinned: bool) -> None:
+    @_bound
+    def copy_dtoh(self, dst: memoryview, src: int, stream: object, *, pinned: bool, may_wait: bool = True) -> None:
         """``cuMemcpyDtoHAsync`` filling all of ``dst``; ``dst`` stays alive until the stream is idle.
 
-        Into pageable memory (``pinned`` false) the copy has completed on
-        return: the driver does so for memory that really is pageable, and a
-        ``cuStreamSynchronize`` makes it so for host memory that someone else
-        page-locked (a pinned tensor passed as a plain buffer), while no
-        capture is active in the process (measured: the driver itself allows a
-        pageable copy on another stream during a capture, a synchronize not).
+        Into pageable memory (``pinned`` false) the copy has completed on return: the driver
+        does so for memory that really is pageable, and a ``cuStreamSynchronize`` makes it so
+        for host memory that someone else page-locked (a pinned tensor passed as a plain
+        buffer), where the core allows a wait (``may_wait``: no capture runs in the process;
+        measured: the driver allows a pageable copy on another stream during a capture, a
+        synchronize not).
         """
         if dst.readonly:
             raise InvalidArgumentError("copy_dtoh: the host destination is read-only")
-        if _THREAD.ctx != self._key:
-            self._bind()
         s = cast(_Stream, stream)
         call(drv.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync", dst, src, dst.nbytes, s.handle)
         self._hold(s, dst)
-        if not pinned and not _CAPTURING:
+        if not pinned and may_wait:
             self.stream_synchronize(s)
 
+    @_bound
     def copy_dtod(self, dst: int, src: int, nbytes: int, stream: object) -> None:
         """``cuMemcpyDtoDAsync``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         call(drv.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync", dst, src, nbytes, cast(_Stream, stream).handle)
 
     # -- streams and events ---------------------------------------------------
 
+    @_bound_checked
     def stream_create(self) -> object:
         """``cuStreamCreate(CU_STREAM_NON_BLOCKING)``."""
-        self._bind_checked()
         stream = _Stream(call1(drv.cuStreamCreate, "cuStreamCreate", _d.STREAM_NON_BLOCKING))
         with self._lock:
             self._streams.add(stream)
         return stream
 
+    @_bound
     def stream_destroy(self, stream: object) -> None:
         """``cuStreamDestroy``; host objects still in flight wait for the next ``synchronize``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         s = cast(_Stream, stream)
         call_teardown(drv.cuStreamDestroy, "cuStreamDestroy", s.handle)
         with self._lock:
             self._streams.discard(s)
             self._captures.pop(s, None)
-            _CAPTURING.discard(s)
             self._orphans.keep.extend(s.keep)
             s.dropped += len(s.keep)
             s.keep.clear()
 
+    @_bound
     def stream_synchronize(self, stream: object) -> None:
         """``cuStreamSynchronize``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         s = cast(_Stream, stream)
         mark = self._mark(s)
         call(drv.cuStreamSynchronize, "cuStreamSynchronize", s.handle)
         self._release(s, mark)
 
+    @_bound
     def stream_query(self, stream: object) -> bool:
         """``cuStreamQuery``: ``False`` on ``CUDA_ERROR_NOT_READY``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         s = cast(_Stream, stream)
         if not s.keep:
             return call_ready(drv.cuStreamQuery, "cuStreamQuery", s.handle)
@@ -450,50 +485,44 @@ class CudaDevice(RawDevice):
             return True
         return False
 
+    @_bound
     def stream_wait_event(self, stream: object, event: object) -> None:
         """``cuStreamWaitEvent(stream, event, 0)``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         call(drv.cuStreamWaitEvent, "cuStreamWaitEvent", cast(_Stream, stream).handle, event, 0)
 
+    @_bound_checked
     def event_create(self) -> object:
         """``cuEventCreate(CU_EVENT_DEFAULT)``: timing enabled."""
-        self._bind_checked()
         return call1(drv.cuEventCreate, "cuEventCreate", _d.EVENT_DEFAULT)
 
+    @_bound
     def event_destroy(self, event: object) -> None:
         """``cuEventDestroy``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         call_teardown(drv.cuEventDestroy, "cuEventDestroy", event)
 
+    @_bound
     def event_record(self, event: object, stream: object) -> None:
         """``cuEventRecord``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         call(drv.cuEventRecord, "cuEventRecord", event, cast(_Stream, stream).handle)
 
+    @_bound
     def event_synchronize(self, event: object) -> None:
         """``cuEventSynchronize``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         call(drv.cuEventSynchronize, "cuEventSynchronize", event)
 
+    @_bound
     def event_query(self, event: object) -> bool:
         """``cuEventQuery``: ``False`` on ``CUDA_ERROR_NOT_READY``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         return call_ready(drv.cuEventQuery, "cuEventQuery", event)
 
+    @_bound
     def event_elapsed_ms(self, start: object, end: object) -> float:
         """``cuEventElapsedTime`` (``_v2`` where the bindings name it so)."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         return float(call1(_d.EVENT_ELAPSED_TIME, "cuEventElapsedTime", start, end))
 
+    @_bound_checked
     def synchronize(self) -> None:
         """``cuCtxSynchronize``; lets go of every host object issued before it."""
-        self._bind_checked()
         with self._lock:
             streams = (self._orphans, *self._streams)
         marks = [(s, self._mark(s)) for s in streams if s.keep]
@@ -503,61 +532,52 @@ class CudaDevice(RawDevice):
 
     # -- capture and graphs ---------------------------------------------------
 
+    @_bound
     def begin_capture(self, stream: object) -> None:
         """``cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL)``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         s = cast(_Stream, stream)
         call(drv.cuStreamBeginCapture, "cuStreamBeginCapture", s.handle, _d.CAPTURE_MODE_GLOBAL)
         with self._lock:
             self._captures[s] = []
-            _CAPTURING.add(s)
 
+    @_bound
     def end_capture(self, stream: object) -> object:
         """``cuStreamEndCapture``: the graph, which keeps the host objects its copies touch."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         s = cast(_Stream, stream)
         with self._lock:
             held = self._captures.pop(s, [])
-            _CAPTURING.discard(s)
         graph = call1(drv.cuStreamEndCapture, "cuStreamEndCapture", s.handle)
         return _Graph(graph, tuple(held))
 
+    @_bound
     def is_capturing(self, stream: object) -> bool:
         """``cuStreamIsCapturing``: status other than ``NONE`` (active or invalidated)."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         status = call1(drv.cuStreamIsCapturing, "cuStreamIsCapturing", cast(_Stream, stream).handle)
         return int(status) != 0  # CU_STREAM_CAPTURE_STATUS_NONE
 
+    @_bound
     def graph_instantiate(self, graph: object) -> object:
         """``cuGraphInstantiate(graph, 0)`` (``...WithFlags`` where the bindings offer it)."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         g = cast(_Graph, graph)
         return _GraphExec(call1(_d.GRAPH_INSTANTIATE, "cuGraphInstantiate", g.handle, 0), g.keep)
 
+    @_bound
     def graph_launch(self, graph_exec: object, stream: object) -> None:
         """``cuGraphLaunch``; the graph's host objects stay alive until the stream is idle."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         e = cast(_GraphExec, graph_exec)
         s = cast(_Stream, stream)
         call(drv.cuGraphLaunch, "cuGraphLaunch", e.handle, s.handle)
         if e.keep:
             self._hold(s, e.keep)
 
+    @_bound
     def graph_destroy(self, graph: object) -> None:
         """``cuGraphDestroy``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         call_teardown(drv.cuGraphDestroy, "cuGraphDestroy", cast(_Graph, graph).handle)
 
+    @_bound
     def graph_exec_destroy(self, graph_exec: object) -> None:
         """``cuGraphExecDestroy``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         call_teardown(drv.cuGraphExecDestroy, "cuGraphExecDestroy", cast(_GraphExec, graph_exec).handle)
 
     # -- kernel modules -------------------------------------------------------
@@ -568,24 +588,23 @@ class CudaDevice(RawDevice):
         minor = call1(drv.cuDeviceGetAttribute, "cuDeviceGetAttribute", _d.ATTRIBUTE_CC_MINOR, self._device)
         return int(major), int(minor)
 
+    @_bound_checked
     def module_load(self, name: str, image: bytes) -> object:
         """``cuModuleLoadData`` of a PTX image (NUL-terminated here, as the driver wants text)."""
-        self._bind_checked()
         text = image if image.endswith(b"\0") else image + b"\0"
         return call1(drv.cuModuleLoadData, f"cuModuleLoadData of module {name!r}", text)
 
+    @_bound
     def module_unload(self, module: object) -> None:
         """``cuModuleUnload``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         call_teardown(drv.cuModuleUnload, "cuModuleUnload", module)
 
+    @_bound
     def module_function(self, module: object, kernel: str) -> object:
         """``cuModuleGetFunction``."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         return call1(drv.cuModuleGetFunction, f"cuModuleGetFunction of {kernel!r}", module, kernel.encode())
 
+    @_bound
     def launch(
         self,
         function: object,
@@ -596,8 +615,6 @@ class CudaDevice(RawDevice):
         args: Sequence[LaunchArg],
     ) -> None:
         """``cuLaunchKernel`` with each argument's packed bytes (the driver copies them at the call)."""
-        if _THREAD.ctx != self._key:
-            self._bind()
         # every argument in one buffer, each at an 8-byte-aligned offset, and the array of pointers to them
         blob = b"".join(a.data.ljust(-(-len(a.data) // 8) * 8, b"\0") for a in args)
         storage = ctypes.create_string_buffer(blob, max(len(blob), 1))

@@ -7,12 +7,17 @@ probed or opened.
 from __future__ import annotations
 
 import logging
+from typing import Final
 
-from metrale_core import BackendRegistration, MetraleError, MetraleSettings, RawDevice, hookimpl
+from metrale_core import MetraleError, MetraleSettings
+from metrale_core.plugin import BackendRegistration, RawDevice, hookimpl
 
-__all__ = ["metrale_backend", "open_device", "probe"]
+__all__ = ["PREFERENCE", "metrale_backend", "open_device", "probe"]
 
 _log = logging.getLogger("metrale.cuda")
+
+#: How strongly ``auto`` prefers this backend: real GPUs outrank the fake (``0``).
+PREFERENCE: Final = 100
 
 
 def probe(settings: MetraleSettings) -> str | None:
@@ -52,4 +57,5 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
         open=open_device,
         probe=probe,
         description="NVIDIA GPUs through the CUDA driver API (cuda-bindings)",
+        preference=PREFERENCE,
     )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from metrale_core import GpuBackend, InvalidArgumentError, cuda_code
-from metrale_core._types import as_index
+from metrale_core import GpuBackend, InvalidArgumentError
+from metrale_core.plugin import as_index, cuda_code
 
 from ._device import FAULT_OPS, FakeDevice
 

@@ -17,20 +17,19 @@ from typing import Final, cast
 
 import numpy as np
 
-from metrale_core import (
-    AllocKind,
+from metrale_core import AllocKind, MetraleSettings, parse_ptx
+from metrale_core.plugin import (
     Baseline,
     ForeignMemory,
     KernelImplementation,
     LaunchArg,
-    MetraleSettings,
     RawDevice,
     error_for_code,
-    parse_ptx,
+    format_bytes,
 )
-from metrale_core._ledger import format_bytes
 
 from ._baseline import NumpyBaseline
+from ._settings import FakeSettings
 
 __all__ = ["FAULT_OPS", "FakeDevice"]
 
@@ -146,9 +145,10 @@ class FakeDevice(RawDevice):
     """The raw layer of the fake backend."""
 
     def __init__(self, settings: MetraleSettings, ordinal: int) -> None:
-        self._capacity = settings.fake_memory_bytes
-        self._integrated = settings.fake_integrated
-        self._defer = settings.fake_defer
+        own = settings.plugin(FakeSettings)
+        self._capacity = own.memory_bytes
+        self._integrated = own.integrated
+        self._defer = own.defer
         self._ordinal = ordinal
         self._lock = threading.RLock()
         self._used = 0
@@ -157,11 +157,12 @@ class FakeDevice(RawDevice):
         self._bases: list[int] = []
         self._allocs: dict[int, _Allocation] = {}
         self._host: dict[int, np.ndarray] = {}
+        self._host_free: dict[int, list[int]] = {}  # rounded size -> freed host addresses, handed out again
         self._streams: set[_FakeStream] = set()
         self._faults: dict[str, list[list[object]]] = {}
         self._sticky: tuple[str, str] | None = None  # (CUDA name, cause) of a sticky fault
         self._implementations: dict[tuple[str, str], KernelImplementation] = {}
-        major, minor = settings.fake_compute_capability.split(".")
+        major, minor = own.compute_capability.split(".")
         self._capability = (int(major), int(minor))
 
     # -- fault injection ----------------------------------------------------------
@@ -235,8 +236,13 @@ class FakeDevice(RawDevice):
     def alloc_host(self, nbytes: int) -> tuple[int, memoryview]:
         with self._lock:
             self._fault("alloc", f"alloc_host of {nbytes} bytes")
-            ptr = self._next_host
-            self._next_host = ptr + (nbytes + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN
+            span = (nbytes + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN
+            reuse = self._host_free.get(span)
+            if reuse:  # as a driver does: a freed address comes back, latest first
+                ptr = reuse.pop()
+            else:
+                ptr = self._next_host
+                self._next_host = ptr + span
             data = np.zeros(nbytes, dtype=np.uint8)
             self._host[ptr] = data
             return ptr, data.data
@@ -245,8 +251,10 @@ class FakeDevice(RawDevice):
         with self._lock:
             self._drain_all()
             self._fault("free", f"free_host of {ptr:#x}")
-            if self._host.pop(ptr, None) is None:
+            data = self._host.pop(ptr, None)
+            if data is None:
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free_host of {ptr:#x}")
+            self._host_free.setdefault((len(data) + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN, []).append(ptr)
 
     def _tail(self, ptr: int) -> np.ndarray | None:
         """The bytes from ``ptr`` to the end of the allocation holding it (empty at its end), else ``None``."""
@@ -359,7 +367,7 @@ class FakeDevice(RawDevice):
 
             self._submit(stream, work, wait=not pinned)
 
-    def copy_dtoh(self, dst: memoryview, src: int, stream: object, *, pinned: bool) -> None:
+    def copy_dtoh(self, dst: memoryview, src: int, stream: object, *, pinned: bool, may_wait: bool = True) -> None:
         with self._lock:
             self._fault("memcpy", f"copy of {dst.nbytes} bytes from {src:#x}")
             source = self._resolve(src, dst.nbytes, "copy_dtoh")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from metrale_core import BackendRegistration, KernelImplementation, MetraleSettings, hookimpl
+from metrale_core import MetraleSettings
+from metrale_core.plugin import BackendRegistration, KernelImplementation, PluginSettings, hookimpl
 
 from ._backend import FakeBackend
 from ._device import FakeDevice
 from ._kernels import SHIPPED
+from ._settings import FakeSettings
 
 
 def _open(settings: MetraleSettings, ordinal: int) -> FakeDevice:
@@ -22,7 +24,14 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
         open=_open,
         backend_class=FakeBackend,
         description="in-memory device for development and tests without a GPU",
+        preference=0,  # auto opens it only where no backend over real hardware is available
     )
+
+
+@hookimpl
+def metrale_settings() -> type[PluginSettings]:
+    """The fake's settings, ``METRALE_FAKE_*``: capacity, integrated, compute capability, defer."""
+    return FakeSettings
 
 
 @hookimpl

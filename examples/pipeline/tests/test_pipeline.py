@@ -26,7 +26,7 @@ SETTINGS = MetraleSettings()
 SIZE = 3000  # not a multiple of the block: the last block has idle threads
 
 
-@pytest.fixture(params=backend_params(SETTINGS))
+@pytest.fixture(params=backend_params(SETTINGS, expected=("cuda",)))
 def backend_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

@@ -9,10 +9,14 @@ calls its metrale calls turn into::
     with open_backend("tracing") as gpu:
         gpu.free(gpu.alloc(64))
         print(gpu.raw_calls())   # ['stream_create', 'alloc', 'free']
+
+How many calls it keeps is a setting of its own, ``METRALE_TRACING_MAX_CALLS``
+(``MetraleSettings(tracing_max_calls=100)``): see ``_settings.py``.
 """
 
 from __future__ import annotations
 
 from ._device import TracingBackend, TracingDevice
+from ._settings import TracingSettings
 
-__all__ = ["TracingBackend", "TracingDevice"]
+__all__ = ["TracingBackend", "TracingDevice", "TracingSettings"]

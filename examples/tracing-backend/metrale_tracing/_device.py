@@ -7,11 +7,12 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final
 
-from metrale_core import GpuBackend, RawDevice
+from metrale_core import GpuBackend
+from metrale_core.plugin import RawDevice
 
 __all__ = ["TracingBackend", "TracingDevice"]
 
-#: How many calls the trace keeps (the oldest are dropped first).
+#: How many calls the trace keeps by default (the oldest are dropped first); ``METRALE_TRACING_MAX_CALLS``.
 TRACE_LENGTH: Final = 10_000
 
 #: The primitives of the contract: the abstract ones and the optional kernel ones.
@@ -25,14 +26,19 @@ _PRIMITIVES: Final = sorted(
 class TracingDevice(RawDevice):
     """Delegates every primitive to ``inner`` and records its name, thread-safely."""
 
-    def __init__(self, inner: RawDevice) -> None:
+    def __init__(self, inner: RawDevice, max_calls: int = TRACE_LENGTH) -> None:
         self.inner = inner
         self._lock = threading.Lock()
-        self.calls: collections.deque[str] = collections.deque(maxlen=TRACE_LENGTH)
+        self.calls: collections.deque[str] = collections.deque(maxlen=max_calls)
 
     def _record(self, name: str) -> None:
         with self._lock:
             self.calls.append(name)
+
+    def recorded(self) -> list[str]:
+        """The primitives called so far, oldest first (a copy, taken under the lock)."""
+        with self._lock:
+            return list(self.calls)
 
 
 def _delegate(name: str) -> Callable[..., Any]:
@@ -57,5 +63,4 @@ class TracingBackend(GpuBackend):
         """The raw primitives called so far, oldest first."""
         raw = self.raw
         assert isinstance(raw, TracingDevice)
-        with raw._lock:
-            return list(raw.calls)
+        return raw.recorded()

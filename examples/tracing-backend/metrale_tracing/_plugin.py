@@ -1,16 +1,19 @@
-"""The plugin module named by the entry point: one hook, one registration record."""
+"""The plugin module named by the entry point: the hooks, and their records."""
 
 from __future__ import annotations
 
-from metrale_core import BackendRegistration, MetraleSettings, hookimpl
+from metrale_core import MetraleSettings
+from metrale_core.plugin import BackendRegistration, PluginSettings, hookimpl
 from metrale_fake import FakeDevice
 
 from ._device import TracingBackend, TracingDevice
+from ._settings import TracingSettings
 
 
 def _open(settings: MetraleSettings, ordinal: int) -> TracingDevice:
+    own = settings.plugin(TracingSettings)
     # mypy cannot see the primitives _device.py sets on the class after its body
-    return TracingDevice(FakeDevice(settings, ordinal))  # type: ignore[abstract]
+    return TracingDevice(FakeDevice(settings, ordinal), own.max_calls)  # type: ignore[abstract]
 
 
 @hookimpl
@@ -20,4 +23,11 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
         open=_open,
         backend_class=TracingBackend,
         description="the fake device, with every raw call recorded (an example plugin)",
+        preference=-10,  # a debugging wrapper: `auto` never opens it while the fake it wraps is there
     )
+
+
+@hookimpl
+def metrale_settings() -> type[PluginSettings]:
+    """The tracing backend's settings: ``METRALE_TRACING_MAX_CALLS``."""
+    return TracingSettings

@@ -1,0 +1,43 @@
+"""``FakeSettings``: the fake backend's own settings, read from ``METRALE_FAKE_*``.
+
+Contributed through the ``metrale_settings`` hook, so each field is also a
+keyword and attribute of :class:`~metrale_core.MetraleSettings` with the
+prefix ``fake_`` (``MetraleSettings(fake_memory_bytes="1 MiB")``, as ever).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from metrale_core.plugin import PluginSettings, Size
+
+__all__ = ["FakeSettings"]
+
+
+class FakeSettings(PluginSettings):
+    """The fake device's capacity, kind, compute capability and scheduling."""
+
+    model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(env_prefix="METRALE_FAKE_")
+
+    memory_bytes: Size = Field(
+        16 << 30, gt=0,
+        description="The fake device's capacity; an allocation past it raises `OutOfMemoryError`.",
+    )
+    integrated: bool = Field(
+        False,
+        description="The fake reports an integrated device, so `memory_info().effective_free` follows the host's "
+        "`MemAvailable`.",
+    )
+    compute_capability: str = Field(
+        "9.0",
+        pattern=r"^\d+\.\d+$",
+        description="The compute capability the fake reports, `major.minor`; PTX images are checked against it.",
+    )
+    defer: bool = Field(
+        False,
+        description="The fake runs stream work only when it must (a synchronize, a query, a pageable copy, "
+        "a free), so a missing synchronization reads stale data as on a GPU.",
+    )

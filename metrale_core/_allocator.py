@@ -1,0 +1,338 @@
+"""The allocator: device, managed, arena and pinned host memory of one backend, from the raw
+call to the ledger and back.
+
+It owns the front of the ledger (a record on before ``alloc`` returns, off before ``free``
+releases), reclaim-and-retry after an out-of-memory error and the report that names who holds
+the memory, arena blocks and :class:`~metrale_core.Arena` objects, host buffers, and the
+sweep. What it hands out it records in :class:`~metrale_core._holdings.Holdings`; red zones
+are the zone guard's, asked for by the allocator.
+
+Nothing it makes outlives ``close()``: an allocation finishes by committing its record under
+the context's lock, and one that finds the backend closed by then (a callback closed it, or
+another thread's ``close()`` waited for it) releases its memory and raises
+:class:`~metrale_core.BackendClosedError` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ._arena import Arena
+from ._buffer import DeviceBuffer
+from ._capture import forbid_during_capture
+from ._context import DeviceContext, invalid_argument
+from ._errors import InvalidBufferError, MetraleError, OutOfMemoryError
+from ._handles import HostBuffer
+from ._holdings import Holdings, positive_size
+from ._ledger import call_site, describe_sites, largest_sites, next_index
+from ._pressure import StatsCounter
+from ._redzone import Layout
+from ._types import AllocKind, AllocRecord, format_bytes
+
+if TYPE_CHECKING:
+    from ._monitor import MemoryMonitor
+    from ._zoneguard import ZoneGuard
+
+__all__ = ["Allocator"]
+
+_log = logging.getLogger("metrale")
+
+
+_CORE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_stack() -> traceback.StackSummary:
+    """The calling stack up to the user's call into metrale (the core's own frames at its top cut off)."""
+    frames = traceback.extract_stack()
+    while frames and os.path.dirname(os.path.abspath(frames[-1].filename)) == _CORE_DIR:
+        frames.pop()
+    return traceback.StackSummary.from_list(frames)
+
+
+class Allocator:
+    """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
+
+    __slots__ = ("_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_raw", "_stats", "ctx")
+
+    def __init__(
+        self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter, guard: ZoneGuard, monitor: MemoryMonitor
+    ) -> None:
+        self.ctx = ctx
+        self._raw = ctx.raw
+        self._holdings = holdings
+        self._stats = stats
+        self._guard = guard
+        self._monitor = monitor
+        self._callbacks: list[Callable[[int], object]] = []
+        self._observers: list[Callable[[DeviceBuffer], None]] = []
+
+    def on_release(self, observer: Callable[[DeviceBuffer], None]) -> None:
+        """Call ``observer(buf)`` as a buffer is released (to warn of graphs and exports still using it)."""
+        self._observers.append(observer)
+
+    def _released(self, buf: DeviceBuffer) -> None:
+        for observer in self._observers:
+            observer(buf)
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def alloc(self, nbytes: object, kind: AllocKind, what: str) -> DeviceBuffer:
+        """Device memory of ``kind``; on the ledger unless it is arena memory."""
+        forbid_during_capture(what)
+        n = positive_size(nbytes, what)
+        ctx = self.ctx
+        index = next_index()
+        site = call_site(ctx.internal)
+        layout = self._guard.layout(n, index) if kind == "device" else Layout(n, 0, 0)
+        raw_ptr = self._raw_alloc(layout.raw_bytes, n, kind, what)
+        buf = DeviceBuffer._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
+        zoned = bool(layout.lead or layout.trail)
+        if zoned:
+            try:
+                self._guard.guard(buf, layout)
+            except MetraleError:
+                self._release_quietly(raw_ptr, kind)
+                raise
+        holdings = self._holdings
+        with ctx.lock:  # the commit: the backend is open now, or nothing of this allocation remains
+            committed = not ctx.closed
+            if committed:
+                if zoned:
+                    holdings.raw_base[index] = raw_ptr
+                if kind == "arena":
+                    holdings.arena_blocks[index] = buf
+                else:
+                    holdings.ledger.add(AllocRecord(buf.ptr, n, kind, index, site))
+                self._stats.allocated(kind, n)
+        if not committed:
+            if zoned:
+                self._guard.forget(index)
+            self._release_quietly(raw_ptr, kind)
+            raise ctx.closed_error()
+        if ctx.settings.redzone_trace_idx == index:
+            _log.warning(
+                "redzone_trace_idx=%d: %s of %d bytes allocated at %s; full stack:\n%s",
+                index, what, n, site, "".join(traceback.format_list(_user_stack())),
+            )
+        return buf
+
+    def _raw_alloc(self, raw_bytes: int, n: int, kind: AllocKind, what: str) -> int:
+        """The raw allocation, with reclaim-and-retry: when it runs out of memory, the
+        ``on_out_of_memory`` callbacks are asked to free some, and a callback that says
+        it did earns another try (at most ``oom_retries``)."""
+        retries = 0
+        while True:
+            try:
+                return self._raw.alloc(raw_bytes, kind)
+            except OutOfMemoryError as exc:
+                if retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what):
+                    if self.ctx.closed:  # a callback closed the backend
+                        raise self.ctx.closed_error() from None
+                    retries += 1
+                    self._stats.oom_retries += 1
+                    continue
+                self._stats.oom_count += 1
+                raise self._out_of_memory(exc, n, kind, what, retries) from None
+
+    def on_out_of_memory(self, callback: Callable[[int], object]) -> None:
+        if not callable(callback):
+            raise invalid_argument("on_out_of_memory", "a callable", callback)
+        self._callbacks.append(callback)
+
+    def _reclaim(self, nbytes: int, what: str) -> bool:
+        """Call the ``on_out_of_memory`` callbacks; whether any says it freed memory."""
+        freed = False
+        for callback in list(self._callbacks):
+            try:
+                if callback(nbytes):
+                    freed = True
+            except Exception as exc:  # a callback's bug must not hide the out-of-memory error
+                _log.warning("on_out_of_memory callback %r raised %s: %s", callback, type(exc).__name__, exc)
+        if freed:
+            _log.info("%s of %s: out of memory; a callback freed memory, trying again", what, format_bytes(nbytes))
+        return freed
+
+    def _release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
+        try:
+            self._raw.free(raw_ptr, kind)
+        except MetraleError as exc:
+            _log.warning("releasing %#x after a failed allocation also failed: %s", raw_ptr, exc)
+
+    def _out_of_memory(self, exc: OutOfMemoryError, n: int, kind: str, what: str, retries: int) -> OutOfMemoryError:
+        ctx = self.ctx
+        try:
+            info = self._monitor.memory_info()
+            memory = (
+                f"{format_bytes(info.free)} free ({format_bytes(info.effective_free)} effective) "
+                f"of {format_bytes(info.total)}"
+            )
+        except MetraleError:
+            memory = "free memory unknown"
+        records = self._holdings.ledger.snapshot()
+        live = sum(r.nbytes for r in records)
+        sites = describe_sites(largest_sites(records))
+        retried = f"; tried {retries + 1} times after on_out_of_memory callbacks freed memory" if retries else ""
+        saved = ""
+        folder = ctx.settings.oom_snapshot_dir
+        if folder is not None:
+            path = folder / f"metrale-oom-{ctx.name}-{os.getpid()}-{next_index()}.json"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                self._monitor.save_snapshot(path)
+                saved = f"; memory snapshot saved to {path} (see it with: metrale report {path} --png oom.png)"
+            except (OSError, MetraleError) as err:
+                saved = f"; the memory snapshot could not be saved to {path}: {err}"
+        return OutOfMemoryError(
+            f"{what}({n}) on {ctx.name}:{ctx.ordinal} failed: out of device memory asking for "
+            f"{format_bytes(n)} ({kind}); {memory}; {format_bytes(live)} live on the ledger in "
+            f"{len(records)} allocation(s), largest call sites: {sites}{retried}{saved}. Free buffers "
+            f"you no longer need, register an on_out_of_memory callback that can, or ask for less",
+            requested=n, code=exc.code, name=exc.name,
+        )
+
+    def alloc_host(self, nbytes: object) -> HostBuffer:
+        """Pinned host memory, in a table of its own (not on the ledger)."""
+        forbid_during_capture("alloc_host")
+        n = positive_size(nbytes, "alloc_host")
+        try:
+            ptr, view = self._raw.alloc_host(n)
+        except OutOfMemoryError as exc:
+            raise OutOfMemoryError(
+                f"alloc_host({n}) failed: out of pinned host memory; free host buffers or ask for less",
+                requested=n, code=exc.code, name=exc.name,
+            ) from None
+        hb = HostBuffer(self, ptr, n, view)
+        with self.ctx.lock:
+            if not self.ctx.closed:
+                self._holdings.host[id(hb)] = hb
+                return hb
+        self.ctx.quietly("free host buffer", self._raw.free_host, ptr)
+        raise self.ctx.closed_error()
+
+    # -- release --------------------------------------------------------------------------------
+
+    def free(self, buf: object) -> None:
+        """Free a ``DeviceBuffer`` on the ledger (record off first, then the memory), or a ``HostBuffer``."""
+        forbid_during_capture("free")
+        if isinstance(buf, HostBuffer):
+            self.free_host(buf, "free")
+            return
+        if not isinstance(buf, DeviceBuffer):
+            raise InvalidBufferError(f"free: expected a DeviceBuffer or HostBuffer, got {buf!r}")
+        if buf.kind == "arena":
+            raise InvalidBufferError(
+                f"free: allocation #{buf.index} is arena memory; release it with free_arena(), "
+                f"or reset() the Arena it came from"
+            )
+        if buf.kind == "external":
+            raise InvalidBufferError(
+                f"free: allocation #{buf.index} is another library's memory (from wrap()); metrale never frees "
+                f"it: let go of it with unwrap(), then free it where it came from"
+            )
+        record = None if buf._owner is not self.ctx.ref else self._holdings.ledger.take(buf.index, buf.ptr, buf.nbytes)
+        if record is None:
+            raise InvalidBufferError(
+                f"free: allocation #{buf.index} ({buf.nbytes} bytes at {buf.ptr:#x}, from "
+                f"{buf.site}) is not on this backend's ledger: already freed, swept, or not "
+                f"from this backend. Free each buffer once"
+            )
+        self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever the release says
+        self._released(buf)
+        with self._holdings.lock:
+            raw_ptr = self._holdings.raw_base.pop(buf.index, buf.ptr)
+        kind: AllocKind = "managed" if record.kind == "managed" else "device"
+        self._guard.free_checked(buf, lambda: self._raw.free(raw_ptr, kind))
+
+    def free_host(self, hb: HostBuffer, what: str) -> None:
+        """Release a pinned host buffer of this backend (by identity: the driver hands addresses out again)."""
+        forbid_during_capture(what)
+        with self._holdings.lock:
+            if not self._holdings.host_is_live(hb):
+                raise InvalidBufferError(f"{what}: {hb!r} is not a live host buffer of this backend")
+            del self._holdings.host[id(hb)]
+        hb._mark_closed()
+        self._raw.free_host(hb.ptr)
+
+    def free_arena(self, buf: object, what: str = "free_arena") -> None:
+        """Release an ``alloc_arena`` buffer."""
+        forbid_during_capture(what)
+        if not isinstance(buf, DeviceBuffer) or buf.kind != "arena":
+            raise InvalidBufferError(f"{what}: expected an arena DeviceBuffer, got {buf!r}")
+        holdings = self._holdings
+        with holdings.lock:
+            live = holdings.arena_blocks.get(buf.index)
+            if live is None or buf._owner is not self.ctx.ref or (live.ptr, live.nbytes) != (buf.ptr, buf.nbytes):
+                if any(arena.holds(buf) for arena in holdings.arenas):
+                    raise InvalidBufferError(
+                        f"{what}: allocation #{buf.index} is a piece of an Arena; reset() or close() the arena"
+                    )
+                raise InvalidBufferError(
+                    f"{what}: arena allocation #{buf.index} is not live on this backend; release each arena buffer once"
+                )
+            del holdings.arena_blocks[buf.index]
+        self._released(buf)
+        self._stats.released("arena", buf.nbytes)
+        self._raw.free(buf.ptr, "arena")
+
+    # -- arenas ---------------------------------------------------------------------------------
+
+    def create_arena(self, capacity: object) -> Arena:
+        block = self.alloc(capacity, "arena", "create_arena")
+        arena = Arena(block, self._arena_closed)
+        with self._holdings.lock:
+            self._holdings.arenas.append(arena)
+        return arena
+
+    def _arena_closed(self, arena: Arena, block: DeviceBuffer) -> None:
+        """``Arena.close()``: refused (changing nothing) where a free would be; else the block goes."""
+        self.ctx.enter()
+        try:
+            forbid_during_capture("Arena.close")
+            self.free_arena(block, "Arena.close")
+            with self._holdings.lock:
+                if arena in self._holdings.arenas:
+                    self._holdings.arenas.remove(arena)
+                    self._stats.arena_allocs += arena.allocs
+        finally:
+            self.ctx.leave()
+
+    # -- sweep and close ------------------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Drain the ledger, free each allocation on it, and report; returns how many."""
+        ctx = self.ctx
+        records = self._holdings.ledger.drain()
+        if records:
+            total = sum(r.nbytes for r in records)
+            _log.warning(
+                "sweep on %s:%d: %d allocation(s) totalling %s had no owner; largest sites: %s",
+                ctx.name, ctx.ordinal, len(records), format_bytes(total), describe_sites(largest_sites(records)),
+            )
+        for rec in records:
+            self._stats.released(rec.kind, rec.nbytes)
+            with self._holdings.lock:
+                raw_ptr = self._holdings.raw_base.pop(rec.index, rec.ptr)
+            self._guard.forget(rec.index)
+            ctx.quietly(f"sweep: freeing allocation #{rec.index} at {rec.ptr:#x}", self._raw.free, raw_ptr, rec.kind)
+        return len(records)
+
+    def release(self) -> None:
+        """At close (the device is idle): sweep the ledger, release arena blocks and host buffers."""
+        ctx = self.ctx
+        holdings = self._holdings
+        with holdings.lock:
+            arenas, holdings.arenas = holdings.arenas, []
+            blocks, holdings.arena_blocks = holdings.arena_blocks, {}
+            hosts, holdings.host = holdings.host, {}
+        for arena in arenas:
+            arena._take_block()  # its block is among the blocks released below
+        self.sweep()
+        for buf in blocks.values():
+            ctx.quietly("free_arena", self._raw.free, buf.ptr, "arena")
+        for hb in hosts.values():
+            hb._mark_closed()
+            ctx.quietly("free host buffer", self._raw.free_host, hb.ptr)

@@ -1,0 +1,281 @@
+"""The device context: what every part of one open backend shares.
+
+One small object per open backend, built first and released last. It holds the
+backend's name, ordinal and settings, the raw layer as the core calls it (every
+raw call watched, see :class:`GuardedRaw`), the fault latch, the closed state,
+the gate that makes ``close()`` safe against every other call from any thread,
+and the lock for bookkeeping that spans parts. Handles, registries and the
+collaborators hold the context, never the facade (:class:`~metrale_core.GpuBackend`).
+
+The gate: every public call enters it (:meth:`DeviceContext.enter`, the
+:func:`gated` decorator) and leaves it when it returns. ``close()`` shuts it
+(:meth:`DeviceContext.shut`): from then on every call is refused with
+:class:`~metrale_core.BackendClosedError`, and ``close()`` waits for the calls
+already inside to leave, except the closing thread's own (a callback that closes
+the backend from inside one of its calls). A call that was inside when the gate
+shut sees :attr:`DeviceContext.closed` before it commits anything and undoes its
+raw work, so nothing it made outlives ``close()``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, Protocol, TypeVar, cast
+
+from ._capture import abandon_captures
+from ._errors import BackendClosedError, DeviceFaultError, DriverError, InvalidArgumentError, MetraleError
+from ._raw import RawDevice
+from ._settings import MetraleSettings
+
+if TYPE_CHECKING:
+    from ._buffer import BufferOwner
+    from ._types import LaunchArg
+
+__all__ = ["CORE_PACKAGES", "DeviceContext", "GuardedRaw", "Launch", "gated", "invalid_argument"]
+
+_log = logging.getLogger("metrale")
+
+#: Top-level packages whose frames are never a call site.
+CORE_PACKAGES: Final = frozenset({"metrale_core"})
+
+#: How long ``close()`` waits for calls of other threads to leave before it tears down anyway.
+_CLOSE_WAIT_S: Final = 60.0
+
+#: A launch as a fault report describes it: module, kernel, grid, block, packed arguments.
+Launch = tuple[str, str, tuple[int, int, int], tuple[int, int, int], "Sequence[LaunchArg]"]
+
+
+def describe_launch(launch: Launch) -> str:
+    module, kernel, grid, block, args = launch
+    return f"{module}.{kernel}<<<{grid}, {block}>>>({', '.join(a.describe() for a in args)})"
+
+
+def invalid_argument(what: str, expected: str, got: object) -> InvalidArgumentError:
+    """The error for an argument of the wrong kind: what was expected, and what was given."""
+    return InvalidArgumentError(f"{what}: expected {expected}, got {got!r}")
+
+
+class GuardedRaw:
+    """The raw layer as the core calls it: one place that watches every raw call.
+
+    A foreign exception (a plugin's bug) becomes a ``DriverError`` naming the
+    call, so none reaches the user; a ``DeviceFaultError`` latches the context's
+    fault, so every later call reports the first fault.
+    """
+
+    def __init__(self, target: RawDevice, context: DeviceContext) -> None:
+        self._target = target
+        self._context = context
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+        context = self._context
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except DeviceFaultError as exc:
+                raise context.faulted_by(exc) from None
+            except MetraleError:
+                raise
+            except Exception as exc:
+                raise DriverError(
+                    f"the {context.name} backend's raw {name}() raised {type(exc).__name__}: {exc}; "
+                    f"this is a bug in that backend"
+                ) from exc
+
+        self.__dict__[name] = call  # looked up once per name
+        return call
+
+
+class _Depth(threading.local):
+    """Per thread: how many calls of this context the thread is inside."""
+
+    depth = 0
+
+
+class DeviceContext:
+    """What the parts of one open backend share. Thread-safe."""
+
+    __slots__ = (
+        "__weakref__", "_closed", "_depth", "_fault", "_fault_code", "_gate", "_inside", "exports", "facade",
+        "internal",
+        "lock", "name", "ordinal", "raw", "recent", "ref", "settings", "target",
+    )
+
+    def __init__(
+        self, name: str, ordinal: int, settings: MetraleSettings, target: RawDevice, internal: frozenset[str]
+    ) -> None:
+        self.name: Final = name
+        self.ordinal: Final = ordinal
+        self.settings: Final = settings
+        #: The plugin's raw layer itself, for diagnostics and the final close.
+        self.target: Final = target
+        #: The raw layer as every part calls it.
+        self.raw: Final = cast(RawDevice, GuardedRaw(target, self))
+        #: Top-level packages whose frames are not call sites.
+        self.internal: Final = CORE_PACKAGES | internal
+        #: For bookkeeping that spans parts (short sections; never held across a wait).
+        self.lock: Final = threading.RLock()
+        #: What buffers hold: a weak reference to their owner.
+        self.ref: Final = weakref.ref(self)
+        #: The export table, once built (buffers export themselves through it).
+        self.exports: BufferOwner | None = None
+        #: A weak reference to the object the user holds (what ``handle.backend`` answers).
+        self.facade: Callable[[], object] = lambda: None
+        #: The last launches, for a fault report (formatted only then: launches are a hot path).
+        self.recent: collections.deque[Launch] = collections.deque(maxlen=8)
+        self._fault: str | None = None
+        self._fault_code: tuple[int | None, str | None] = (None, None)
+        self._closed = False
+        self._gate = threading.Condition(threading.Lock())
+        self._inside = 0
+        self._depth = _Depth()
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has begun: nothing may be committed any more."""
+        return self._closed
+
+    @property
+    def fault(self) -> str | None:
+        """The first device fault, with the launches before it; ``None`` if none."""
+        return self._fault
+
+    def closed_error(self) -> BackendClosedError:
+        return BackendClosedError(f"backend {self.name}:{self.ordinal} is closed; open a new one with open_backend()")
+
+    def check_not_closed(self) -> None:
+        if self._closed:
+            raise self.closed_error()
+
+    def check_open(self) -> None:
+        """Refuse use after close, and after a device fault (the ledger can still be read then)."""
+        if self._closed:
+            raise self.closed_error()
+        if self._fault is not None:
+            raise DeviceFaultError(
+                f"backend {self.name}:{self.ordinal} is unusable after a device fault: {self._fault}. "
+                f"Close it (close() still tears down) and open a new one, in a new process for CUDA",
+                code=self._fault_code[0],
+                name=self._fault_code[1],
+            )
+
+    def faulted_by(self, exc: DeviceFaultError) -> DeviceFaultError:
+        """Latch the fault (once: the first fault is the one reported) and describe it.
+
+        The backend's captures leave the process-wide record: a fault is local to its backend.
+        """
+        with self.lock:
+            first = self._fault is None
+            if first:
+                launches = "; ".join(describe_launch(launch) for launch in self.recent) or "none"
+                self._fault = f"{exc.message} (most recent launches, oldest first: {launches})"
+                self._fault_code = (exc.code, exc.name)
+                _log.error("backend %s:%d faulted: %s", self.name, self.ordinal, self._fault)
+        if first:
+            abandon_captures(self, f"backend {self.name}:{self.ordinal} faulted")
+            return DeviceFaultError(
+                f"{self._fault}; the backend is now unusable: close it and open a new one",
+                code=exc.code, name=exc.name,
+            )
+        return DeviceFaultError(f"{exc.message}; the first fault was: {self._fault}", code=exc.code, name=exc.name)
+
+    def quietly(self, what: str, fn: Callable[..., object], *args: object) -> None:
+        """Call ``fn``; a failure is logged, not raised (teardown, rollback)."""
+        try:
+            fn(*args)
+        except MetraleError as exc:
+            # after a device fault every call fails: that is expected, not news
+            level = logging.DEBUG if self._fault is not None else logging.WARNING
+            _log.log(level, "%s failed: %s", what, exc)
+
+    # -- the gate ---------------------------------------------------------------------------
+
+    def enter(self, *, faulted_ok: bool = False) -> None:
+        """Count a call in; refused once closed (and after a fault unless ``faulted_ok``)."""
+        with self._gate:
+            if self._closed:
+                raise self.closed_error()
+            self._inside += 1
+        self._depth.depth += 1
+        if self._fault is not None and not faulted_ok:
+            self.leave()
+            self.check_open()
+
+    def leave(self) -> None:
+        """Count a call out."""
+        self._depth.depth -= 1
+        with self._gate:
+            self._inside -= 1
+            if self._closed:
+                self._gate.notify_all()
+
+    def shut(self) -> bool:
+        """Refuse every call from now on and wait for those inside (not this thread's own) to leave.
+
+        ``False`` when it was already shut (``close()`` is idempotent).
+        """
+        own = self._depth.depth
+        with self._gate:
+            if self._closed:
+                return False
+            self._closed = True
+            if not self._gate.wait_for(lambda: self._inside <= own, timeout=_CLOSE_WAIT_S):
+                _log.warning(
+                    "close of %s:%d: %d call(s) of other threads still running after %.0f s; tearing down anyway",
+                    self.name, self.ordinal, self._inside - own, _CLOSE_WAIT_S,
+                )
+        return True
+
+    def __repr__(self) -> str:
+        return f"<DeviceContext {self.name}:{self.ordinal}{' (closed)' if self._closed else ''}>"
+
+
+class HasContext(Protocol):
+    @property
+    def _ctx(self) -> DeviceContext: ...
+
+
+_S = TypeVar("_S", bound=HasContext)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def gated(fn: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
+    """Run a public method inside its context's gate (refused once closed or faulted)."""
+
+    @functools.wraps(fn)
+    def call(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        ctx = self._ctx
+        ctx.enter()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            ctx.leave()
+
+    return call
+
+
+def gated_read(fn: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
+    """As :func:`gated`, for calls that still answer after a device fault (ledger and stats reads)."""
+
+    @functools.wraps(fn)
+    def call(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        ctx = self._ctx
+        ctx.enter(faulted_ok=True)
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            ctx.leave()
+
+    return call

@@ -1,0 +1,131 @@
+"""The export table: one backend's memory handed to other libraries, and theirs taken in.
+
+It answers the exports of :class:`~metrale_core.DeviceBuffer` and
+:class:`~metrale_core.DeviceArray` (the :class:`~metrale_core._buffer.BufferOwner` of this
+backend's buffers: checked live, after the device's work), counts the DLPack tensors and
+views still held so ``free`` can warn, and owns wrapped memory (``wrap``/``unwrap``): each
+wrap is its own live buffer, keyed by its creation index, never by the producer's address.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+
+from ._buffer import DeviceArray, DeviceBuffer
+from ._capture import forbid_during_capture
+from ._context import DeviceContext
+from ._errors import InvalidBufferError
+from ._holdings import Holdings
+from ._interop import foreign_memory
+from ._ledger import call_site, next_index
+from ._types import ForeignMemory
+from ._zoneguard import ZoneGuard
+
+__all__ = ["ExportTable"]
+
+_log = logging.getLogger("metrale")
+
+
+class ExportTable:
+    """Exports and wrapped memory of one backend (the ``BufferOwner`` of its buffers)."""
+
+    __slots__ = ("_exported", "_guard", "_holdings", "_raw", "_viewed", "ctx")
+
+    def __init__(self, ctx: DeviceContext, holdings: Holdings, guard: ZoneGuard) -> None:
+        self.ctx = ctx
+        self._raw = ctx.raw
+        self._holdings = holdings
+        self._guard = guard
+        self._exported: dict[int, int] = {}  # creation index -> DLPack tensors not yet released
+        self._viewed: dict[int, weakref.WeakSet[DeviceArray]] = {}  # creation index -> views exported
+        ctx.exports = self
+
+    # -- BufferOwner ----------------------------------------------------------------------
+
+    def export(self, buf: DeviceBuffer, view: DeviceArray, what: str, *, wait: bool = True) -> ForeignMemory:
+        ctx = self.ctx
+        ctx.enter()
+        try:
+            self._holdings.require_live(buf, what)
+            if wait:
+                forbid_during_capture(what)
+                self._guard.sync_device()
+            memory = self._raw.export_memory(buf.ptr, buf.nbytes)
+            if buf.kind in ("device", "managed"):  # what free() releases, and so warns about
+                with ctx.lock:
+                    self._viewed.setdefault(buf.index, weakref.WeakSet()).add(view)
+            return memory
+        finally:
+            ctx.leave()
+
+    def export_held(self, index: int, delta: int) -> None:
+        with self.ctx.lock:
+            held = self._exported.get(index, 0) + delta
+            if held > 0:
+                self._exported[index] = held
+            else:
+                self._exported.pop(index, None)
+
+    def warn_if_exported(self, buf: DeviceBuffer) -> None:
+        """An allocator release observer: warn when other libraries still hold views of ``buf``."""
+        if buf.kind not in ("device", "managed"):
+            return
+        with self.ctx.lock:
+            tensors = self._exported.pop(buf.index, 0)
+            views = self._viewed.pop(buf.index, None)
+            arrays = len(views) if views is not None else 0
+        if tensors or arrays:
+            held = " and ".join(f"{n} {what}" for n, what in ((arrays, "view(s)"), (tensors, "DLPack tensor(s)")) if n)
+            _log.warning(
+                "free of allocation #%d (%d bytes from %s) while other libraries still hold %s of it: they now "
+                "point at freed memory; drop them before freeing",
+                buf.index, buf.nbytes, buf.site, held,
+            )
+
+    # -- wrapped memory ---------------------------------------------------------------------
+
+    def wrap(self, obj: object) -> DeviceBuffer:
+        forbid_during_capture("wrap")
+        memory, release = foreign_memory(obj)
+        try:
+            self._guard.sync_device()
+            ptr = self._raw.import_memory(memory)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        ctx = self.ctx
+        buf = DeviceBuffer(ptr, memory.nbytes, "external", next_index(), call_site(ctx.internal), ctx.ref)
+        with ctx.lock:
+            if not ctx.closed:
+                self._holdings.external[buf.index] = (buf, obj, release)
+                return buf
+        self._forget(ptr, release)
+        raise ctx.closed_error()
+
+    def unwrap(self, buf: object, released: Callable[[DeviceBuffer], None]) -> None:
+        forbid_during_capture("unwrap")
+        if not isinstance(buf, DeviceBuffer) or buf.kind != "external":
+            raise InvalidBufferError(f"unwrap: expected a DeviceBuffer from wrap(), got {buf!r}")
+        with self.ctx.lock:
+            if not self._holdings.is_live(buf):
+                raise InvalidBufferError(f"unwrap: allocation #{buf.index} is not wrapped here; unwrap it once")
+            _, _, release = self._holdings.external.pop(buf.index)
+        released(buf)
+        self._forget(buf.ptr, release)
+
+    def _forget(self, ptr: int, release: Callable[[], None] | None) -> None:
+        try:
+            self._raw.forget_memory(ptr)
+        finally:
+            if release is not None:
+                release()
+
+    def release(self) -> None:
+        """At close: let go of every wrapped object."""
+        with self.ctx.lock:
+            external, self._holdings.external = self._holdings.external, {}
+        for buf, _, release in external.values():
+            self.ctx.quietly("unwrap", self._forget, buf.ptr, release)

@@ -1,0 +1,95 @@
+"""Memory pressure, as one backend answers it: free memory, stats, OOM watchdogs, snapshots.
+
+:class:`MemoryMonitor` reads; it changes nothing of the memory. It owns the watchdogs it
+starts (stopped first at ``close()``, before anything is released).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from ._context import DeviceContext
+from ._errors import MetraleError
+from ._holdings import Holdings
+from ._ledger import describe_sites, largest_sites
+from ._meminfo import effective_free_bytes, read_mem_available
+from ._pressure import MemoryStats, OomWatchdog, StatsCounter, check_watchdog_args
+from ._snapshot import write_snapshot
+from ._types import MemoryInfo
+
+__all__ = ["MemoryMonitor"]
+
+
+class MemoryMonitor:
+    """Free memory, stats, watchdogs and snapshots of one backend."""
+
+    __slots__ = ("_holdings", "_lock", "_stats", "_watchdogs", "ctx")
+
+    def __init__(self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter) -> None:
+        self.ctx = ctx
+        self._holdings = holdings
+        self._stats = stats
+        self._lock = threading.Lock()
+        self._watchdogs: list[OomWatchdog] = []
+
+    def memory_info(self) -> MemoryInfo:
+        """Free and total device memory, and what an allocation can really have."""
+        raw = self.ctx.raw
+        free, total = raw.mem_get_info()
+        integrated = raw.is_integrated()
+        available = read_mem_available() if integrated else None
+        return MemoryInfo(
+            free=free,
+            total=total,
+            effective_free=effective_free_bytes(free, available, integrated, total),
+            integrated=bool(integrated),
+        )
+
+    def stats(self) -> MemoryStats:
+        with self._holdings.lock:
+            arenas = list(self._holdings.arenas)
+        return self._stats.freeze(arenas)
+
+    def reset_peak(self) -> None:
+        self._stats.reset_peak()
+
+    def spawn_oom_watchdog(self, interval_s: object, min_free_bytes: object, on_low: object) -> OomWatchdog:
+        interval, min_free = check_watchdog_args(interval_s, min_free_bytes, on_low)
+        ledger = self._holdings.ledger
+        watchdog = OomWatchdog(
+            f"{self.ctx.name}:{self.ctx.ordinal}", self._read_for_watchdog,
+            lambda: describe_sites(largest_sites(ledger.snapshot())),
+            interval_s=interval, min_free_bytes=min_free, on_low=on_low,  # type: ignore[arg-type]
+        )
+        with self._lock:
+            self._watchdogs = [w for w in self._watchdogs if w.running]
+            self._watchdogs.append(watchdog)
+        watchdog._start()
+        return watchdog
+
+    def _read_for_watchdog(self) -> MemoryInfo:
+        """``memory_info()`` through the gate, as a user's call (a watchdog stops when it is refused)."""
+        self.ctx.enter()
+        try:
+            return self.memory_info()
+        finally:
+            self.ctx.leave()
+
+    def save_snapshot(self, path: Path) -> Path:
+        ctx = self.ctx
+        info: MemoryInfo | None
+        try:
+            info = self.memory_info()
+            device = ctx.raw.device_name()
+        except MetraleError:
+            info, device = None, f"{ctx.name} device {ctx.ordinal}"
+        write_snapshot(path, ctx.name, device, ctx.ordinal, info, self._holdings.ledger, self.stats())
+        return path
+
+    def stop(self) -> None:
+        """Stop every watchdog (the first thing ``close()`` does)."""
+        with self._lock:
+            watchdogs, self._watchdogs = self._watchdogs, []
+        for watchdog in watchdogs:
+            watchdog.stop()

@@ -1,0 +1,282 @@
+"""The stream front: streams, events and graphs of one backend, and the work issued on them.
+
+It owns every stream (the default one too), event, graph and executable graph it hands out
+(released at ``close()``, dependents first), issues memsets, copies and graph launches after
+their operands are checked live and in bounds (``Holdings``), records what a capture touches,
+and begins and ends captures under the rules of ``_capture``. It decides for the raw layer when
+a wait is allowed: never while a capture runs anywhere in the process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from ._buffer import DeviceBuffer
+from ._capture import Capture, active_captures, forbid_during_capture, invalidated_error
+from ._context import DeviceContext, invalid_argument
+from ._errors import InvalidBufferError, MetraleError, capture_error
+from ._handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
+from ._holdings import Holdings, positive_size
+from ._pressure import StatsCounter
+from ._types import as_index
+from ._zoneguard import ZoneGuard
+
+__all__ = ["StreamFront"]
+
+_log = logging.getLogger("metrale")
+
+_H = TypeVar("_H", bound=_Handle)
+
+
+class StreamFront:
+    """Streams, events, graphs and the work on them, for one backend (the ``HandleOwner`` of those handles)."""
+
+    __slots__ = ("_guard", "_handles", "_holdings", "_raw", "_stats", "ctx", "default")
+
+    def __init__(self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter) -> None:
+        self.ctx = ctx
+        self._raw = ctx.raw
+        self._holdings = holdings
+        self._stats = stats
+        self._handles: dict[int, _Handle] = {}
+        #: This backend's own non-blocking stream, used wherever ``stream=None``.
+        self.default = Stream(self, self._raw.stream_create(), default=True)
+        self._guard: ZoneGuard | None = None
+
+    def attach(self, guard: ZoneGuard) -> None:
+        """The zone guard (built on the default stream, so after this front): fills to settle, scans to run."""
+        self._guard = guard
+
+    @property
+    def guard(self) -> ZoneGuard:
+        assert self._guard is not None, "StreamFront.attach was not called"
+        return self._guard
+
+    # -- HandleOwner ------------------------------------------------------------------------
+
+    def resolve(self, stream: Stream | None, what: str) -> Stream:
+        if stream is None:
+            return self.default
+        if not isinstance(stream, Stream) or stream._ctx is not self.ctx:
+            raise invalid_argument(what, f"a Stream of this backend ({self.ctx.name}) or None", stream)
+        stream._live()
+        return stream
+
+    def adopt(self, handle: _H) -> _H:
+        with self.ctx.lock:
+            if self.ctx.closed:  # close() has begun: it would never release this one
+                self.ctx.quietly(f"destroy {type(handle).__name__}", getattr(self._raw, handle._destroy_op), handle.raw)
+                raise self.ctx.closed_error()
+            self._handles[id(handle)] = handle
+        return handle
+
+    def release(self, handle: _Handle) -> None:
+        """A handle's ``close()``: forget it, destroy its raw object (after a fault, quietly)."""
+        ctx = self.ctx
+        ctx.enter(faulted_ok=True)
+        try:
+            if not handle._mark_closed():
+                return
+            with ctx.lock:
+                self._handles.pop(id(handle), None)
+            destroy = getattr(self._raw, handle._destroy_op)
+            if ctx.fault is None:
+                destroy(handle.raw)
+            else:
+                ctx.quietly("destroy after a device fault", destroy, handle.raw)
+        finally:
+            ctx.leave()
+
+    def waited(self) -> None:
+        self.guard.waited(self._holdings.is_live)
+
+    def launch_graph(self, graph: GraphExec, stream: Stream | None) -> None:
+        is_live = self._holdings.is_live
+        for buf in graph.buffers:
+            if not is_live(buf):
+                raise InvalidBufferError(
+                    f"GraphExec.launch: the graph recorded allocation #{buf.index} "
+                    f"({buf.nbytes} bytes from {buf.site}), which is no longer live; its "
+                    f"address may belong to another allocation now. Capture the graph again "
+                    f"with live buffers"
+                )
+        for registry in graph.registries:
+            if registry.closed:
+                raise MetraleError(
+                    f"GraphExec.launch: the graph launches kernels of {registry!r}, whose modules "
+                    f"were unloaded; keep the registry open while its graphs run, or capture again"
+                )
+        for hb in graph.host_buffers:
+            if hb.closed:
+                raise InvalidBufferError(f"GraphExec.launch: the graph recorded {hb!r}, which was freed; capture again")
+        target = self.resolve(stream, "GraphExec.launch")
+        raw = graph.raw
+        self.issue(target, "GraphExec.launch", graph.buffers, lambda s: self._raw.graph_launch(raw, s))
+        self._stats.graph_launches += 1
+        self.guard.after_graph_launch(target, is_live)
+
+    def warn_if_graphed(self, buf: DeviceBuffer) -> None:
+        """An allocator release observer: warn when live executable graphs still use ``buf``."""
+        with self.ctx.lock:
+            users = [h for h in self._handles.values() if isinstance(h, GraphExec) and buf in h.buffers]
+        if users:
+            _log.warning(
+                "free of allocation #%d (%d bytes from %s) while %d live executable graph(s) "
+                "still use it; launching them now raises InvalidBufferError: close them or "
+                "capture again",
+                buf.index, buf.nbytes, buf.site, len(users),
+            )
+
+    # -- issuing work ------------------------------------------------------------------------
+
+    def issue(
+        self,
+        target: Stream,
+        what: str,
+        buffers: Iterable[DeviceBuffer | None],
+        work: Callable[[object], None],
+        host_buffers: Iterable[HostBuffer | None] = (),
+    ) -> None:
+        """Run ``work`` on ``target``'s raw stream, recording what it touches if the stream captures."""
+        self.guard.settle_for(target)
+        capture = target.capture
+        if capture is not None:
+            if capture.invalidated:
+                raise invalidated_error(capture, what)
+            for buf in buffers:
+                if buf is not None:
+                    capture.buffers[buf.index] = buf
+            for hb in host_buffers:
+                if hb is not None:
+                    capture.host_buffers[id(hb)] = hb
+        work(target.raw)
+
+    def memset(self, dst: object, value: object, offset: object, nbytes: object, stream: Stream | None) -> None:
+        what = "memset"
+        byte = as_index(value)
+        if byte is None or not 0 <= byte <= 255:
+            raise invalid_argument(what, "a byte value 0..255", value)
+        count = None if nbytes is None else positive_size(nbytes, what)
+        ptr, n, buf = self._holdings.span(dst, offset, count, what)
+        target = self.resolve(stream, what)
+        raw = self._raw
+        self.issue(target, what, (buf,), lambda s: raw.memset(ptr, byte, n, s) if n else None)
+
+    def copy_to_device(self, dst: object, src: object, offset: object, stream: Stream | None) -> None:
+        what = "copy_to_device"
+        view, hb = self._holdings.host_view(src, what, writable=False)
+        ptr, n, buf = self._holdings.span(dst, offset, view.nbytes, what)
+        target = self.resolve(stream, what)
+        raw = self._raw
+        self.issue(target, what, (buf,), lambda s: raw.copy_htod(ptr, view, s, pinned=hb is not None) if n else None,
+                   (hb,))
+
+    def copy_to_host(self, dst: object, src: object, offset: object, stream: Stream | None) -> None:
+        what = "copy_to_host"
+        view, hb = self._holdings.host_view(dst, what, writable=True)
+        ptr, n, buf = self._holdings.span(src, offset, view.nbytes, what)
+        target = self.resolve(stream, what)
+        raw = self._raw
+        pinned = hb is not None
+        may_wait = pinned or not active_captures()  # the rule, decided here: no wait while any capture runs
+        self.issue(
+            target, what, (buf,),
+            lambda s: raw.copy_dtoh(view, ptr, s, pinned=pinned, may_wait=may_wait) if n else None, (hb,),
+        )
+
+    def copy_device(
+        self, dst: object, src: object, nbytes: object, dst_offset: object, src_offset: object, stream: Stream | None
+    ) -> None:
+        what = "copy_device"
+        count = None if nbytes is None else positive_size(nbytes, what)
+        src_ptr, n, src_buf = self._holdings.span(src, src_offset, count, what)
+        dst_ptr, n, dst_buf = self._holdings.span(dst, dst_offset, n, what)
+        target = self.resolve(stream, what)
+        raw = self._raw
+        self.issue(target, what, (dst_buf, src_buf), lambda s: raw.copy_dtod(dst_ptr, src_ptr, n, s) if n else None)
+
+    # -- streams, events, waits ----------------------------------------------------------------
+
+    def create_stream(self) -> Stream:
+        return self.adopt(Stream(self, self._raw.stream_create()))
+
+    def create_event(self) -> Event:
+        return self.adopt(Event(self, self._raw.event_create()))
+
+    def synchronize(self) -> None:
+        forbid_during_capture("synchronize()")
+        self.guard.sync_device()
+        self.waited()
+
+    # -- capture -----------------------------------------------------------------------------
+
+    def begin_capture(self, stream: Stream | None) -> None:
+        target = self.resolve(stream, "begin_capture")
+        if target.capture is not None:
+            raise capture_error(
+                "CUDA_ERROR_ILLEGAL_STATE", "begin_capture: this stream is already capturing; call end_capture first"
+            )
+        self.guard.settle()  # no wait is allowed once a capture runs
+        capture = Capture(self.ctx)
+        self._raw.begin_capture(target.raw)
+        target.capture = capture
+        capture.start()
+
+    def end_capture(self, stream: Stream | None) -> Graph:
+        target = self.resolve(stream, "end_capture")
+        capture = target.capture
+        if capture is None:
+            raise capture_error(
+                "CUDA_ERROR_ILLEGAL_STATE", "end_capture: this stream is not capturing; call begin_capture first"
+            )
+        target.capture = None
+        capture.finish()
+        if capture.invalidated:
+            self._discard_raw_capture(target)
+            raise invalidated_error(capture, "end_capture")
+        return self.adopt(Graph(self, self._raw.end_capture(target.raw), capture))
+
+    def _discard_raw_capture(self, target: Stream) -> None:
+        try:
+            graph = self._raw.end_capture(target.raw)
+        except MetraleError:
+            return
+        try:
+            self._raw.graph_destroy(graph)
+        except MetraleError as exc:
+            _log.debug("destroying a discarded capture's graph failed: %s", exc)
+
+    def is_capturing(self, stream: Stream | None) -> bool:
+        target = self.resolve(stream, "stream_is_capturing")
+        if self.ctx.settings.scale_variant:
+            return target.capture is not None
+        return self._raw.is_capturing(target.raw)
+
+    # -- close --------------------------------------------------------------------------------
+
+    def abort_captures(self) -> None:
+        """At close, first: end every capture in progress (discarding its work)."""
+        with self.ctx.lock:
+            streams = [h for h in self._handles.values() if isinstance(h, Stream)]
+        for stream in [*streams, self.default]:
+            capture = stream.capture
+            if capture is not None:
+                _log.warning("close: aborting the capture in progress on %r", stream)
+                stream.capture = None
+                capture.finish()
+                self._discard_raw_capture(stream)
+
+    def release_all(self) -> None:
+        """At close, last: destroy every handle, dependents first, then the default stream."""
+        ctx = self.ctx
+        with ctx.lock:
+            handles = list(self._handles.values())
+            self._handles.clear()
+        for kind in (GraphExec, Graph, Event, Stream):
+            for handle in handles:
+                if isinstance(handle, kind) and handle._mark_closed():
+                    ctx.quietly(f"destroy {kind.__name__}", getattr(self._raw, kind._destroy_op), handle.raw)
+        self.default._mark_closed()
+        ctx.quietly("destroy default stream", self._raw.stream_destroy, self.default.raw)

@@ -1,0 +1,36 @@
+"""Conformance testing for any backend: a Hypothesis state machine and a bad-input table.
+
+A backend author runs the same tests metrale runs on its own backends::
+
+    # tests/test_conformance.py of a plugin
+    from metrale_core.testing import backend_state_machine
+
+    TestMyBackend = backend_state_machine("mybackend").TestCase
+
+The state machine drives the backend through random programs of
+allocations, frees (double frees too), copies, memsets, captures and
+replays, capture-rule violations, sweeps, red-zone overruns, an
+:class:`~metrale_core.Arena` (pieces, a full arena, resets) and, where the
+backend has ``inject_fault``, driver failures and reclaim-and-retry after an
+out-of-memory error. After every step it checks the ledger and ``stats()``
+against a model and every read against the bytes the model expects.
+
+This module needs ``hypothesis`` (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+from ._bad_inputs import BAD_INPUTS, BadInput, BadInputFixture, bad_input_fixture, check_bad_input
+from ._machine import BackendMachine
+from ._pytest import backend_params, backend_state_machine
+
+__all__ = [
+    "BAD_INPUTS",
+    "BackendMachine",
+    "BadInput",
+    "BadInputFixture",
+    "backend_params",
+    "backend_state_machine",
+    "bad_input_fixture",
+    "check_bad_input",
+]

@@ -1,0 +1,271 @@
+"""The conformance state machine: :class:`BackendMachine`, the memory rules with the rules for
+kernel launches, captures, red zones, injected driver failures and interop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from .. import (
+    CaptureError,
+    DeviceBuffer,
+    DriverError,
+    InvalidBufferError,
+    MetraleError,
+    RedZoneError,
+)
+from ._memory_rules import MemoryRules
+from ._model import MAX_BYTES, Pool
+
+__all__ = ["BackendMachine"]
+
+
+class BackendMachine(MemoryRules):
+    """Drives one backend through random programs; see the ``metrale_core.testing`` docstring.
+
+    ``backend_state_machine(name, settings)`` binds it to a backend (it sets
+    ``backend_name`` and ``settings``); unbound, it raises ``BackendNotFoundError``.
+    """
+
+    def _u32_targets(self) -> Pool:
+        """Buffers fill_u32 can write: 4 bytes or more, at a 4-byte-aligned address (a u32 store at a
+        misaligned address faults the context with CUDA_ERROR_MISALIGNED_ADDRESS, on the fake too)."""
+        return {i: v for i, v in self._all().items() if v[0].nbytes >= 4 and v[0].ptr % 4 == 0}
+
+    @precondition(lambda self: self.fill is not None and self._u32_targets())
+    @rule(data=st.data(), value=st.integers(0, (1 << 32) - 1), captured=st.booleans())
+    def launch_fill(self, data: st.DataObject, value: int, captured: bool) -> None:
+        assert self.fill is not None
+        pool = self._u32_targets()
+        buf, contents = self._pick(data, pool)
+        n = data.draw(st.integers(1, buf.nbytes // 4), label="elements")
+        args = [buf, _u32(n), _u32(value)]
+        grid = -(-n // 128)
+        if captured:
+            self.gpu.default_stream.synchronize()  # the graph runs on another stream: order it after earlier work
+            stream = self.gpu.create_stream()
+            self.gpu.begin_capture(stream)
+            self.gpu.launch(self.fill, grid, 128, args, stream=stream)
+            graph = self.gpu.end_capture(stream)
+            exe = graph.instantiate()
+            self._launch_graph(exe, stream)
+            stream.synchronize()
+            exe.close()
+            graph.close()
+            stream.close()
+        else:
+            self.gpu.launch(self.fill, grid, 128, args)
+        contents.write(0, value.to_bytes(4, "little") * n)
+
+    # -- capture ---------------------------------------------------------------------------
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data(), value=st.integers(0, 255))
+    def capture_and_replay(self, data: st.DataObject, value: int) -> None:
+        buf, contents = self._pick(data, self._all())
+        offset = data.draw(st.integers(0, buf.nbytes - 1), label="offset")
+        n = data.draw(st.integers(1, buf.nbytes - offset), label="nbytes")
+        launches = data.draw(st.integers(0, 2), label="launches")
+        before = self._read(buf)
+        stream = self.gpu.create_stream()
+        self.gpu.begin_capture(stream)
+        assert self.gpu.stream_is_capturing(stream)
+        self.gpu.memset(buf, value, offset=offset, nbytes=n, stream=stream)
+        graph = self.gpu.end_capture(stream)
+        assert not self.gpu.stream_is_capturing(stream)
+        assert self._read(buf) == before, "work issued to a capturing stream ran"
+        exe = graph.instantiate()
+        for _ in range(launches):
+            self._launch_graph(exe, stream)
+        stream.synchronize()
+        if launches:
+            contents.write(offset, bytes([value]) * n)
+        contents.check(self._read(buf), buf)
+        exe.close()
+        graph.close()
+        stream.close()
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), forbidden=st.sampled_from(
+        ["alloc", "alloc_managed", "alloc_arena", "alloc_host", "free", "free_stale", "alloc_zero",
+         "synchronize", "stream_sync", "stream_query", "scan", "sweep"]
+    ))
+    def capture_violation(self, data: st.DataObject, forbidden: str) -> None:
+        buf, _ = self._pick(data, self.live)
+        records = self.probe.records()
+        before = self._read(buf)
+        stream = self.gpu.create_stream()
+        self.gpu.begin_capture(stream)
+        self.gpu.memset(buf, 0xEE, stream=stream)
+        calls: dict[str, Callable[[], object]] = {
+            "alloc": lambda: self.gpu.alloc(64),
+            "alloc_managed": lambda: self.gpu.alloc_managed(64),
+            "alloc_arena": lambda: self.gpu.alloc_arena(64),
+            "alloc_host": lambda: self.gpu.alloc_host(64),
+            "free": lambda: self.gpu.free(buf),
+            "free_stale": lambda: self.gpu.free(DeviceBuffer(1 << 40, 64, "device", -1, "x:1")),
+            "alloc_zero": lambda: self.gpu.alloc(0),
+            "synchronize": self.gpu.synchronize,
+            "stream_sync": self.gpu.default_stream.synchronize,
+            "stream_query": stream.query,
+            "scan": self.gpu.scan_redzones,
+            "sweep": self.gpu.sweep_unreleased,
+        }
+        _expect(CaptureError, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", calls[forbidden])
+        assert self.gpu.stream_is_capturing(stream), "an invalidated capture still counts as capturing"
+        _expect(CaptureError, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", lambda: self.gpu.memset(buf, 1, stream=stream))
+        _expect(CaptureError, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", lambda: self.gpu.end_capture(stream))
+        assert not self.gpu.stream_is_capturing(stream)
+        assert self.probe.records() == records, "a refused call during capture changed the ledger"
+        assert self._read(buf) == before, "work of a discarded capture ran"
+        stream.close()
+
+    # -- red zones -------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.redzone > 0 and any(self._zoned(b) for b, _ in self.live.values()))
+    @rule(data=st.data())
+    def overrun(self, data: st.DataObject) -> None:
+        zoned = {i: v for i, v in self.live.items() if self._zoned(v[0])}
+        buf, _ = self._pick(data, zoned)
+        sides = ["trail", "lead"] if self.redzone_lead else ["trail"]
+        side = data.draw(st.sampled_from(sides), label="side")
+        offset = data.draw(st.integers(0, self.redzone - 1), label="zone offset")
+        value = data.draw(st.integers(0, 255).filter(lambda v: v != self.gpu.settings.redzone_fill))
+        if side == "trail":
+            self.gpu.memset(buf.ptr + buf.nbytes + offset, value, nbytes=1)
+        else:
+            lead = -(-self.redzone // 256) * 256  # the leading band keeps the pointer 256-aligned
+            offset = data.draw(st.integers(0, lead - 1), label="lead offset")
+            self.gpu.memset(buf.ptr - lead + offset, value, nbytes=1)
+        key = (buf.index, side)
+        self.dirty[key] = min(offset, self.dirty.get(key, offset))
+
+    @precondition(lambda self: self.redzone > 0)
+    @rule()
+    def scan(self) -> None:
+        try:
+            found = self.gpu.scan_redzones()
+        except RedZoneError as exc:
+            assert self.gpu.settings.redzone_action == "raise" and self.dirty, exc
+            found = exc.violations
+        else:
+            assert not (self.dirty and self.gpu.settings.redzone_action == "raise"), "a scan did not raise"
+        for v in found:
+            live = self.live.get(v.index)
+            assert live is not None, f"a violation was reported for allocation #{v.index}, which is not live"
+            assert (v.ptr, v.nbytes, v.site) == (live[0].ptr, live[0].nbytes, live[0].site)
+        got = {(v.index, v.side): v.offset for v in found}
+        assert len(got) == len(found), f"a zone was reported twice: {found}"
+        assert got == self.dirty, f"scan reported {got}, the model expects {self.dirty}"
+
+    # -- injected driver failures -------------------------------------------------------------------
+
+    @precondition(lambda self: self.can_inject)
+    @rule(kind=st.sampled_from(["device", "managed", "arena"]), code=st.sampled_from(
+        ["CUDA_ERROR_UNKNOWN", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_INVALID_VALUE"]))
+    def alloc_fails(self, kind: str, code: str) -> None:
+        records = self.probe.records()
+        self.gpu.inject_fault("alloc", code=code)  # type: ignore[attr-defined]
+        fn = {"device": self.gpu.alloc, "managed": self.gpu.alloc_managed, "arena": self.gpu.alloc_arena}[kind]
+        try:
+            fn(128)
+        except MetraleError as exc:
+            assert exc.name == code, exc
+        else:
+            raise AssertionError("an injected alloc failure did not surface")
+        assert self.probe.records() == records, "a failed alloc changed the ledger"
+
+    @precondition(lambda self: self.can_inject and self.redzone > 0)
+    @rule()
+    def redzone_fill_fails(self) -> None:
+        records = self.probe.records()
+        self.gpu.inject_fault("memset")  # type: ignore[attr-defined]
+        try:
+            buf = self.gpu.alloc(64)
+        except DriverError:
+            pass
+        else:
+            if self._zoned(buf):
+                raise AssertionError("a failed red-zone fill did not fail the alloc")
+            self.gpu.memset(buf, 0)  # the zone-less alloc left the fault for the next memset
+            self.gpu.free(buf)
+            return
+        assert self.probe.records() == records, "an alloc whose zone fill failed stayed on the ledger"
+
+    @precondition(lambda self: self.can_inject and self.live)
+    @rule(data=st.data())
+    def free_fails(self, data: st.DataObject) -> None:
+        buf, _ = self._pick(data, self.live)
+        self.gpu.inject_fault("free")  # type: ignore[attr-defined]
+        try:
+            self.gpu.free(buf)
+        except DriverError:
+            pass
+        else:
+            raise AssertionError("an injected free failure did not surface")
+        assert not any(r.index == buf.index for r in self.probe.records()), (
+            "free must take the record off before the release, whatever the release returns"
+        )
+        self._forget(buf)
+
+    @precondition(lambda self: self.can_inject)
+    @rule(kind=st.sampled_from(["device", "managed", "arena"]), n=st.integers(1, MAX_BYTES))
+    def alloc_reclaims_and_retries(self, kind: str, n: int) -> None:
+        """An allocation that runs out of memory asks the on_out_of_memory callbacks, and one
+        that says it freed memory earns another try (here the injected failure is gone by then)."""
+        self.gpu.inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")  # type: ignore[attr-defined]
+        self.reclaim_answer, self.reclaimed = True, []
+        try:
+            self.alloc(kind, n)
+        finally:
+            self.reclaim_answer = False
+        assert len(self.reclaimed) == 1 and self.reclaimed[0] >= n, self.reclaimed
+
+    # -- interop ---------------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.live or self.arena or self.pieces)
+    @rule(data=st.data())
+    def export_and_wrap(self, data: st.DataObject) -> None:
+        """A buffer exported (DLPack, or the CUDA array interface) and wrapped back is the same memory:
+        a write through the wrapped buffer is read through the original."""
+        buf, contents = self._pick(data, self._all())
+        records = self.probe.records()
+        try:
+            ext = self.gpu.wrap(buf.view())
+        except MetraleError as exc:  # a backend that shares no memory (interop is optional) refuses, changing nothing
+            assert exc.name == "CUDA_ERROR_NOT_SUPPORTED", exc
+            assert self.probe.records() == records
+            return
+        assert ext.kind == "external" and ext.nbytes == buf.nbytes and ext.index != buf.index
+        assert self.probe.records() == records, "wrap put another library's memory on the ledger"
+        offset = data.draw(st.integers(0, buf.nbytes - 1), label="offset")
+        value = data.draw(st.integers(0, 255), label="value")
+        self.gpu.memset(ext, value, offset=offset, nbytes=1)
+        contents.write(offset, bytes([value]))
+        contents.check(self._read(buf), buf)
+        try:
+            self.gpu.free(ext)
+        except InvalidBufferError:
+            pass
+        else:
+            raise AssertionError("free() of wrapped memory was not refused")
+        self.gpu.unwrap(ext)
+        self.stale.append(ext)
+
+
+def _u32(value: int) -> object:
+    """A 32-bit unsigned kernel argument (ctypes: the core needs no numpy)."""
+    import ctypes
+
+    return ctypes.c_uint32(value)
+
+
+def _expect(cls: type[MetraleError], name: str | None, call: Callable[[], object]) -> MetraleError:
+    try:
+        call()
+    except cls as exc:
+        assert exc.name == name, f"expected {cls.__name__} {name}, got {exc.name}: {exc}"
+        return exc
+    raise AssertionError(f"expected {cls.__name__} ({name}), but the call succeeded")

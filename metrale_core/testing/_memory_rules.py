@@ -1,0 +1,190 @@
+"""The state machine's rules for memory: allocations of every kind, frees, an arena, sweeps and data movement."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from .. import ArenaFullError, InvalidBufferError, RedZoneError
+from ._model import ARENA_BYTES, MAX_BYTES, Contents, MachineModel
+
+__all__ = ["MemoryRules"]
+
+
+class MemoryRules(MachineModel):
+    """Allocations, frees (double and of the wrong kind too), the arena, sweeps, copies, memsets, stale handles."""
+
+    # -- allocation -----------------------------------------------------------------------
+
+    @rule(kind=st.sampled_from(["device", "managed", "arena"]), n=st.integers(1, MAX_BYTES))
+    def alloc(self, kind: str, n: int) -> None:
+        fn = {"device": self.gpu.alloc, "managed": self.gpu.alloc_managed, "arena": self.gpu.alloc_arena}[kind]
+        buf = fn(n)
+        assert buf.nbytes == n and buf.kind == kind and buf.ptr % 256 == 0 and buf.ptr != 0
+        assert buf.index not in self._all(), "a creation index was handed out twice"
+        assert buf.site.rpartition(":")[2].isdigit(), f"the call site {buf.site!r} is not file:line"
+        (self.arena if kind == "arena" else self.live)[buf.index] = (buf, Contents(n))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        buf, _ = self._pick(data, self.live)
+        dirty = {side: off for (index, side), off in self.dirty.items() if index == buf.index}
+        if dirty and self.gpu.settings.redzone_action == "raise":
+            try:
+                self.gpu.free(buf)
+            except RedZoneError as exc:
+                assert {v.side: v.offset for v in exc.violations} == dirty, (exc.violations, dirty)
+            else:
+                raise AssertionError(f"free of allocation #{buf.index}, whose zone changed, did not raise")
+        else:
+            self.gpu.free(buf)  # a changed zone is logged (redzone_action="warn")
+        assert not any(r.index == buf.index for r in self.probe.records()), "free left the record on the ledger"
+        self._forget(buf)
+
+    @precondition(lambda self: self.arena)
+    @rule(data=st.data())
+    def free_arena(self, data: st.DataObject) -> None:
+        buf, _ = self._pick(data, self.arena)
+        self.gpu.free_arena(buf)
+        self._forget(buf)
+
+    @precondition(lambda self: self.stale)
+    @rule(data=st.data())
+    def free_stale(self, data: st.DataObject) -> None:
+        buf = data.draw(st.sampled_from(self.stale), label="stale buffer")
+        before = self.probe.records()
+        try:
+            if buf.kind == "arena":
+                self.gpu.free_arena(buf)
+            else:
+                self.gpu.free(buf)
+        except InvalidBufferError:
+            pass
+        else:
+            raise AssertionError(f"freeing stale allocation #{buf.index} twice was not refused")
+        assert self.probe.records() == before, "a refused free changed the ledger"
+
+    @precondition(lambda self: self.arena)
+    @rule(data=st.data())
+    def free_arena_with_free(self, data: st.DataObject) -> None:
+        buf, _ = self._pick(data, self.arena)
+        try:
+            self.gpu.free(buf)
+        except InvalidBufferError:
+            return
+        raise AssertionError("free() of an arena buffer was not refused")
+
+    @rule(n=st.integers(0, ARENA_BYTES // 2), align=st.sampled_from([1, 16, 256, 4096]))
+    def arena_alloc(self, n: int, align: int) -> None:
+        base = self.sub.base
+        start = (base + self.sub_top + align - 1) // align * align - base
+        if start + n > ARENA_BYTES:
+            try:
+                self.sub.alloc(n, align=align)
+            except ArenaFullError as exc:
+                assert (exc.requested, exc.capacity, exc.used) == (n, ARENA_BYTES, self.sub_top), exc
+            else:
+                raise AssertionError(f"a full arena ({self.sub_top} of {ARENA_BYTES} used) gave out {n} bytes")
+            assert self.sub.used == self.sub_top, "a refused arena alloc changed the arena"
+            return
+        buf = self.sub.alloc(n, align=align)
+        assert buf.ptr == base + start and buf.nbytes == n and buf.kind == "arena", buf
+        assert buf.index not in self._all(), "a creation index was handed out twice"
+        self.sub_top = start + n
+        if n:
+            self.pieces[buf.index] = (buf, Contents(n))
+
+    @precondition(lambda self: self.pieces or self.sub_top)
+    @rule()
+    def arena_reset(self) -> None:
+        self.sub.reset()
+        for buf, _ in list(self.pieces.values()):
+            self._forget(buf)
+        self.sub_top = 0
+
+    @rule()
+    def sweep(self) -> None:
+        expected = len(self.live)
+        assert self.gpu.sweep_unreleased() == expected
+        for buf, _ in list(self.live.values()):
+            self._forget(buf)
+
+    # -- data movement ----------------------------------------------------------------------
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data())
+    def write(self, data: st.DataObject) -> None:
+        buf, contents = self._pick(data, self._all())
+        offset = data.draw(st.integers(0, buf.nbytes - 1), label="offset")
+        payload = data.draw(st.binary(min_size=1, max_size=buf.nbytes - offset), label="payload")
+        pinned = data.draw(st.booleans(), label="pinned")
+        if pinned:
+            host = self.gpu.alloc_host(len(payload))
+            host.view()[:] = payload
+            self.gpu.copy_to_device(buf, host, offset=offset)
+            self.gpu.default_stream.synchronize()
+            self.gpu.free(host)
+        else:
+            self.gpu.copy_to_device(buf, payload, offset=offset)
+        contents.write(offset, payload)
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data())
+    def read(self, data: st.DataObject) -> None:
+        buf, contents = self._pick(data, self._all())
+        contents.check(self._read(buf), buf)
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data(), value=st.integers(0, 255))
+    def memset(self, data: st.DataObject, value: int) -> None:
+        buf, contents = self._pick(data, self._all())
+        offset = data.draw(st.integers(0, buf.nbytes - 1), label="offset")
+        n = data.draw(st.integers(1, buf.nbytes - offset), label="nbytes")
+        self.gpu.memset(buf, value, offset=offset, nbytes=n)
+        contents.write(offset, bytes([value]) * n)
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data())
+    def copy_device(self, data: st.DataObject) -> None:
+        src, src_c = self._pick(data, self._all())
+        dst, dst_c = self._pick(data, self._all())
+        n = data.draw(st.integers(1, min(src.nbytes, dst.nbytes)), label="nbytes")
+        so = data.draw(st.integers(0, src.nbytes - n), label="src_offset")
+        do = data.draw(st.integers(0, dst.nbytes - n), label="dst_offset")
+        if src.index == dst.index and abs(so - do) < n:
+            return  # overlapping copies are undefined in CUDA
+        self.gpu.copy_device(dst, src, nbytes=n, dst_offset=do, src_offset=so)
+        dst_c.data[do : do + n] = src_c.data[so : so + n]
+        dst_c.known[do : do + n] = src_c.known[so : so + n]
+
+    @precondition(lambda self: self.live or self.arena)
+    @rule(data=st.data())
+    def out_of_bounds(self, data: st.DataObject) -> None:
+        buf, _ = self._pick(data, self._all())
+        op = data.draw(st.sampled_from(["memset", "write", "read", "copy"]), label="op")
+        before = self._read(buf)
+        try:
+            if op == "memset":
+                self.gpu.memset(buf, 1, offset=buf.nbytes, nbytes=1)
+            elif op == "write":
+                self.gpu.copy_to_device(buf, b"\x01" * (buf.nbytes + 1))
+            elif op == "read":
+                self.gpu.copy_to_host(bytearray(2), buf, offset=buf.nbytes - 1)
+            else:
+                self.gpu.copy_device(buf, buf, nbytes=buf.nbytes, dst_offset=1)
+        except InvalidBufferError:
+            pass
+        else:
+            raise AssertionError(f"an out-of-bounds {op} on allocation #{buf.index} was not refused")
+        assert self._read(buf) == before, "a refused operation changed the buffer"
+
+    @precondition(lambda self: self.stale)
+    @rule(data=st.data())
+    def use_stale(self, data: st.DataObject) -> None:
+        buf = data.draw(st.sampled_from(self.stale), label="stale buffer")
+        try:
+            self.gpu.memset(buf, 0)
+        except InvalidBufferError:
+            return
+        raise AssertionError(f"a memset of freed allocation #{buf.index} reached the device")

@@ -1,0 +1,175 @@
+"""The state machine's model and helpers: what the backend should hold, and how a rule reaches it.
+
+The rules (``_memory_rules``, ``_machine``) build on :class:`MachineModel`;
+the invariants here check the backend against the model after every step.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant
+
+from .. import (
+    Arena,
+    BackendNotFoundError,
+    DeviceBuffer,
+    GpuBackend,
+    GraphExec,
+    Kernel,
+    MetraleError,
+    MetraleSettings,
+    RedZoneError,
+    Stream,
+    open_backend,
+)
+from ..kernels import shipped_modules
+
+__all__ = ["ARENA_BYTES", "MAX_BYTES", "Contents", "MachineModel", "Pool"]
+
+MAX_BYTES = 4096
+ARENA_BYTES = 16384
+
+
+class Contents:
+    """The bytes a buffer should hold; ``known`` marks bytes that were ever written."""
+
+    __slots__ = ("data", "known")
+
+    def __init__(self, n: int) -> None:
+        self.data = bytearray(n)
+        self.known = bytearray(n)
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.data[offset : offset + len(data)] = data
+        self.known[offset : offset + len(data)] = b"\x01" * len(data)
+
+    def check(self, actual: bytes, buf: DeviceBuffer) -> None:
+        for i, (want, have, known) in enumerate(zip(self.data, actual, self.known, strict=True)):
+            if known and want != have:
+                raise AssertionError(
+                    f"allocation #{buf.index} ({buf.kind}, {buf.nbytes} bytes): byte {i} reads "
+                    f"{have:#04x}, the model expects {want:#04x}"
+                )
+
+
+#: Buffers of the model by creation index, each with the bytes it should hold.
+Pool = dict[int, tuple[DeviceBuffer, Contents]]
+
+
+class MachineModel(RuleBasedStateMachine):
+    """The backend a program drives, the model of what it should hold, and the invariants between them."""
+
+    #: The backend the machine opens; :func:`~metrale_core.testing.backend_state_machine` binds it.
+    backend_name: ClassVar[str | None] = None
+    settings: ClassVar[MetraleSettings | None] = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        if self.backend_name is None:
+            raise BackendNotFoundError(
+                f"{type(self).__name__} is bound to no backend: use backend_state_machine(name)"
+            )
+        self.gpu: GpuBackend = open_backend(self.backend_name, settings=self.settings or MetraleSettings())
+        self.probe = self.gpu.ledger_probe()
+        self.live: Pool = {}  # device and managed, by index
+        self.arena: Pool = {}
+        self.stale: list[DeviceBuffer] = []
+        self.dirty: dict[tuple[int, str], int] = {}  # (index, side) -> first changed offset
+        self.can_inject = callable(getattr(self.gpu, "inject_fault", None))
+        self.fill = self._load_fill_kernel()
+        rz = self.gpu.settings
+        self.redzone = rz.redzone
+        self.redzone_min_idx = rz.redzone_min_idx
+        self.redzone_lead = rz.redzone_lead
+        self.sub: Arena = self.gpu.create_arena(ARENA_BYTES)
+        self.pieces: Pool = {}  # live pieces of self.sub, by index
+        self.sub_top = 0  # the model of self.sub.used
+        self.reclaimed: list[int] = []  # what the on_out_of_memory callback was asked for
+        self.reclaim_answer = False
+        self.gpu.on_out_of_memory(self._reclaim)
+
+    def teardown(self) -> None:
+        self.gpu.close()
+        assert self.probe.live_count() == 0, "the ledger is not empty after close()"
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _load_fill_kernel(self) -> Kernel | None:
+        """The shipped ``vector.fill_u32``, or ``None`` where the backend runs no kernels."""
+        try:
+            registry = self.gpu.load_modules(shipped_modules("vector"))
+        except MetraleError as exc:
+            if exc.name == "CUDA_ERROR_NOT_SUPPORTED":
+                return None
+            raise
+        return registry.kernel("vector", "fill_u32")
+
+    def _all(self) -> Pool:
+        return {**self.live, **self.arena, **self.pieces}
+
+    def _reclaim(self, nbytes: int) -> bool:
+        self.reclaimed.append(nbytes)
+        return self.reclaim_answer
+
+    def _pick(self, data: st.DataObject, pool: Pool) -> tuple[DeviceBuffer, Contents]:
+        index = data.draw(st.sampled_from(sorted(pool)), label="buffer")
+        return pool[index]
+
+    def _read(self, buf: DeviceBuffer) -> bytes:
+        out = bytearray(buf.nbytes)
+        self.gpu.copy_to_host(out, buf)
+        return bytes(out)
+
+    def _launch_graph(self, exe: GraphExec, stream: Stream) -> None:
+        """Launch, expecting the scan after it to raise where zones changed and the settings say so (with
+        ``redzone_scan_queued``, the stream's synchronize after the launch)."""
+        settings = self.gpu.settings
+        expect = bool(self.dirty) and settings.redzone_scan_graphs and settings.redzone_action == "raise"
+        try:
+            exe.launch(stream)
+            if settings.redzone_scan_queued:  # the scan is queued behind the graph: the wait reports it
+                stream.synchronize()
+        except RedZoneError as exc:
+            assert expect, f"a graph launch raised {exc} with no changed zone in the model"
+            assert {(v.index, v.side): v.offset for v in exc.violations} == self.dirty
+        else:
+            assert not expect, "the scan after a graph launch missed a changed zone"
+
+    def _zoned(self, buf: DeviceBuffer) -> bool:
+        return buf.kind == "device" and self.redzone > 0 and buf.index >= self.redzone_min_idx
+
+    def _forget(self, buf: DeviceBuffer) -> None:
+        self.live.pop(buf.index, None)
+        self.arena.pop(buf.index, None)
+        self.pieces.pop(buf.index, None)
+        self.dirty.pop((buf.index, "trail"), None)
+        self.dirty.pop((buf.index, "lead"), None)
+        self.stale.append(buf)
+
+    # -- invariants -----------------------------------------------------------------------------------
+
+    @invariant()
+    def stats_match_model(self) -> None:
+        stats = self.gpu.stats()
+        for kind in ("device", "managed"):
+            want = sum(b.nbytes for b, _ in self.live.values() if b.kind == kind)
+            assert stats.current_bytes[kind] == want, (kind, stats.current_bytes, want)
+        blocks = sum(b.nbytes for b, _ in self.arena.values()) + ARENA_BYTES
+        assert stats.current_bytes["arena"] == blocks, (stats.current_bytes, blocks)
+        assert stats.alloc_count - stats.free_count == len(self.live) + len(self.arena) + 1
+        assert stats.peak_total_bytes >= stats.current_total_bytes
+        assert all(stats.peak_bytes[k] >= v for k, v in stats.current_bytes.items())
+        assert (stats.arena_capacity, stats.arena_used) == (ARENA_BYTES, self.sub_top)
+
+    @invariant()
+    def ledger_matches_model(self) -> None:
+        records = self.probe.records()
+        assert self.gpu.live_alloc_len() == len(self.live) == self.probe.live_count()
+        assert {r.index for r in records} == set(self.live)
+        assert self.probe.live_bytes() == sum(b.nbytes for b, _ in self.live.values())
+        for r in records:
+            b = self.live[r.index][0]
+            assert (r.ptr, r.nbytes, r.kind, r.site) == (b.ptr, b.nbytes, b.kind, b.site)
+        assert all(b.kind != "arena" for b in (self.live[r.index][0] for r in records))
