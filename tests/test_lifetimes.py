@@ -191,3 +191,37 @@ def test_a_copy_of_a_handle_with_a_larger_size_is_not_live(gpu: GpuBackend) -> N
         gpu.free(dataclasses.replace(buf, nbytes=512))
     gpu.free(buf)
     arena.close()
+
+
+def test_close_under_load_from_four_threads(backend_name: str) -> None:
+    """Bug 1 under load: four threads allocate, memset and free until close() from a fifth refuses them;
+    every call either works or raises BackendClosedError, and nothing outlives close()."""
+    gpu = open_backend(backend_name, settings=SETTINGS)
+    probe = gpu.ledger_probe()
+    allocs, frees = _RawSpy(gpu, "alloc"), _RawSpy(gpu, "free")
+    started = threading.Barrier(5)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        started.wait(5)
+        try:
+            while True:
+                buf = gpu.alloc(4096)
+                gpu.memset(buf, 7)
+                gpu.free(buf)
+        except BackendClosedError:
+            return
+        except BaseException as exc:  # the test looks at what it was
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    started.wait(5)
+    time.sleep(0.05)
+    gpu.close()
+    for thread in threads:
+        thread.join(10)
+    assert not errors, errors
+    assert probe.live_count() == 0
+    assert sorted(allocs.calls) == sorted(frees.calls)
