@@ -129,9 +129,10 @@ class Allocator:
             try:
                 return self._raw.alloc(raw_bytes, kind)
             except OutOfMemoryError as exc:
-                if retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what):
-                    if self.ctx.closed:  # a callback closed the backend
-                        raise self.ctx.closed_error() from None
+                reclaimed = retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what)
+                if self.ctx.closed:  # a callback closed the backend
+                    raise self.ctx.closed_error() from None
+                if reclaimed:
                     retries += 1
                     self._stats.oom_retries += 1
                     continue
@@ -148,8 +149,9 @@ class Allocator:
         freed = False
         for callback in list(self._callbacks):
             try:
-                if callback(nbytes):
-                    freed = True
+                with self.ctx.outside():  # user code: close() from another thread need not wait for it
+                    if callback(nbytes):
+                        freed = True
             except Exception as exc:  # a callback's bug must not hide the out-of-memory error
                 _log.warning("on_out_of_memory callback %r raised %s: %s", callback, type(exc).__name__, exc)
         if freed:
@@ -292,11 +294,16 @@ class Allocator:
         self.ctx.enter()
         try:
             forbid_during_capture("Arena.close")
-            self.free_arena(block, "Arena.close")
-            with self._holdings.lock:
-                if arena in self._holdings.arenas:
-                    self._holdings.arenas.remove(arena)
+            holdings = self._holdings
+            with holdings.lock:  # its pieces stop being live before the block is released
+                if holdings.arena_blocks.pop(block.index, None) is None:
+                    raise InvalidBufferError(f"Arena.close: the block of {arena!r} is not live on this backend")
+                if arena in holdings.arenas:
+                    holdings.arenas.remove(arena)
                     self._stats.arena_allocs += arena.allocs
+            self._released(block)
+            self._stats.released("arena", block.nbytes)
+            self._raw.free(block.ptr, "arena")
         finally:
             self.ctx.leave()
 

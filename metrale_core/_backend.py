@@ -38,7 +38,7 @@ from typing import Any, Final
 from ._allocator import Allocator
 from ._arena import Arena
 from ._buffer import DeviceBuffer
-from ._capture import active_captures, forbid_during_capture
+from ._capture import forbid_during_capture
 from ._context import DeviceContext, gated, gated_read, invalid_argument
 from ._exports import ExportTable
 from ._handles import Event, Graph, HostBuffer, Stream
@@ -81,7 +81,7 @@ class GpuBackend:
         self.ordinal: Final = ordinal
         self.settings: Final = settings
         ctx = self._ctx = DeviceContext(name, ordinal, settings, raw, frozenset(internal_packages))
-        ctx.facade = _weak(self)
+        ctx.facade = lambda: self  # what handle.backend answers (a handle keeps its backend, as it always did)
         self._holdings = Holdings(ctx)
         self._stats = StatsCounter()
         self._streams = StreamFront(ctx, self._holdings, self._stats)
@@ -410,15 +410,16 @@ class GpuBackend:
         # quiesce: nothing new starts; what runs is stopped or waited for
         self._monitor.stop()
         self._streams.abort_captures()
-        if not active_captures():  # a wait would invalidate another backend's capture
-            ctx.quietly("synchronize", self._guard.sync_device)
+        ctx.quietly("synchronize", self._guard.sync_device)  # nothing is released while the device may use it
         self._guard.final_scan()
-        # release, in the reverse order of construction
+        # release: the handles first (graphs depend on modules and memory), then the parts in the
+        # reverse order of construction, the default stream and the raw device last
+        self._streams.release_handles()
         self._kernels.release()
         self._exports.release()
         self._memory.release()
         self._guard.release()
-        self._streams.release_all()
+        self._streams.release_default()
         try:
             ctx.target.close()
         except Exception as exc:  # close never raises, whatever a plugin does
@@ -436,8 +437,3 @@ class GpuBackend:
         state = "closed" if self.closed else "open"
         return f"<metrale {type(self).__name__} {self.name}:{self.ordinal} ({state})>"
 
-
-def _weak(obj: object) -> Callable[[], object]:
-    import weakref
-
-    return weakref.ref(obj)

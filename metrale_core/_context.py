@@ -20,11 +20,12 @@ raw work, so nothing it made outlives ``close()``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, Protocol, TypeVar, cast
 
 from ._capture import abandon_captures
@@ -219,6 +220,24 @@ class DeviceContext:
             self._inside -= 1
             if self._closed:
                 self._gate.notify_all()
+
+    @contextlib.contextmanager
+    def outside(self) -> Iterator[None]:
+        """Run user code (a callback, an observer) as if this thread were outside the gate: a ``close()``
+        on another thread does not wait for it. Counted in again after it (whether or not the backend
+        closed meanwhile; the caller checks :attr:`closed` before it commits anything)."""
+        depth = self._depth.depth
+        with self._gate:
+            self._inside -= depth
+            if self._closed:
+                self._gate.notify_all()
+        self._depth.depth = 0
+        try:
+            yield
+        finally:
+            self._depth.depth = depth
+            with self._gate:
+                self._inside += depth
 
     def shut(self) -> bool:
         """Refuse every call from now on and wait for those inside (not this thread's own) to leave.

@@ -257,8 +257,16 @@ class HostBuffer(_Handle):
 
     def close(self) -> None:
         """Free the buffer, as ``backend.free(host_buffer)`` does; idempotent."""
-        if not self.closed:
+        if self.closed:
+            return
+        try:
+            self._ctx.enter()
+        except BackendClosedError:
+            return  # the backend's close() released it
+        try:
             self._owner.free_host(self, "HostBuffer.close")
+        finally:
+            self._ctx.leave()
 
     def __buffer__(self, flags: int) -> memoryview:
         """The buffer protocol (Python 3.12+): ``memoryview(host_buffer)``, ``numpy.asarray`` etc."""

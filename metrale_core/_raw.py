@@ -151,8 +151,9 @@ class RawDevice(abc.ABC):
 
         A copy into pageable memory (``pinned`` false) has completed when this returns, waiting
         for ``stream`` if the driver does not (host memory another library page-locked is copied
-        asynchronously) — where ``may_wait`` allows. The core decides ``may_wait``: false while a
-        capture in global mode runs anywhere in the process, where a wait would invalidate it.
+        asynchronously) — where ``may_wait`` allows. The core decides ``may_wait``: it passes
+        ``may_wait=False``, and only then, while a capture in global mode runs anywhere in the
+        process, where a wait would invalidate it.
         A backend never decides that on its own.
         """
 

@@ -16,7 +16,7 @@ from typing import TypeVar
 from ._buffer import DeviceBuffer
 from ._capture import Capture, active_captures, forbid_during_capture, invalidated_error
 from ._context import DeviceContext, invalid_argument
-from ._errors import InvalidBufferError, MetraleError, capture_error
+from ._errors import BackendClosedError, InvalidBufferError, MetraleError, capture_error
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
 from ._holdings import Holdings, positive_size
 from ._pressure import StatsCounter
@@ -75,7 +75,10 @@ class StreamFront:
     def release(self, handle: _Handle) -> None:
         """A handle's ``close()``: forget it, destroy its raw object (after a fault, quietly)."""
         ctx = self.ctx
-        ctx.enter(faulted_ok=True)
+        try:
+            ctx.enter(faulted_ok=True)
+        except BackendClosedError:
+            return  # the backend's close() released it
         try:
             if not handle._mark_closed():
                 return
@@ -180,11 +183,16 @@ class StreamFront:
         target = self.resolve(stream, what)
         raw = self._raw
         pinned = hb is not None
-        may_wait = pinned or not active_captures()  # the rule, decided here: no wait while any capture runs
-        self.issue(
-            target, what, (buf,),
-            lambda s: raw.copy_dtoh(view, ptr, s, pinned=pinned, may_wait=may_wait) if n else None, (hb,),
-        )
+
+        def copy(s: object) -> None:
+            if not n:
+                return
+            if pinned or not active_captures():
+                raw.copy_dtoh(view, ptr, s, pinned=pinned)
+            else:  # the rule, decided here: no wait while any capture runs
+                raw.copy_dtoh(view, ptr, s, pinned=False, may_wait=False)
+
+        self.issue(target, what, (buf,), copy, (hb,))
 
     def copy_device(
         self, dst: object, src: object, nbytes: object, dst_offset: object, src_offset: object, stream: Stream | None
@@ -268,8 +276,8 @@ class StreamFront:
                 capture.finish()
                 self._discard_raw_capture(stream)
 
-    def release_all(self) -> None:
-        """At close, last: destroy every handle, dependents first, then the default stream."""
+    def release_handles(self) -> None:
+        """At close, first of the releases: destroy every handle given out, dependents first."""
         ctx = self.ctx
         with ctx.lock:
             handles = list(self._handles.values())
@@ -278,5 +286,9 @@ class StreamFront:
             for handle in handles:
                 if isinstance(handle, kind) and handle._mark_closed():
                     ctx.quietly(f"destroy {kind.__name__}", getattr(self._raw, kind._destroy_op), handle.raw)
+
+    def release_default(self) -> None:
+        """At close, last: the default stream."""
+        ctx = self.ctx
         self.default._mark_closed()
         ctx.quietly("destroy default stream", self._raw.stream_destroy, self.default.raw)

@@ -316,7 +316,7 @@ class ZoneGuard:
             self._table_version = version  # -1 for a caller's own zones: the next full scan copies again
         self._launch_scan(scanner, table_ptr, n, result_ptr, stream)
         results = bytearray(n * 4)
-        self._raw.copy_dtoh(memoryview(results), result_ptr, stream, pinned=False, may_wait=True)  # no capture runs
+        self._raw.copy_dtoh(memoryview(results), result_ptr, stream, pinned=False)  # no capture runs here
         if results.count(0) == len(results):
             return None
         return list(memoryview(results).cast("I"))
@@ -348,7 +348,8 @@ class ZoneGuard:
         for violation in violations:
             for observer in self._observers:
                 try:
-                    observer(self._ctx.name, violation)
+                    with self._ctx.outside():  # user code: close() from another thread need not wait for it
+                        observer(self._ctx.name, violation)
                 except Exception as exc:  # an observer's bug must not hide the violation
                     _log.warning("red-zone observer %r raised %s: %s", observer, type(exc).__name__, exc)
         if self._ctx.settings.redzone_action == "raise" and may_raise:
