@@ -24,7 +24,7 @@ from ._context import DeviceContext
 from ._errors import MetraleError, RedZoneError
 from ._handles import Stream
 from ._pressure import StatsCounter
-from ._ptx import check_architecture, parse_ptx
+from ._ptx import Param, check_architecture, parse_ptx
 from ._redzone import Layout, RedZones, Zone
 from ._types import LaunchArg, RedZoneViolation
 from .kernels import shipped_modules
@@ -112,9 +112,10 @@ class _Scanner:
 
     __slots__ = ("function", "module", "params")
 
-    def __init__(self, module: object, function: object, params: tuple[LaunchArg, ...] | None = None) -> None:
+    def __init__(self, module: object, function: object, params: tuple[Param, ...]) -> None:
         self.module = module
         self.function = function
+        self.params = params  # .u64 table, .u32 count, .u32 fill, .u64 results
 
 
 class _QueuedScan:
@@ -139,7 +140,7 @@ class ZoneGuard:
     """Red zones of one backend: fills, bookkeeping, scans and their report."""
 
     __slots__ = (
-        "_ctx", "_default", "_fills_issued", "_fills_settled", "_observers", "_params", "_pool", "_queued",
+        "_ctx", "_default", "_fills_issued", "_fills_settled", "_observers", "_pool", "_queued",
         "_queued_version", "_raw", "_scanner", "_stats", "_table_version", "lock", "zones",
     )
 
@@ -154,7 +155,6 @@ class ZoneGuard:
         self.lock = threading.RLock()
         self._observers: list[Callable[[str, RedZoneViolation], object]] = []
         self._scanner: _Scanner | Literal[False] | None = None  # None: not tried yet
-        self._params: tuple[object, ...] = ()
         self._pool = _Scratch(ctx)
         self._table_version = -1  # the live-zone table version the "table" scratch holds
         self._queued: list[_QueuedScan] = []
@@ -282,18 +282,17 @@ class ZoneGuard:
                 _log.info("red-zone scans read each zone back: the scan kernel cannot load here (%s)", exc.message)
                 self._scanner = False
             else:
-                self._scanner = _Scanner(module, function)
-                self._params = parsed.entries["redzone_scan"]
+                self._scanner = _Scanner(module, function, parsed.entries["redzone_scan"])
         return self._scanner
 
     def _launch_scan(self, scanner: _Scanner, table_ptr: int, n: int, result_ptr: int, stream: object) -> None:
         """Queue the scan kernel over the ``n`` zones of the device table at ``table_ptr``."""
-        table, count, fill, result = self._params  # .u64 table, .u32 count, .u32 fill, .u64 results
+        table, count, fill, result = scanner.params
         args = [
-            LaunchArg(table, table_ptr.to_bytes(8, "little"), table_ptr),  # type: ignore[arg-type]
-            LaunchArg(count, n.to_bytes(4, "little")),  # type: ignore[arg-type]
-            LaunchArg(fill, self.zones.fill.to_bytes(4, "little")),  # type: ignore[arg-type]
-            LaunchArg(result, result_ptr.to_bytes(8, "little"), result_ptr),  # type: ignore[arg-type]
+            LaunchArg(table, table_ptr.to_bytes(8, "little"), table_ptr),
+            LaunchArg(count, n.to_bytes(4, "little")),
+            LaunchArg(fill, self.zones.fill.to_bytes(4, "little")),
+            LaunchArg(result, result_ptr.to_bytes(8, "little"), result_ptr),
         ]
         self._raw.launch(scanner.function, (n, 1, 1), (256, 1, 1), 0, stream, args)
 
