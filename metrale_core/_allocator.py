@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -25,9 +26,9 @@ from ._arena import Arena
 from ._buffer import DeviceBuffer
 from ._capture import forbid_during_capture
 from ._context import DeviceContext, invalid_argument
-from ._errors import InvalidBufferError, MetraleError, OutOfMemoryError
+from ._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
 from ._handles import HostBuffer
-from ._holdings import Holdings, positive_size
+from ._holdings import SIZE_LIMIT, Holdings, positive_size
 from ._ledger import call_site, describe_sites, largest_sites, next_index
 from ._pressure import StatsCounter
 from ._redzone import Layout
@@ -53,10 +54,16 @@ def _user_stack() -> traceback.StackSummary:
     return traceback.StackSummary.from_list(frames)
 
 
+class _Reclaiming(threading.local):
+    """Per thread: whether the ``on_out_of_memory`` callbacks are running on it now."""
+
+    active = False
+
+
 class Allocator:
     """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
 
-    __slots__ = ("_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_raw", "_stats", "ctx")
+    __slots__ = ("_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_raw", "_reclaiming", "_stats", "ctx")
 
     def __init__(
         self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter, guard: ZoneGuard, monitor: MemoryMonitor
@@ -69,6 +76,7 @@ class Allocator:
         self._monitor = monitor
         self._callbacks: list[Callable[[int], object]] = []
         self._observers: list[Callable[[DeviceBuffer], None]] = []
+        self._reclaiming = _Reclaiming()
 
     def on_release(self, observer: Callable[[DeviceBuffer], None]) -> None:
         """Call ``observer(buf)`` as a buffer is released (to warn of graphs and exports still using it)."""
@@ -88,6 +96,11 @@ class Allocator:
         index = next_index()
         site = call_site(ctx.internal)
         layout = self._guard.layout(n, index) if kind == "device" else Layout(n, 0, 0)
+        if layout.raw_bytes >= SIZE_LIMIT:
+            raise InvalidArgumentError(
+                f"{what}: {n} bytes and their red zones ({layout.raw_bytes} bytes in all) do not fit 64 bits "
+                f"(CUDA's size_t): ask for less"
+            )
         raw_ptr = self._raw_alloc(layout.raw_bytes, n, kind, what)
         buf = DeviceBuffer._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
         zoned = bool(layout.lead or layout.trail)
@@ -145,15 +158,28 @@ class Allocator:
         self._callbacks.append(callback)
 
     def _reclaim(self, nbytes: int, what: str) -> bool:
-        """Call the ``on_out_of_memory`` callbacks; whether any says it freed memory."""
+        """Call the ``on_out_of_memory`` callbacks, each once; whether any says it freed memory.
+
+        Never re-entered: an allocation that runs out of memory inside a callback (on the same
+        thread) gets its ``OutOfMemoryError`` without the callbacks being asked again.
+        """
+        state = self._reclaiming
+        if state.active:
+            _log.debug("%s of %s: out of memory inside an on_out_of_memory callback; not asking the callbacks "
+                       "again", what, format_bytes(nbytes))
+            return False
         freed = False
-        for callback in list(self._callbacks):
-            try:
-                with self.ctx.outside():  # user code: close() from another thread need not wait for it
-                    if callback(nbytes):
-                        freed = True
-            except Exception as exc:  # a callback's bug must not hide the out-of-memory error
-                _log.warning("on_out_of_memory callback %r raised %s: %s", callback, type(exc).__name__, exc)
+        state.active = True
+        try:
+            for callback in list(self._callbacks):
+                try:
+                    with self.ctx.outside():  # user code: close() from another thread need not wait for it
+                        if callback(nbytes):
+                            freed = True
+                except Exception as exc:  # a callback's bug must not hide the out-of-memory error
+                    _log.warning("on_out_of_memory callback %r raised %s: %s", callback, type(exc).__name__, exc)
+        finally:
+            state.active = False
         if freed:
             _log.info("%s of %s: out of memory; a callback freed memory, trying again", what, format_bytes(nbytes))
         return freed
@@ -226,9 +252,16 @@ class Allocator:
         if not isinstance(buf, DeviceBuffer):
             raise InvalidBufferError(f"free: expected a DeviceBuffer or HostBuffer, got {buf!r}")
         if buf.kind == "arena":
+            with self._holdings.lock:
+                block = buf.index in self._holdings.arena_blocks
+            if block:
+                raise InvalidBufferError(
+                    f"free: allocation #{buf.index} is an arena block of alloc_arena(); release it with free_arena()"
+                )
             raise InvalidBufferError(
-                f"free: allocation #{buf.index} is arena memory; release it with free_arena(), "
-                f"or reset() the Arena it came from"
+                f"free: allocation #{buf.index} is arena memory: a piece of an Arena is released with the "
+                f"Arena's reset() or close(), all pieces at once, and an Arena made by create_arena() with "
+                f"its close(); free() never takes arena memory"
             )
         if buf.kind == "external":
             raise InvalidBufferError(
@@ -328,9 +361,12 @@ class Allocator:
         return len(records)
 
     def release(self) -> None:
-        """At close (the device is idle): sweep the ledger, release arena blocks and host buffers."""
+        """At close (the device is idle): sweep the ledger, release arena blocks and host buffers, and
+        let go of the on_out_of_memory callbacks (what they hold may hold this backend: a cycle)."""
         ctx = self.ctx
         holdings = self._holdings
+        with ctx.lock:
+            self._callbacks.clear()
         with holdings.lock:
             arenas, holdings.arenas = holdings.arenas, []
             blocks, holdings.arena_blocks = holdings.arena_blocks, {}

@@ -292,7 +292,10 @@ class GpuBackend:
 
     @gated
     def preflight(self, images: Mapping[str, bytes | str]) -> None:
-        """Check PTX images against the device without loading them; raises like :meth:`load_modules`."""
+        """Check PTX images against the device without loading them; raises like :meth:`load_modules`.
+
+        ``images`` maps module names (``str``) to PTX images (``bytes``, ``bytearray`` or ``str``);
+        anything else raises :class:`~metrale_core.InvalidArgumentError` saying so."""
         self._kernels.preflight(images)
 
     @gated
@@ -392,8 +395,13 @@ class GpuBackend:
     @gated_read
     def save_snapshot(self, path: str | os.PathLike[str]) -> Path:
         """Write the ledger (and its history, with ``memory_history``) and :meth:`stats` to
-        ``path`` as JSON, for ``metrale report``; returns the path."""
-        return self._monitor.save_snapshot(Path(path))
+        ``path`` as JSON, for ``metrale report``; returns the path.
+
+        The file is written atomically (a temporary file beside it, then a rename). A ``path`` that
+        is not a ``str`` or ``os.PathLike`` raises :class:`~metrale_core.InvalidArgumentError`; one
+        that cannot be written (a folder, a missing folder, no permission) raises
+        :class:`~metrale_core.SnapshotError` naming it, and leaves no temporary file behind."""
+        return self._monitor.save_snapshot(path)
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -403,6 +411,11 @@ class GpuBackend:
         Safe from any thread against any other call: calls already running finish first
         (those of this thread excepted: a callback may close the backend it was called by),
         later ones raise :class:`~metrale_core.BackendClosedError`.
+
+        Afterwards the backend holds no memory: the parts let go of every buffer, module,
+        wrapped object, ``on_out_of_memory`` callback and violation observer, and of the raw
+        device (only :attr:`raw` still answers with it); nothing of it waits for the garbage
+        collector, and its handles keep neither it nor its raw device alive.
         """
         ctx = self._ctx
         if not ctx.shut():
@@ -420,10 +433,15 @@ class GpuBackend:
         self._memory.release()
         self._guard.release()
         self._streams.release_default()
+        target = ctx.target
         try:
-            ctx.target.close()
+            target.close()
         except Exception as exc:  # close never raises, whatever a plugin does
             _log.warning("close of %s:%d: the backend's raw close failed: %s", self.name, self.ordinal, exc)
+        # drop what the core holds of the raw device and the cycles through the context, so nothing of
+        # this backend waits for the garbage collector; this object keeps the raw device for `raw`
+        self._closed_raw = target
+        ctx.release()
 
     def __enter__(self) -> GpuBackend:
         return self

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Protocol
+import reprlib
+import sys
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
 
 from ._dlpack import DLPACK_CPU, DLPACK_CUDA, DTYPES, itemsize, make_capsule
 from ._errors import InvalidArgumentError
-from ._types import ForeignMemory
+from ._types import ForeignMemory, as_index
 
 __all__ = ["BufferOwner", "DeviceArray", "DeviceBuffer", "dtype_name"]
 
@@ -99,14 +102,52 @@ _SET_PTR, _SET_NBYTES, _SET_KIND, _SET_INDEX, _SET_SITE, _SET_OWNER = (
 )
 
 
+#: The byte orders numpy writes for a dtype metrale can export: native, little-endian, not applicable.
+_NATIVE_ORDER: Final = ("=", "|", "<") if sys.byteorder == "little" else ("|", "<")
+
+
 def dtype_name(dtype: object) -> str:
     """The name of ``dtype`` (a string, a numpy dtype or scalar type), checked against the ones metrale exports."""
-    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or getattr(dtype, "__name__", None)
-    if not isinstance(name, str) or itemsize(name) is None:
+    try:
+        name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or getattr(dtype, "__name__", None)
+        # numpy names a byte-swapped dtype as the native one (``dtype(">f4").name`` is ``"float32"``); metrale
+        # exports native (little-endian) order only
+        order = "=" if isinstance(dtype, str) else getattr(dtype, "byteorder", "=")
+    except Exception:  # an object whose attributes raise is no dtype
+        name = order = None
+    if not isinstance(name, str) or itemsize(name) is None or order not in _NATIVE_ORDER:
         raise InvalidArgumentError(
             f"view: dtype {dtype!r} is not one metrale exports; use one of {', '.join(DTYPES)}"
         )
     return name
+
+
+#: The most dimensions a view may have (numpy's limit; CuPy's and PyTorch's are the same or lower).
+_MAX_DIMS: Final = 64
+
+
+def _dims(shape: object) -> tuple[int, ...]:
+    """``shape`` as a tuple of counts: an integer, or a sequence (not ``str``/``bytes``) of integers, each >= 0.
+
+    Integers are what ``operator.index`` takes (numpy's too), never ``bool``; a float, a string, ``None`` or
+    a nested sequence is refused, as is a set or a mapping (no order) and an iterator (used up once read).
+    """
+    one = as_index(shape)
+    parts: list[int | None] = [None]
+    if one is not None:
+        parts = [one]
+    elif isinstance(shape, Sequence) and not isinstance(shape, str | bytes | bytearray | memoryview):
+        try:
+            if len(shape) <= _MAX_DIMS:
+                parts = [as_index(d) for d in shape]
+        except Exception:  # a sequence that fails to be read is no shape
+            parts = [None]
+    if any(d is None or d < 0 for d in parts):
+        raise InvalidArgumentError(
+            f"view: shape must be an integer or a tuple of integers >= 0 (at most {_MAX_DIMS} of them), "
+            f"got {reprlib.repr(shape)}"
+        )
+    return tuple(d for d in parts if d is not None)
 
 
 def _typestr(name: str, size: int) -> str:
@@ -148,14 +189,7 @@ class DeviceArray:
                 )
             dims: tuple[int, ...] = (buffer.nbytes // size,)
         else:
-            raw: Any = (shape,) if isinstance(shape, int) else shape
-            try:
-                parts = list(raw)
-                dims = tuple(int(d) for d in parts)
-            except (TypeError, ValueError):
-                raise InvalidArgumentError(f"view: shape must be an int or a tuple of ints, got {shape!r}") from None
-            if any(d < 0 for d in dims) or any(isinstance(d, bool | float) for d in parts):
-                raise InvalidArgumentError(f"view: shape must hold counts >= 0, got {shape!r}")
+            dims = _dims(shape)
         need = math.prod(dims) * size
         if need > buffer.nbytes:
             raise InvalidArgumentError(
@@ -217,9 +251,18 @@ class DeviceArray:
         backend = self._backend()
         memory = backend.export(self.buffer, self, "__dlpack__")
         device = (DLPACK_CUDA, memory.device_id) if memory.device == "cuda" else (DLPACK_CPU, 0)
-        wanted: Any = dl_device
-        if wanted is not None and tuple(wanted) != device:
-            raise BufferError(f"metrale's memory is on DLPack device {device}, not {dl_device}")
+        if dl_device is not None:
+            try:
+                asked = tuple(as_index(part) for part in dl_device)  # type: ignore[attr-defined]
+            except Exception:  # not iterable, or an iterable that fails
+                asked = ()
+            if len(asked) != 2 or None in asked:
+                raise InvalidArgumentError(
+                    f"__dlpack__: dl_device must be a (device type, device id) pair of integers, "
+                    f"got {reprlib.repr(dl_device)}"
+                )
+            if asked != device:
+                raise BufferError(f"metrale's memory is on DLPack device {device}, not {dl_device}")
         index = self.buffer.index
         backend.export_held(index, +1)
         return make_capsule(
@@ -239,5 +282,11 @@ class DeviceArray:
         host: Any = memory.keepalive  # a numpy uint8 view of the fake's memory: it keeps the bytes alive
         array = host[: self.nbytes].view(self.dtype).reshape(self.shape)
         if dtype is not None:
-            return array.astype(dtype, copy=bool(copy) or np.dtype(dtype) != array.dtype)  # type: ignore[call-overload]
+            try:
+                wanted = np.dtype(dtype)  # type: ignore[call-overload]
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(
+                    f"__array__: dtype {reprlib.repr(dtype)} is not a numpy dtype; pass one such as 'float32'"
+                ) from None
+            return array.astype(wanted, copy=bool(copy) or wanted != array.dtype)
         return array.copy() if copy else array

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ._bench import MEASUREMENTS, pick, run_bench
+from ._conformance import DEFAULT_BUDGET_S, DEFAULT_EXAMPLES, DEFAULT_STEPS
 from ._discovery import available_backends, open_backend
 from ._errors import ConfigError, MetraleError
 from ._ledger import format_bytes
@@ -94,7 +95,8 @@ def _conformance(settings: MetraleSettings, args: argparse.Namespace) -> int:
         print(f"  ... {line}", file=sys.stderr, flush=True)
 
     report = run_conformance(
-        args.name, settings, examples=args.examples, steps=args.steps, seed=args.seed, progress=progress
+        args.name, settings, examples=args.examples, steps=args.steps, seed=args.seed,
+        budget_s=args.budget or None, progress=progress,
     )
     print(report.render())
     return 0 if report.ok else 1
@@ -174,6 +176,16 @@ def _bench(settings: MetraleSettings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, not {text!r}")
+    return value
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -201,9 +213,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "conformance", help="run the conformance state machine and the bad-input table against a backend"
     )
     conf.add_argument("name", help="the backend's name, as `metrale backends` lists it")
-    conf.add_argument("--examples", type=int, default=50, help="programs the state machine runs (default 50)")
-    conf.add_argument("--steps", type=int, default=30, help="steps per program (default 30)")
+    conf.add_argument(
+        "--examples", type=_positive, default=DEFAULT_EXAMPLES, metavar="N",
+        help=f"programs the state machine runs before it shrinks a failure (default {DEFAULT_EXAMPLES})",
+    )
+    conf.add_argument("--steps", type=_positive, default=DEFAULT_STEPS, metavar="N",
+                      help=f"steps per program (default {DEFAULT_STEPS})")
     conf.add_argument("--seed", type=int, default=None, help="random programs from this seed (default: derandomized)")
+    conf.add_argument(
+        "--budget", type=_seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+        help=f"time the state machine may take, shrinking included; no program starts after it "
+        f"(default {DEFAULT_BUDGET_S:g}; 0: no limit)",
+    )
     rep = sub.add_parser(
         "report", help="a saved memory snapshot as a Perfetto timeline or a plot of live memory by call site"
     )

@@ -15,6 +15,10 @@ already inside to leave, except the closing thread's own (a callback that closes
 the backend from inside one of its calls). A call that was inside when the gate
 shut sees :attr:`DeviceContext.closed` before it commits anything and undoes its
 raw work, so nothing it made outlives ``close()``.
+
+Release: the last step of ``close()`` (:meth:`DeviceContext.release`) drops what the
+core still holds of the raw device and breaks the reference cycles through the
+context, so a closed backend holds no memory and is freed by reference counting.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Concatenate, Final, NoReturn, ParamSpec, Protocol, TypeVar, cast
 
 from ._capture import abandon_captures
 from ._errors import BackendClosedError, DeviceFaultError, DriverError, InvalidArgumentError, MetraleError
@@ -34,8 +38,8 @@ from ._raw import RawDevice
 from ._settings import MetraleSettings
 
 if TYPE_CHECKING:
-    from ._buffer import BufferOwner
-    from ._types import LaunchArg
+    from ._buffer import BufferOwner, DeviceArray, DeviceBuffer
+    from ._types import ForeignMemory, LaunchArg
 
 __all__ = ["CORE_PACKAGES", "DeviceContext", "GuardedRaw", "Launch", "gated", "invalid_argument"]
 
@@ -67,33 +71,88 @@ class GuardedRaw:
     A foreign exception (a plugin's bug) becomes a ``DriverError`` naming the
     call, so none reaches the user; a ``DeviceFaultError`` latches the context's
     fault, so every later call reports the first fault.
+
+    It holds its context weakly (the context holds it), so neither keeps the other
+    alive; :meth:`detach` (at ``close()``) lets go of the raw device: from then on
+    every raw call raises :class:`~metrale_core.BackendClosedError`.
     """
 
     def __init__(self, target: RawDevice, context: DeviceContext) -> None:
-        self._target = target
-        self._context = context
+        self._target: object = target
+        self._context: Callable[[], DeviceContext | None] = context.ref
+        self._name = context.name
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._target, name)
         if not callable(attr):
             return attr
-        context = self._context
+        ref, who = self._context, self._name
 
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 return attr(*args, **kwargs)
             except DeviceFaultError as exc:
+                context = ref()
+                if context is None:  # pragma: no cover - a part holds the context while it calls
+                    raise
                 raise context.faulted_by(exc) from None
             except MetraleError:
                 raise
             except Exception as exc:
                 raise DriverError(
-                    f"the {context.name} backend's raw {name}() raised {type(exc).__name__}: {exc}; "
+                    f"the {who} backend's raw {name}() raised {type(exc).__name__}: {exc}; "
                     f"this is a bug in that backend"
                 ) from exc
 
         self.__dict__[name] = call  # looked up once per name
         return call
+
+    def detach(self, closed: str) -> None:
+        """Let go of the raw device and of every method of it looked up so far (at ``close()``);
+        later calls raise ``BackendClosedError(closed)``."""
+        name = self._name
+        self.__dict__.clear()
+        self._target = _Detached(closed)
+        self._context = _dead_ref
+        self._name = name
+
+
+def _dead_ref() -> None:
+    """What a detached ``GuardedRaw`` holds instead of its context."""
+    return None
+
+
+class _Detached:
+    """A closed backend's raw layer: every primitive raises ``BackendClosedError``."""
+
+    __slots__ = ("_closed",)
+
+    def __init__(self, closed: str) -> None:
+        self._closed = closed
+
+    def __getattr__(self, name: str) -> Callable[..., NoReturn]:
+        closed = self._closed
+
+        def refuse(*args: object, **kwargs: object) -> NoReturn:
+            raise BackendClosedError(f"raw {name}(): {closed}")
+
+        return refuse
+
+
+class _ClosedExports:
+    """A closed backend's export table (``DeviceContext.exports`` after ``close()``): exports are refused,
+    and the count of DLPack tensors a consumer lets go of has nothing left to count."""
+
+    __slots__ = ("_closed",)
+
+    def __init__(self, closed: str) -> None:
+        self._closed = closed
+
+    def export(self, buf: DeviceBuffer, view: DeviceArray, what: str, *, wait: bool = True) -> ForeignMemory:
+        raise BackendClosedError(f"{what}: {self._closed}")
+
+    def export_held(self, index: int, delta: int) -> None:
+        pass
 
 
 class _Depth(threading.local):
@@ -106,9 +165,8 @@ class DeviceContext:
     """What the parts of one open backend share. Thread-safe."""
 
     __slots__ = (
-        "__weakref__", "_closed", "_depth", "_fault", "_fault_code", "_gate", "_inside", "exports", "facade",
-        "internal",
-        "lock", "name", "ordinal", "raw", "recent", "ref", "settings", "target",
+        "__weakref__", "_closed", "_depth", "_fault", "_fault_code", "_gate", "_inside", "_target", "_target_ref",
+        "exports", "facade", "internal", "lock", "name", "ordinal", "raw", "recent", "ref", "settings",
     )
 
     def __init__(
@@ -117,16 +175,16 @@ class DeviceContext:
         self.name: Final = name
         self.ordinal: Final = ordinal
         self.settings: Final = settings
-        #: The plugin's raw layer itself, for diagnostics and the final close.
-        self.target: Final = target
+        self._target: RawDevice | None = target  # held strongly until release(); see target
+        self._target_ref: Callable[[], RawDevice | None] = lambda: None
+        #: What buffers hold: a weak reference to their owner.
+        self.ref: Final = weakref.ref(self)
         #: The raw layer as every part calls it.
         self.raw: Final = cast(RawDevice, GuardedRaw(target, self))
         #: Top-level packages whose frames are not call sites.
         self.internal: Final = CORE_PACKAGES | internal
         #: For bookkeeping that spans parts (short sections; never held across a wait).
         self.lock: Final = threading.RLock()
-        #: What buffers hold: a weak reference to their owner.
-        self.ref: Final = weakref.ref(self)
         #: The export table, once built (buffers export themselves through it).
         self.exports: BufferOwner | None = None
         #: A weak reference to the object the user holds (what ``handle.backend`` answers).
@@ -143,6 +201,18 @@ class DeviceContext:
     # -- state ----------------------------------------------------------------------------
 
     @property
+    def target(self) -> RawDevice:
+        """The plugin's raw layer itself, for diagnostics and the final close.
+
+        After :meth:`release` the context holds it only weakly (whoever holds it, the facade, keeps
+        it): a closed backend's handles do not keep a raw device, nor the memory it holds, alive.
+        """
+        target = self._target if self._target is not None else self._target_ref()
+        if target is None:  # released, and nothing else holds it: only a handle's context outlives it
+            return cast(RawDevice, _Detached(self.closed_message()))
+        return target
+
+    @property
     def closed(self) -> bool:
         """Whether ``close()`` has begun: nothing may be committed any more."""
         return self._closed
@@ -152,8 +222,11 @@ class DeviceContext:
         """The first device fault, with the launches before it; ``None`` if none."""
         return self._fault
 
+    def closed_message(self) -> str:
+        return f"backend {self.name}:{self.ordinal} is closed; open a new one with open_backend()"
+
     def closed_error(self) -> BackendClosedError:
-        return BackendClosedError(f"backend {self.name}:{self.ordinal} is closed; open a new one with open_backend()")
+        return BackendClosedError(self.closed_message())
 
     def check_not_closed(self) -> None:
         if self._closed:
@@ -255,6 +328,33 @@ class DeviceContext:
                     self.name, self.ordinal, self._inside - own, _CLOSE_WAIT_S,
                 )
         return True
+
+    # -- release -------------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """The last step of ``close()``: drop every reference the core holds to the raw device and to
+        what holds memory, and the cycles through this context, so that a closed backend holds no
+        device memory even while something still references it, and is freed by reference counting
+        (not only by the garbage collector) once nothing does.
+
+        The guarded raw layer lets go of the raw device (a straggling call raises
+        ``BackendClosedError``); this context keeps it only weakly, the facade weakly too (a handle of
+        a closed backend does not keep the backend), and the export table gives way to one that
+        refuses (it held this context: a cycle); the last launches are forgotten.
+        """
+        closed = self.closed_message()
+        cast(GuardedRaw, self.raw).detach(closed)
+        target, self._target = self._target, None
+        if target is not None:
+            try:
+                self._target_ref = weakref.ref(target)
+            except TypeError:  # a raw device without __weakref__ (slots): keep it
+                self._target = target
+        facade = self.facade()
+        if facade is not None:  # a GpuBackend: it takes weak references
+            self.facade = weakref.ref(facade)
+        self.exports = _ClosedExports(closed)
+        self.recent.clear()
 
     def __repr__(self) -> str:
         return f"<DeviceContext {self.name}:{self.ordinal}{' (closed)' if self._closed else ''}>"

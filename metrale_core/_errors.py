@@ -4,7 +4,7 @@
 
     MetraleError                   .code: int | None, .name: str | None
      ├── ConfigError               a METRALE_* setting or settings keyword is invalid
-     ├── SnapshotError             a memory snapshot file cannot be read  .path
+     ├── SnapshotError             a memory snapshot file cannot be written or read  .path
      ├── BackendNotFoundError      no installed backend has that name
      ├── BackendUnavailableError   installed, but cannot run here
      ├── BackendClosedError        the backend (or its handle) was used after close()
@@ -84,8 +84,9 @@ class ConfigError(MetraleError):
 
 
 class SnapshotError(MetraleError):
-    """A memory snapshot file (``save_snapshot``, ``metrale report``) cannot be read: missing,
-    not JSON, not a metrale snapshot, of a newer version, or inconsistent. ``path`` names it."""
+    """A memory snapshot file cannot be written (``save_snapshot``: the path is a folder, its
+    folder is missing or not writable) or read (``metrale report``: missing, not JSON, not a
+    metrale snapshot, of a newer version, or inconsistent). ``path`` names it."""
 
     path: str | None
 

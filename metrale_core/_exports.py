@@ -16,7 +16,7 @@ from collections.abc import Callable
 from ._buffer import DeviceArray, DeviceBuffer
 from ._capture import forbid_during_capture
 from ._context import DeviceContext
-from ._errors import InvalidBufferError
+from ._errors import DriverError, InvalidArgumentError, InvalidBufferError, MetraleError, cuda_code
 from ._holdings import Holdings
 from ._interop import foreign_memory
 from ._ledger import call_site, next_index
@@ -26,6 +26,9 @@ from ._zoneguard import ZoneGuard
 __all__ = ["ExportTable"]
 
 _log = logging.getLogger("metrale")
+
+#: CUDA's code for memory the device cannot address, which a refused wrap carries.
+_INVALID_DEVICE = cuda_code("CUDA_ERROR_INVALID_DEVICE")
 
 
 class ExportTable:
@@ -91,7 +94,7 @@ class ExportTable:
         memory, release = foreign_memory(obj)
         try:
             self._guard.sync_device()
-            ptr = self._raw.import_memory(memory)
+            ptr = self._import(memory, type(obj).__name__)
         except BaseException:
             if release is not None:
                 release()
@@ -104,6 +107,41 @@ class ExportTable:
                 return buf
         self._forget(ptr, release)
         raise ctx.closed_error()
+
+    def _import(self, memory: ForeignMemory, who: str) -> int:
+        """The backend's pointer for ``memory``, checked to lie inside one allocation the device knows.
+
+        Memory the backend cannot address is an ``InvalidArgumentError`` named
+        ``CUDA_ERROR_INVALID_DEVICE`` on every backend; so is an extent the producer claims past the
+        end of the allocation holding it, which metrale's writes would carry into a neighbour.
+        """
+        try:
+            ptr = self._raw.import_memory(memory)
+        except DriverError as exc:
+            if exc.name != "CUDA_ERROR_INVALID_DEVICE":
+                raise
+            raise InvalidArgumentError(f"wrap: {exc}", code=exc.code, name=exc.name) from None
+        try:
+            base, size = self._raw.address_range(ptr)
+        except MetraleError as exc:
+            self._forget(ptr, None)
+            if exc.name == "CUDA_ERROR_NOT_SUPPORTED":
+                raise
+            raise InvalidArgumentError(
+                f"wrap: {who}'s {memory.nbytes} bytes at {memory.address:#x} lie inside no allocation the "
+                f"device knows ({exc.name}); wrap memory its producer allocated on this device",
+                code=_INVALID_DEVICE, name="CUDA_ERROR_INVALID_DEVICE",
+            ) from None
+        if not base <= ptr or ptr + memory.nbytes > base + size:
+            self._forget(ptr, None)
+            raise InvalidArgumentError(
+                f"wrap: {who} claims {memory.nbytes} bytes at {memory.address:#x}, but the allocation holding "
+                f"it is {size} bytes at {base:#x}, so {ptr + memory.nbytes - (base + size)} bytes of the claim "
+                f"lie outside it; metrale refuses a producer that claims more than it owns (its writes would "
+                f"reach a neighbouring allocation)",
+                code=_INVALID_DEVICE, name="CUDA_ERROR_INVALID_DEVICE",
+            )
+        return ptr
 
     def unwrap(self, buf: object, released: Callable[[DeviceBuffer], None]) -> None:
         forbid_during_capture("unwrap")

@@ -9,7 +9,7 @@ buffers), each reached through the small protocol it implements here
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from ._capture import Capture, captured_event_error, forbid_during_capture, invalidated_error
 from ._context import DeviceContext, gated, invalid_argument
@@ -233,6 +233,10 @@ class Event(_Handle):
             self._owner.release(self)
 
 
+#: The view of a closed host buffer.
+_NO_BYTES: Final = memoryview(b"")
+
+
 class HostBuffer(_Handle):
     """Pinned (page-locked) host memory: fast, truly asynchronous copies.
 
@@ -254,6 +258,13 @@ class HostBuffer(_Handle):
         """A writable byte view of the buffer."""
         self._live()
         return self._view
+
+    def _mark_closed(self) -> bool:
+        """Closed, it lets go of its view: a handle still referenced pins no memory the backend released."""
+        if not super()._mark_closed():
+            return False
+        self._view = _NO_BYTES
+        return True
 
     def close(self) -> None:
         """Free the buffer, as ``backend.free(host_buffer)`` does; idempotent."""

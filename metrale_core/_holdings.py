@@ -35,11 +35,25 @@ __all__ = ["Holdings", "Wrapped"]
 Wrapped = tuple[DeviceBuffer, object, "Callable[[], None] | None"]
 
 
+#: Sizes end below this: CUDA's ``size_t`` is 64 bits, on every backend alike.
+SIZE_LIMIT = 1 << 64
+
+
 def positive_size(nbytes: object, what: str) -> int:
-    """``nbytes`` as a positive ``int``, or the typed error."""
+    """``nbytes`` as a positive ``int`` that fits 64 bits, or the typed error.
+
+    The one rule for sizes, decided here for every backend: a size that is not a positive
+    integer, or does not fit CUDA's 64-bit ``size_t``, is an ``InvalidArgumentError`` before any
+    backend sees it; a size that fits but cannot be satisfied is the backend's
+    ``OutOfMemoryError``.
+    """
     n = as_index(nbytes)
     if n is None or n <= 0:
         raise InvalidBufferError(f"{what}: nbytes must be a positive integer, got {nbytes!r}")
+    if n >= SIZE_LIMIT:
+        raise InvalidArgumentError(
+            f"{what}: {n} bytes do not fit 64 bits (CUDA's size_t); no device or host can hold them: ask for less"
+        )
     return n
 
 

@@ -6,55 +6,117 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
 from collections.abc import Callable
 
 from ._dlpack import DLPACK_CPU, DLPACK_CUDA, c_contiguous, read_capsule
 from ._errors import InvalidArgumentError
-from ._types import ForeignMemory
+from ._types import ForeignMemory, as_index
 
 __all__ = ["foreign_memory"]
 
 
+#: The largest size or address metrale takes from a producer: what fits CUDA's 64-bit ``size_t``.
+_LIMIT = 1 << 64
+
+_TYPESTR = re.compile(r"[<>|=][biufcmMOSUV]([1-9][0-9]{0,3})")
+
+
+def _attribute(obj: object, name: str) -> object:
+    """``obj.name``, or ``None`` when it is missing or its getter raises (a producer that lies is refused later)."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def _cuda_array_interface(obj: object, cai: dict[object, object]) -> ForeignMemory:
+    """The memory a ``__cuda_array_interface__`` dict describes, every field checked before it is used."""
+    who = type(obj).__name__
+
+    def malformed(why: str) -> InvalidArgumentError:
+        return InvalidArgumentError(f"wrap: {who}'s __cuda_array_interface__ is malformed ({why}): {cai!r:.300}")
+
+    data = cai.get("data")
+    if not isinstance(data, tuple) or len(data) != 2:
+        raise malformed("'data' must be a tuple (pointer, read_only)")
+    ptr = as_index(data[0])
+    if ptr is None or not 0 <= ptr < _LIMIT:
+        raise malformed("the pointer must be an integer address of 64 bits")
+    if not isinstance(data[1], int):  # bool is an int
+        raise malformed("read_only must be a bool")
+    typestr = cai.get("typestr")
+    match = _TYPESTR.fullmatch(typestr) if isinstance(typestr, str) else None
+    if match is None:
+        raise malformed("'typestr' must be a string such as '<f4'")
+    size = int(match.group(1))
+    raw_shape = cai.get("shape")
+    if not isinstance(raw_shape, tuple):
+        raise malformed("'shape' must be a tuple of integers")
+    dims = [as_index(extent) for extent in raw_shape]
+    if any(extent is None or extent < 0 for extent in dims):
+        raise malformed("'shape' must hold non-negative integers")
+    shape = tuple(extent for extent in dims if extent is not None)
+    raw_strides = cai.get("strides")
+    strides: tuple[int, ...] | None = None
+    if raw_strides is not None:
+        if not isinstance(raw_strides, tuple) or len(raw_strides) != len(shape):
+            raise malformed("'strides' must be None or a tuple of one integer per dimension")
+        steps = [as_index(step) for step in raw_strides]
+        if any(step is None for step in steps):
+            raise malformed("'strides' must hold integers")
+        strides = tuple(step for step in steps if step is not None)
+    if data[1]:
+        raise InvalidArgumentError(f"wrap: {who} exports read-only memory; metrale writes")
+    if cai.get("mask") is not None or not c_contiguous(shape, strides, size):
+        raise InvalidArgumentError(f"wrap: {who} is not C-contiguous; pass a contiguous copy")
+    nbytes = math.prod(shape) * size
+    if nbytes == 0 or ptr == 0:
+        raise InvalidArgumentError(f"wrap: {who} holds no bytes; nothing to wrap")
+    if ptr + nbytes > _LIMIT:
+        raise malformed(f"{nbytes} bytes at {ptr:#x} run past the 64-bit address space")
+    return ForeignMemory("cuda", -1, ptr, nbytes, obj)
+
+
 def foreign_memory(obj: object) -> tuple[ForeignMemory, Callable[[], None] | None]:
     """What ``obj`` (a CUDA-array-interface, DLPack or buffer-protocol exporter) holds, and how to give
-    it back; raises :class:`~metrale_core.InvalidArgumentError` for anything metrale cannot wrap."""
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    it back; raises :class:`~metrale_core.InvalidArgumentError` for anything metrale cannot wrap, whatever
+    the producer claims or raises."""
+    who = type(obj).__name__
+    cai = _attribute(obj, "__cuda_array_interface__")
     if isinstance(cai, dict):
-        data = cai.get("data")
-        shape = tuple(cai.get("shape", ()))
-        typestr = str(cai.get("typestr", ""))
-        if not isinstance(data, tuple) or len(data) != 2 or not typestr[2:].isdigit():
-            raise InvalidArgumentError(f"wrap: {type(obj).__name__}'s __cuda_array_interface__ is malformed: {cai!r}")
-        if data[1]:
-            raise InvalidArgumentError(f"wrap: {type(obj).__name__} exports read-only memory; metrale writes")
-        size = int(typestr[2:])
-        if cai.get("mask") is not None or not c_contiguous(shape, cai.get("strides"), size):
-            raise InvalidArgumentError(f"wrap: {type(obj).__name__} is not C-contiguous; pass a contiguous copy")
-        nbytes = math.prod(shape) * size
-        if nbytes == 0 or not data[0]:
-            raise InvalidArgumentError(f"wrap: {type(obj).__name__} holds no bytes; nothing to wrap")
-        return ForeignMemory("cuda", -1, int(data[0]), nbytes, obj), None
-    if hasattr(obj, "__dlpack__"):
+        return _cuda_array_interface(obj, cai), None
+    export = _attribute(obj, "__dlpack__")
+    if export is not None:
+        if not callable(export):
+            raise InvalidArgumentError(f"wrap: {who}.__dlpack__ is not callable")
         try:
-            tensor = read_capsule(obj.__dlpack__())
-        except (ValueError, BufferError, TypeError) as exc:
-            raise InvalidArgumentError(f"wrap: {type(obj).__name__}'s DLPack export cannot be wrapped: {exc}") from None
+            tensor = read_capsule(export())
+        except Exception as exc:  # a producer's own failure, or a capsule metrale cannot read
+            raise InvalidArgumentError(
+                f"wrap: {who}'s DLPack export cannot be wrapped: {type(exc).__name__}: {exc}"
+            ) from None
         kinds = {DLPACK_CUDA: "cuda", DLPACK_CPU: "cpu"}
         device = kinds.get(tensor.device_type)
-        if device is None or tensor.nbytes == 0:
+        if device is None or tensor.nbytes == 0 or not 0 < tensor.data < _LIMIT or tensor.nbytes >= _LIMIT:
             tensor.release()
-            what = "holds no bytes" if device else f"is on DLPack device type {tensor.device_type}, not CUDA or CPU"
-            raise InvalidArgumentError(f"wrap: {type(obj).__name__} {what}")
+            if device is None:
+                what = f"is on DLPack device type {tensor.device_type}, not CUDA or CPU"
+            elif tensor.nbytes == 0:
+                what = "holds no bytes"
+            else:
+                what = f"claims {tensor.nbytes} bytes at {tensor.data:#x}, outside a 64-bit address space"
+            raise InvalidArgumentError(f"wrap: {who} {what}")
         memory = ForeignMemory(device, tensor.device_id, tensor.data, tensor.nbytes, obj)  # type: ignore[arg-type]
         return memory, tensor.release
     try:
         view = memoryview(obj)  # type: ignore[arg-type]
-    except TypeError:
+    except Exception:
         raise InvalidArgumentError(
-            f"wrap: {type(obj).__name__} exports neither __cuda_array_interface__, __dlpack__ nor a buffer"
+            f"wrap: {who} exports neither __cuda_array_interface__, __dlpack__ nor a buffer"
         ) from None
     if view.readonly or not view.c_contiguous or view.nbytes == 0:
-        raise InvalidArgumentError(f"wrap: {type(obj).__name__} must be writable, C-contiguous and not empty")
+        raise InvalidArgumentError(f"wrap: {who} must be writable, C-contiguous and not empty")
     flat = view.cast("B")
     anchor = (ctypes.c_char * flat.nbytes).from_buffer(flat)
     return ForeignMemory("cpu", 0, ctypes.addressof(anchor), flat.nbytes, (obj, flat, anchor)), None

@@ -9,6 +9,7 @@ metrics and the timing events of ``kernel_timing``.
 
 from __future__ import annotations
 
+import reprlib
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Final
@@ -19,7 +20,7 @@ from ._context import DeviceContext, Launch, describe_launch, invalid_argument
 from ._errors import BackendClosedError, CaptureError, InvalidArgumentError, MetraleError
 from ._handles import Stream
 from ._holdings import Holdings, integer
-from ._ptx import check_architecture, parse_ptx
+from ._ptx import PtxImage, check_architecture, parse_ptx
 from ._registry import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Kernel, KernelRegistry, RunMetrics, pack_args
 from ._streams import StreamFront
 from ._types import KernelImplementation, as_index
@@ -88,9 +89,18 @@ class KernelFront:
             self._registries.add(registry)
         return registry
 
-    def preflight(self, images: Mapping[str, bytes | str]) -> None:
-        parsed = {name: parse_ptx(name, image) for name, image in images.items()}
-        check_architecture(parsed, self._raw.compute_capability(), self._raw.device_name())
+    def preflight(self, images: object) -> None:
+        expected = "a mapping of module names (str) to PTX images (bytes, bytearray or str)"
+        if not isinstance(images, Mapping):
+            raise InvalidArgumentError(f"preflight: expected {expected}, got {reprlib.repr(images)}")
+        parsed: dict[str, PtxImage] = {}
+        for name, image in images.items():
+            if not isinstance(name, str) or not isinstance(image, bytes | bytearray | str):
+                raise InvalidArgumentError(
+                    f"preflight: expected {expected}, got the entry {reprlib.repr(name)}: {reprlib.repr(image)}"
+                )
+            parsed[name] = parse_ptx(name, image)
+        check_architecture(parsed, self._raw.compute_capability(), self._raw.device_name(), what="preflight")
 
     def add_kernel_implementations(self, implementations: Sequence[object]) -> None:
         for impl in implementations:

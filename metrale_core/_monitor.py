@@ -15,7 +15,7 @@ from ._holdings import Holdings
 from ._ledger import describe_sites, largest_sites
 from ._meminfo import effective_free_bytes, read_mem_available
 from ._pressure import MemoryStats, OomWatchdog, StatsCounter, check_watchdog_args
-from ._snapshot import write_snapshot
+from ._snapshot import snapshot_path, write_snapshot
 from ._types import MemoryInfo
 
 __all__ = ["MemoryMonitor"]
@@ -76,7 +76,9 @@ class MemoryMonitor:
         finally:
             self.ctx.leave()
 
-    def save_snapshot(self, path: Path) -> Path:
+    def save_snapshot(self, path: object) -> Path:
+        """Write a snapshot to ``path`` (checked: a ``str`` or ``os.PathLike``); returns it as a ``Path``."""
+        target = snapshot_path(path, "save_snapshot")
         ctx = self.ctx
         info: MemoryInfo | None
         try:
@@ -84,8 +86,8 @@ class MemoryMonitor:
             device = ctx.raw.device_name()
         except MetraleError:
             info, device = None, f"{ctx.name} device {ctx.ordinal}"
-        write_snapshot(path, ctx.name, device, ctx.ordinal, info, self._holdings.ledger, self.stats())
-        return path
+        write_snapshot(target, ctx.name, device, ctx.ordinal, info, self._holdings.ledger, self.stats())
+        return target
 
     def stop(self) -> None:
         """Stop every watchdog (the first thing ``close()`` does)."""

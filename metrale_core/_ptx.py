@@ -84,11 +84,11 @@ class PtxImage:
         return device >= self.sm
 
 
-def _text(image: bytes | str) -> str:
+def _text(image: bytes | bytearray | str) -> str:
     return image.decode("utf-8", errors="replace") if isinstance(image, bytes | bytearray) else str(image)
 
 
-def parse_ptx(module: str, image: bytes | str) -> PtxImage:
+def parse_ptx(module: str, image: bytes | bytearray | str) -> PtxImage:
     """Parse one PTX image; an image without a ``.target`` raises ``InvalidArgumentError``."""
     text = _text(image)
     target = _TARGET_RE.search(text)
@@ -114,16 +114,16 @@ def parse_ptx(module: str, image: bytes | str) -> PtxImage:
 
 
 def check_architecture(
-    images: Mapping[str, PtxImage], capability: tuple[int, int], device: str
+    images: Mapping[str, PtxImage], capability: tuple[int, int], device: str, *, what: str = "load_modules"
 ) -> None:
-    """Refuse, in one error listing every one, the images ``device`` cannot run."""
+    """Refuse, in one error listing every one, the images ``device`` cannot run; ``what`` names the call."""
     refused = [(name, img) for name, img in images.items() if not img.runs_on(capability)]
     if not refused:
         return
-    err = error_for_code("CUDA_ERROR_NO_BINARY_FOR_GPU", "load_modules")
+    err = error_for_code("CUDA_ERROR_NO_BINARY_FOR_GPU", what)
     listing = ", ".join(f"{name} (targets {img.target}: needs {img.requirement()})" for name, img in refused)
     raise ArchitectureError(
-        f"load_modules: {device} has compute capability {capability[0]}.{capability[1]} (sm_"
+        f"{what}: {device} has compute capability {capability[0]}.{capability[1]} (sm_"
         f"{capability[0]}{capability[1]}) and cannot run {listing}; rebuild those modules with "
         f"`nvcc -ptx -arch=compute_{capability[0]}{capability[1]}` or older",
         code=err.code,

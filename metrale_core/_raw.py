@@ -290,6 +290,19 @@ class RawDevice(abc.ABC):
     def forget_memory(self, ptr: int) -> None:  # noqa: B027 - optional hook, default no-op
         """Stop addressing memory of :meth:`import_memory` (it stays its owner's to free)."""
 
+    def address_range(self, ptr: int) -> tuple[int, int]:
+        """``(base, nbytes)`` of the one allocation the device knows that holds address ``ptr``
+        (``cuMemGetAddressRange``); an address inside none raises ``CUDA_ERROR_NOT_FOUND``.
+
+        The core asks it of every pointer :meth:`import_memory` returns, and refuses a wrap whose
+        extent runs past that allocation: a producer that claims more than it owns must never let
+        metrale write into a neighbour. A backend that imports memory implements it; without it,
+        ``wrap`` is refused with ``CUDA_ERROR_NOT_SUPPORTED``.
+        """
+        raise error_for_code(
+            "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} knows no address ranges: address_range"
+        )
+
     # -- benchmarks (optional) -------------------------------------------------------------
 
     def baseline(self) -> Baseline:

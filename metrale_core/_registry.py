@@ -134,6 +134,8 @@ class KernelRegistry:
             return
         self._closed = True
         self._finalizer()
+        with self._lock:
+            self._kernels.clear()  # each held this registry: a cycle
 
     def __enter__(self) -> KernelRegistry:
         return self

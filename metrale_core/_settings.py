@@ -19,13 +19,25 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable
+import types
+import typing
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
+import annotated_types
 import pluggy
 import pydantic
-from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_serializer
+import pydantic_core
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PlainValidator,
+    PrivateAttr,
+    WrapValidator,
+    field_validator,
+    model_serializer,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ._errors import ConfigError, InvalidArgumentError
@@ -100,6 +112,32 @@ def is_size(field: FieldInfo) -> bool:
     return any(item is _SIZE_VALIDATOR for item in field.metadata)
 
 
+def _holds_int(field: FieldInfo) -> bool:
+    """Whether a field's type is ``int`` or ``int | None``."""
+    annotation = field.annotation
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    return annotation is int or set(options) == {int, type(None)}
+
+
+def _is_integer(field: FieldInfo) -> bool:
+    """Whether a field is a plain integer, ``int`` or ``int | None``, that parses no text of its own (no
+    validator in its annotation, as :data:`Size` has): those take decimal or ``0x`` hex."""
+    return _holds_int(field) and not any(isinstance(item, _OWN_PARSERS) for item in field.metadata)
+
+
+#: Validators in a field's annotation that read its input themselves (:data:`Size`'s among them).
+_OWN_PARSERS: Final = (BeforeValidator, PlainValidator, WrapValidator)
+
+
+def _integers(model: type[BaseSettings], value: Any, info: pydantic.ValidationInfo) -> Any:
+    """Every plain integer field of a settings model, the core's and a plugin's, reads as :data:`Size` does
+    without the units: decimal or ``0x`` hex, no ``bool`` (a size parses itself, with its units)."""
+    field = model.model_fields.get(info.field_name or "")
+    if field is None or value is None or not _is_integer(field):
+        return value
+    return _parse_int(value, sizes=False)
+
+
 class PluginSettings(BaseSettings):
     """The base of a plugin's own settings: a pydantic-settings model read from ``METRALE_<NAME>_*``.
 
@@ -116,7 +154,8 @@ class PluginSettings(BaseSettings):
     keyword and attribute ``fake_memory_bytes`` of :class:`MetraleSettings`,
     a row of the settings table, and known to the unknown-variable warning.
     Models are frozen, refuse unknown keywords, count an empty variable as
-    unset, and a bad value raises :class:`~metrale_core.ConfigError`.
+    unset, read every plain ``int`` field in decimal or ``0x`` hex as the
+    core's integers are, and a bad value raises :class:`~metrale_core.ConfigError`.
     """
 
     model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
@@ -132,12 +171,17 @@ class PluginSettings(BaseSettings):
         except pydantic.ValidationError as exc:
             # chained, so that MetraleSettings can name its own keywords for the same problems
             prefix = str(type(self).model_config.get("env_prefix", ""))
-            raise _config_error(_problems(exc, prefix, "", set(values))) from exc
+            raise _config_error(_problems(exc, type(self), prefix, "", values)) from exc
         except Exception as exc:  # a plugin's validator may fail in any way
             raise ConfigError(
                 f"the settings model {type(self).__qualname__} failed to validate: {type(exc).__name__}: {exc}; "
                 f"fix the plugin that declares it"
             ) from exc
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_integers(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        return _integers(cls, value, info)
 
 
 _P = TypeVar("_P", bound=PluginSettings)
@@ -260,10 +304,12 @@ class MetraleSettings(BaseSettings):
 
     Construct it once and pass it down: nothing else in metrale reads the
     environment. Keyword arguments override the environment. An empty
-    variable counts as unset. Integers may be written in decimal or ``0x``
-    hex; sizes (``redzone`` and every ``*_bytes`` field) also accept
-    ``KiB``/``MiB``/``GiB``, case-insensitive, with or without a space.
-    A bad value raises :class:`~metrale_core.ConfigError` naming the variable.
+    variable counts as unset. Every integer setting (a plugin's too) may be
+    written in decimal or ``0x`` hex, never as a ``bool``; sizes (``redzone``
+    and every ``*_bytes`` field) also accept ``KiB``/``MiB``/``GiB``,
+    case-insensitive, with or without a space. A bad value raises
+    :class:`~metrale_core.ConfigError` naming the variable or keyword, the
+    value as written and what is allowed; nothing else escapes.
 
     The settings of installed plugins (``fake_memory_bytes``, from
     ``METRALE_FAKE_MEMORY_BYTES``) are keywords and attributes too, validated
@@ -329,12 +375,12 @@ class MetraleSettings(BaseSettings):
     memory_history: int = Field(
         0, ge=0, le=10_000_000,
         description="Keep the last N allocation events (alloc, free, sweep) on the ledger for `save_snapshot()` "
-        "and `metrale report`; `0` (the default) keeps none.",
+        "and `metrale report`, 0..10,000,000; `0` (the default) keeps none.",
     )
     oom_retries: int = Field(
         3, ge=0, le=100,
         description="How many times an allocation that ran out of memory is tried again after an "
-        "`on_out_of_memory` callback says it freed memory.",
+        "`on_out_of_memory` callback says it freed memory, 0..100.",
     )
     oom_snapshot_dir: Path | None = Field(
         None,
@@ -364,7 +410,7 @@ class MetraleSettings(BaseSettings):
         try:
             super().__init__(**ours)
         except pydantic.ValidationError as exc:
-            problems += _problems(exc, ENV_PREFIX, "", set(ours))
+            problems += _problems(exc, type(self), ENV_PREFIX, "", ours, [*type(self).model_fields, *owners])
         built: dict[str, PluginSettings] = {}
         for p in installed:
             try:
@@ -372,7 +418,7 @@ class MetraleSettings(BaseSettings):
             except ConfigError as err:
                 if not isinstance(err.__cause__, pydantic.ValidationError):
                     raise ConfigError(f"plugin {p.name} ({p.distribution}): {err}") from None
-                problems += _problems(err.__cause__, p.env_prefix, p.keyword(""), set(theirs[p.name]))
+                problems += _problems(err.__cause__, p.model, p.env_prefix, p.keyword(""), theirs[p.name])
         if problems:
             raise _config_error(problems)
         self._plugins = built
@@ -399,15 +445,10 @@ class MetraleSettings(BaseSettings):
         _log.debug("%s is no installed plugin's settings model; read from the environment", model.__qualname__)
         return model()
 
-    @field_validator("redzone_min_idx", "redzone_fill", mode="before")
+    @field_validator("*", mode="before")
     @classmethod
-    def _integers(cls, value: Any) -> Any:
-        return _parse_int(value, sizes=False)
-
-    @field_validator("redzone_trace_idx", mode="before")
-    @classmethod
-    def _index(cls, value: Any) -> Any:
-        return None if value is None else _parse_int(value, sizes=False)
+    def _plain_integers(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        return _integers(cls, value, info)
 
     @model_serializer(mode="wrap")
     def _with_plugins(self, handler: pydantic.SerializerFunctionWrapHandler,
@@ -462,15 +503,80 @@ def _warn_unknown_variables(installed: Iterable[PluginModel]) -> None:
             _log.warning("%s is not a metrale setting and is ignored%s", variable, hint)
 
 
-def _problems(exc: pydantic.ValidationError, env_prefix: str, keyword_prefix: str, keywords: set[str]) -> list[str]:
-    """Each error of ``exc`` as ``source=value: reason``, the source a keyword or a variable."""
+def _problems(
+    exc: pydantic.ValidationError, model: type[BaseSettings], env_prefix: str, keyword_prefix: str,
+    keywords: Mapping[str, Any], known: Iterable[str] = (),
+) -> list[str]:
+    """Each error of ``exc`` as ``source=value: reason``, the source a keyword or a variable, the value as
+    the user wrote it, the reason in metrale's words (what is allowed). ``known`` names every keyword, for
+    a misspelt one's suggestion (default: the model's fields)."""
     problems = []
     for err in exc.errors():
         field = str(err["loc"][0]) if err["loc"] else "?"
-        source = f"keyword {keyword_prefix}{field}=" if field in keywords else f"{env_prefix}{field.upper()}="
-        reason = str(err["msg"]).removeprefix("Value error, ")
-        problems.append(f"{source}{err.get('input')!r}: {reason}")
+        parsed = err.get("input")
+        if field in keywords:
+            source, written = f"keyword {keyword_prefix}{field}=", keywords[field]
+        else:
+            variable = f"{env_prefix}{field.upper()}"
+            source, written = f"{variable}=", os.environ.get(variable) or parsed
+        reason = _reason(err, model.model_fields.get(field), written, known or model.model_fields)
+        problems.append(f"{source}{written!r}: {reason}")
     return problems
+
+
+_BOUNDS: Final = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+_BOOLEANS: Final = "a boolean: 1 or 0, true or false, yes or no, on or off (any case)"
+
+
+def _reason(err: pydantic_core.ErrorDetails, field: FieldInfo | None, written: object, known: Iterable[str]) -> str:
+    """Why a value was refused, as ``expected ...`` like metrale's own parsing says it."""
+    kind, parsed = err["type"], err.get("input")
+    if kind in _BOUNDS and field is not None:
+        got = "" if str(parsed) == str(written) else f", got {parsed!r}"
+        return f"expected {_allowed(field)}{got}"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"expected {_BOOLEANS}"
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(str(err["loc"][0]) if err["loc"] else "", sorted(known), n=1)
+        return "no such setting" + (f" (did you mean {close[0]}?)" if close else "")
+    if kind == "path_type":
+        return "expected a path (text)"
+    if kind == "string_pattern_mismatch":
+        return f"expected text matching the pattern {(err.get('ctx') or {}).get('pattern')!r}"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if message.startswith("Input should be "):
+        return "expected " + message.removeprefix("Input should be ")
+    return message
+
+
+def _allowed(field: FieldInfo) -> str:
+    """The values a bounded field allows, in words: ``an integer from 0 to 100``, ``a size in bytes of at least 1``."""
+    low: Any = None
+    high: Any = None
+    strict_low = strict_high = False
+    for item in field.metadata:
+        if isinstance(item, annotated_types.Ge):
+            low = item.ge
+        elif isinstance(item, annotated_types.Gt):
+            low, strict_low = item.gt, True
+        elif isinstance(item, annotated_types.Le):
+            high = item.le
+        elif isinstance(item, annotated_types.Lt):
+            high, strict_high = item.lt, True
+    whole = _holds_int(field)
+    if whole:  # bounds of an integer are inclusive: > 0 is >= 1
+        low = low + 1 if strict_low and low is not None else low
+        high = high - 1 if strict_high and high is not None else high
+        strict_low = strict_high = False
+    what = "a size in bytes" if is_size(field) else "an integer" if whole else "a number"
+    if low is not None and high is not None and not (strict_low or strict_high):
+        return f"{what} from {low} to {high}"
+    limits = []
+    if low is not None:
+        limits.append(f"greater than {low}" if strict_low else f"of at least {low}")
+    if high is not None:
+        limits.append(f"less than {high}" if strict_high else f"of at most {high}")
+    return f"{what} {' and '.join(limits)}" if limits else what
 
 
 def _config_error(problems: list[str]) -> ConfigError:

@@ -30,17 +30,20 @@ naming it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import itertools
 import json
 import math
 import os
+import reprlib
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
-from ._errors import SnapshotError
+from ._errors import InvalidArgumentError, SnapshotError
 from ._ledger import format_bytes
 from ._types import AllocRecord  # a snapshot's allocation has exactly a ledger record's fields
 
@@ -57,6 +60,7 @@ __all__ = [
     "SnapshotEvent",
     "initial_live",
     "load_snapshot",
+    "snapshot_path",
     "write_snapshot",
 ]
 
@@ -101,9 +105,46 @@ def write_snapshot(
         "live": [_record(r) for r in ledger.snapshot()],
         "stats": dataclasses.asdict(stats) | {"current_total_bytes": stats.current_total_bytes},
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    _write_atomically(path, json.dumps(document, indent=1).encode("utf-8"))
+
+
+def snapshot_path(path: object, what: str) -> Path:
+    """``path`` (a ``str`` or an ``os.PathLike`` of one) as a :class:`~pathlib.Path`; else ``InvalidArgumentError``."""
+    try:
+        text = os.fspath(path)  # type: ignore[call-overload]
+    except Exception:  # not a path at all, or an __fspath__ that fails
+        text = None
+    if not isinstance(text, str) or not text or "\x00" in text:
+        got = "an empty string" if text == "" else reprlib.repr(path)
+        raise InvalidArgumentError(f"{what}: expected a path (str or os.PathLike) of the file to write, got {got}")
+    return Path(text)
+
+
+_TEMPORARY: Final = itertools.count()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``: a reader sees the old
+    file or the new one, never half of one. On any failure the temporary file is removed and nothing of
+    ``path`` changed; the failure is a :class:`SnapshotError` naming ``path`` and the reason."""
+    tmp = path.parent / f".{path.name[:100] or 'snapshot'}.{os.getpid()}.{next(_TEMPORARY)}.tmp"  # unique per call
+    created = done = False
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        created = True
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+        done = True
+    except (OSError, ValueError) as exc:  # ValueError: a name the file system cannot encode
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if isinstance(exc, IsADirectoryError):
+            reason += "; it is a folder: name a file in it"
+        raise SnapshotError(f"cannot write the memory snapshot {path}: {reason}", path=path) from exc
+    finally:
+        if created and not done:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
 
 # -- reading ----------------------------------------------------------------------------------------------

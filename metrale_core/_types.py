@@ -11,7 +11,7 @@ import dataclasses
 import operator
 import struct
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, SupportsIndex, cast
 
 from ._ptx import Param
 
@@ -32,9 +32,12 @@ __all__ = [
 
 def as_index(value: object) -> int | None:
     """``value`` as an ``int`` if it is an integer (``__index__``, numpy integers too; no ``bool``), else ``None``."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
+    if isinstance(value, bool):
         return None
-    return operator.index(value)
+    try:
+        return operator.index(cast(SupportsIndex, value))
+    except Exception:  # not an integer, or an ``__index__`` that lies (raises, returns a non-int)
+        return None
 
 
 def format_bytes(n: int) -> str:

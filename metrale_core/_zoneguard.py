@@ -481,9 +481,11 @@ class ZoneGuard:
     # -- close ---------------------------------------------------------------------------------
 
     def release(self) -> None:
-        """Release the scratch, the queued scans' events and the scan kernel's module (at close)."""
+        """Release the scratch, the queued scans' events and the scan kernel's module, and let go of the
+        violation observers (at close)."""
         ctx = self._ctx
         with self.lock:
+            self._observers.clear()
             for slot in self._queued:
                 ctx.quietly("event destroy", self._raw.event_destroy, slot.event)
             self._queued.clear()

@@ -16,8 +16,13 @@ from conftest import SETTINGS
 from metrale_core import InvalidArgumentError, MetraleSettings, open_backend
 from metrale_core._bench import MEASUREMENTS, run_bench
 
+#: The measurements that launch the shipped kernels (skipped on a backend that runs none).
+LAUNCHING = {"eager", "graph", "safety"}
 
-@pytest.mark.parametrize("measurement", [m.name for m in MEASUREMENTS])
+
+@pytest.mark.parametrize("measurement", [
+    pytest.param(m.name, marks=[pytest.mark.needs("kernels")] if m.name in LAUNCHING else []) for m in MEASUREMENTS
+])
 def test_each_measurement_runs_quick_and_leaves_nothing_behind(
     backend_name: str, measurement: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -107,6 +112,7 @@ def test_cli_list_and_unknown_names() -> None:
     assert "no measurement named nope; choose from alloc, pools, copy, eager, graph, safety" in bad.stderr
 
 
+@pytest.mark.needs("baseline")
 def test_a_baseline_is_the_backend_s_own_and_closes(backend_name: str) -> None:
     with open_backend(backend_name, settings=SETTINGS) as gpu:
         baseline = gpu.raw.baseline()

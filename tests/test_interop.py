@@ -117,6 +117,7 @@ def test_a_freed_buffer_does_not_export(fake: GpuBackend) -> None:
 # -- every backend: a buffer exported and wrapped back is the same memory ---------------------
 
 
+@pytest.mark.needs("interop")
 def test_export_and_wrap_round_trip(gpu: GpuBackend) -> None:
     buf = gpu.alloc(256)
     gpu.memset(buf, 0x11)
@@ -131,6 +132,7 @@ def test_export_and_wrap_round_trip(gpu: GpuBackend) -> None:
     gpu.free(buf)
 
 
+@pytest.mark.needs("interop")
 def test_cuda_array_interface_on_cuda_only(gpu: GpuBackend) -> None:
     buf = gpu.alloc(64)
     if gpu.name == "cuda":

@@ -29,6 +29,9 @@ from metrale_core import (
 )
 from metrale_core.kernels import shipped_modules
 
+# every test here that runs on each backend (those taking backend_name) needs the backend to run kernels
+pytestmark = pytest.mark.needs("kernels")
+
 N = 3000
 
 

@@ -104,6 +104,7 @@ def test_a_real_oom_names_who_holds_the_memory(mem: GpuBackend) -> None:
     mem.free(held)
 
 
+@pytest.mark.needs("capacity")
 def test_reclaim_and_retry(mem: GpuBackend) -> None:
     hog = _hog(mem)
     unit = _unit(mem)
@@ -157,6 +158,7 @@ def test_oom_saves_a_snapshot(backend_name: str, tmp_path: Path) -> None:
 # -- the watchdog ------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("capacity")
 def test_watchdog_warns_once_and_recovers(mem: GpuBackend, caplog: pytest.LogCaptureFixture) -> None:
     unit = _unit(mem)
     threshold = mem.memory_info().effective_free - unit
@@ -311,6 +313,7 @@ def test_history_is_off_by_default(fake: GpuBackend, tmp_path: Path) -> None:
 # -- honest free memory --------------------------------------------------------------------------
 
 
+@pytest.mark.needs("capacity")
 def test_memory_info_is_honest(gpu: GpuBackend) -> None:
     """Discrete: the device's own reading. Integrated: the host's MemAvailable, capped at the total."""
     from metrale_core import read_mem_available

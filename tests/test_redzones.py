@@ -66,6 +66,7 @@ def _overrunning_graph(gpu: GpuBackend, buf: object, stream: object) -> object:
     return exe
 
 
+@pytest.mark.needs("kernels")
 def test_a_queued_scan_is_reported_by_the_next_wait_naming_the_launch(backend_name: str) -> None:
     with open_backend(backend_name, settings=QUEUED) as gpu:
         buf = gpu.alloc(100)
@@ -85,6 +86,7 @@ def test_a_queued_scan_is_reported_by_the_next_wait_naming_the_launch(backend_na
         assert gpu.stats().redzone_scans == 3
 
 
+@pytest.mark.needs("kernels")
 def test_a_later_launch_reports_an_earlier_launch_s_queued_scan(backend_name: str) -> None:
     with open_backend(backend_name, settings=QUEUED) as gpu:
         buf = gpu.alloc(100)
@@ -99,6 +101,7 @@ def test_a_later_launch_reports_an_earlier_launch_s_queued_scan(backend_name: st
             stream.synchronize()
 
 
+@pytest.mark.needs("kernels")
 def test_queued_scans_of_a_clean_program_report_nothing_and_keep_up(backend_name: str) -> None:
     with open_backend(backend_name, settings=QUEUED) as gpu:
         bufs = [gpu.alloc(1000) for _ in range(20)]
@@ -116,6 +119,7 @@ def test_queued_scans_of_a_clean_program_report_nothing_and_keep_up(backend_name
         assert gpu.stats().redzone_scans == 12 + 1
 
 
+@pytest.mark.needs("kernels")
 def test_no_queued_scan_s_find_is_lost(backend_name: str, caplog: pytest.LogCaptureFixture) -> None:
     """Two launches overrun two buffers: each scan's find is heard once, whichever call judges it (on a GPU
     both scans may finish before a wait, and are reported together)."""
@@ -135,6 +139,7 @@ def test_no_queued_scan_s_find_is_lost(backend_name: str, caplog: pytest.LogCapt
         assert all(f.startswith(("the scan queued after graph launch #", "the scans queued after")) for f in found)
 
 
+@pytest.mark.needs("kernels")
 def test_a_freed_buffer_s_overrun_is_reported_by_its_free_only(backend_name: str) -> None:
     with open_backend(backend_name, settings=QUEUED) as gpu:
         buf = gpu.alloc(100)
@@ -147,6 +152,7 @@ def test_a_freed_buffer_s_overrun_is_reported_by_its_free_only(backend_name: str
         stream.synchronize()  # the queued scan saw it too, but the buffer is gone: not reported twice
 
 
+@pytest.mark.needs("kernels")
 def test_queued_scans_on_two_streams_while_zones_come_and_go(backend_name: str) -> None:
     """Each queued scan reads its own copy of the zone table, written on its own stream."""
     with open_backend(backend_name, settings=QUEUED) as gpu:
@@ -171,6 +177,7 @@ def test_queued_scans_on_two_streams_while_zones_come_and_go(backend_name: str) 
         assert [(v.index, v.side, v.offset) for v in info.value.violations] == [(victim.index, "trail", 1)]
 
 
+@pytest.mark.needs("kernels")
 def test_a_full_scan_or_close_reports_a_pending_queued_scan_s_find_once(
     backend_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -249,6 +256,7 @@ PLANTS = st.lists(
 )
 
 
+@pytest.mark.needs("kernels")
 @given(plants=PLANTS)
 @hyp_settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_planted_overruns_and_underruns_are_found(backend_name: str, plants: list[tuple[str, int, int, int]]) -> None:

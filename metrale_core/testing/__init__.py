@@ -15,22 +15,32 @@ backend has ``inject_fault``, driver failures and reclaim-and-retry after an
 out-of-memory error. After every step it checks the ledger and ``stats()``
 against a model and every read against the bytes the model expects.
 
+The optional primitives (kernels, interop, a baseline) are probed by
+:func:`backend_capabilities`; a test that needs one skips, with the reason,
+on a backend that lacks it (``backend_params(needs=...)``), and the machine
+leaves out the rules that need it.
+
 This module needs ``hypothesis`` (the ``test`` extra).
 """
 
 from __future__ import annotations
 
 from ._bad_inputs import BAD_INPUTS, BadInput, BadInputFixture, bad_input_fixture, check_bad_input
+from ._capabilities import CAPABILITIES, Capabilities, backend_capabilities, probe_capabilities
 from ._machine import BackendMachine
 from ._pytest import backend_params, backend_state_machine
 
 __all__ = [
     "BAD_INPUTS",
+    "CAPABILITIES",
     "BackendMachine",
     "BadInput",
     "BadInputFixture",
+    "Capabilities",
+    "backend_capabilities",
     "backend_params",
     "backend_state_machine",
     "bad_input_fixture",
     "check_bad_input",
+    "probe_capabilities",
 ]

@@ -6,6 +6,7 @@ the invariants here check the backend against the model after every step.
 
 from __future__ import annotations
 
+import gc
 from typing import ClassVar
 
 from hypothesis import strategies as st
@@ -25,11 +26,17 @@ from .. import (
     open_backend,
 )
 from ..kernels import shipped_modules
+from ._capabilities import backend_capabilities
 
-__all__ = ["ARENA_BYTES", "MAX_BYTES", "Contents", "MachineModel", "Pool"]
+__all__ = ["ARENA_BYTES", "COLLECT_EVERY", "MAX_BYTES", "Contents", "MachineModel", "Pool"]
 
 MAX_BYTES = 4096
 ARENA_BYTES = 16384
+
+#: Programs between two full garbage collections: a closed backend holds no memory and is freed by
+#: reference counting, but a plugin's own reference cycles wait for a full collection, and the
+#: collector counts objects, not bytes (a cycle holding gigabytes of a device's memory looks small).
+COLLECT_EVERY = 25
 
 
 class Contents:
@@ -64,6 +71,8 @@ class MachineModel(RuleBasedStateMachine):
     #: The backend the machine opens; :func:`~metrale_core.testing.backend_state_machine` binds it.
     backend_name: ClassVar[str | None] = None
     settings: ClassVar[MetraleSettings | None] = None
+    #: Programs torn down in this process (every COLLECT_EVERY of them, a full collection).
+    programs: ClassVar[int] = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -71,13 +80,22 @@ class MachineModel(RuleBasedStateMachine):
             raise BackendNotFoundError(
                 f"{type(self).__name__} is bound to no backend: use backend_state_machine(name)"
             )
-        self.gpu: GpuBackend = open_backend(self.backend_name, settings=self.settings or MetraleSettings())
+        settings = self.settings or MetraleSettings()
+        self.gpu: GpuBackend = open_backend(self.backend_name, settings=settings)
+        try:
+            self._setup(settings)
+        except BaseException:
+            self.gpu.close()  # no teardown follows a failed __init__: nothing of it may stay open
+            raise
+
+    def _setup(self, settings: MetraleSettings) -> None:
         self.probe = self.gpu.ledger_probe()
         self.live: Pool = {}  # device and managed, by index
         self.arena: Pool = {}
         self.stale: list[DeviceBuffer] = []
         self.dirty: dict[tuple[int, str], int] = {}  # (index, side) -> first changed offset
         self.can_inject = callable(getattr(self.gpu, "inject_fault", None))
+        self.shares = backend_capabilities(self.gpu.name, settings).has("interop")
         self.fill = self._load_fill_kernel()
         rz = self.gpu.settings
         self.redzone = rz.redzone
@@ -91,8 +109,23 @@ class MachineModel(RuleBasedStateMachine):
         self.gpu.on_out_of_memory(self._reclaim)
 
     def teardown(self) -> None:
-        self.gpu.close()
-        assert self.probe.live_count() == 0, "the ledger is not empty after close()"
+        try:
+            self.gpu.close()
+            assert self.probe.live_count() == 0, "the ledger is not empty after close()"
+        finally:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """After close: drop the backend, the model's handles and contents. Hypothesis keeps a failing
+        program's exception, whose traceback holds this machine, for every failure it meets while
+        shrinking: hundreds of them. (A closed backend holds its raw device, for ``gpu.raw``; a raw
+        device whose ``close()`` keeps its memory would keep it for each of them.)"""
+        del self.gpu
+        self.live, self.arena, self.pieces, self.stale, self.dirty = {}, {}, {}, [], {}
+        self.fill = None
+        MachineModel.programs += 1
+        if MachineModel.programs % COLLECT_EVERY == 0:
+            gc.collect()
 
     # -- helpers ------------------------------------------------------------------------
 

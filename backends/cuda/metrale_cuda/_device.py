@@ -326,6 +326,14 @@ class CudaDevice(RawDevice):
         """Nothing to undo: the pointer was the other library's all along."""
 
     @_bound_checked
+    def address_range(self, ptr: int) -> tuple[int, int]:
+        """``cuMemGetAddressRange``: the base and size of the allocation holding ``ptr``."""
+        what = f"cuMemGetAddressRange of {ptr:#x}"
+        err, base, size = invoke(drv.cuMemGetAddressRange, what, ptr)
+        check(err, what)
+        return int(base), int(size)
+
+    @_bound_checked
     def baseline(self) -> Baseline:
         """The driver API called directly (``cuda.bindings``), for ``metrale bench``; in this device's context."""
         return DriverBaseline()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ._backend import FakeBackend
-from ._device import FAULT_OPS, FakeDevice, FakeLaunch, MisalignedAddressError
+from ._device import FAULT_OPS, FakeDevice
+from ._launch import FakeLaunch, MisalignedAddressError
 from ._settings import FakeSettings
 
 __all__ = ["FAULT_OPS", "FakeBackend", "FakeDevice", "FakeLaunch", "FakeSettings", "MisalignedAddressError"]

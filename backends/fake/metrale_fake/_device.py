@@ -1,18 +1,18 @@
 """The fake device: memory in host arrays, streams as queues, graphs as recorded work.
 
 It speaks CUDA's vocabulary: where the driver fails, it raises the error
-:func:`metrale_core.error_for_code` gives for the driver's result code.
+:func:`metrale_core.error_for_code` gives for the driver's result code. Its
+address space (its own window, freed addresses handed out again) is
+``_memory``'s.
 """
 
 from __future__ import annotations
 
-import bisect
 import ctypes
-import dataclasses
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+import weakref
+from collections.abc import Iterable, Sequence
 from typing import Final, cast
 
 import numpy as np
@@ -29,7 +29,10 @@ from metrale_core.plugin import (
 )
 
 from ._baseline import NumpyBaseline
+from ._launch import FakeLaunch, MisalignedAddressError, kernel_arg, no_implementation
+from ._memory import AddressSpace, Window, check_importable, check_pinnable, give_back, take_window, zeros
 from ._settings import FakeSettings
+from ._work import FakeEvent, FakeGraph, FakeModule, FakeStream, Work, as_event, as_stream
 
 __all__ = ["FAULT_OPS", "FakeDevice"]
 
@@ -38,107 +41,6 @@ FAULT_OPS: Final = frozenset(
     {"alloc", "free", "memcpy", "memset", "graph_instantiate", "graph_launch", "synchronize", "is_capturing",
      "launch"}
 )
-
-_DEVICE_BASE: Final = 0x7F00_0000_0000
-_HOST_BASE: Final = 0x5500_0000_0000
-_ALIGN: Final = 256
-_GAP: Final = 4096  # unmapped bytes between allocations, as a real address space has
-
-Work = Callable[[], None]
-
-_DTYPES: Final = {
-    ("u", 1): np.uint8, ("u", 2): np.uint16, ("u", 4): np.uint32, ("u", 8): np.uint64,
-    ("b", 1): np.uint8, ("b", 2): np.uint16, ("b", 4): np.uint32, ("b", 8): np.uint64,
-    ("s", 1): np.int8, ("s", 2): np.int16, ("s", 4): np.int32, ("s", 8): np.int64,
-    ("f", 2): np.float16, ("f", 4): np.float32, ("f", 8): np.float64,
-}
-
-
-class MisalignedAddressError(Exception):
-    """Raised by a fake kernel implementation for a typed access at a misaligned address; the
-    launch then faults the fake device with ``CUDA_ERROR_MISALIGNED_ADDRESS``, as a GPU does."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FakeLaunch:
-    """What a fake kernel implementation learns about its launch."""
-
-    module: str
-    kernel: str
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_mem: int
-    memory: Callable[[int, int], np.ndarray]
-
-    def read(self, address: int, nbytes: int) -> np.ndarray:
-        """The device bytes ``[address, address + nbytes)``, for a kernel that follows a pointer it read.
-
-        Bytes outside one allocation raise ``IndexError``: an illegal address.
-        """
-        return self.memory(address, nbytes)
-
-    @staticmethod
-    def elements(view: np.ndarray, count: int, dtype: type[np.generic]) -> np.ndarray:
-        """The first ``count`` elements of ``dtype`` at a pointer argument's ``view``, as a kernel's typed
-        loads and stores see them: past the allocation (and its red zone) is an illegal address
-        (``IndexError``), and a pointer not aligned to the element size is a misaligned address
-        (:class:`MisalignedAddressError`), as on a GPU, where both fault the context."""
-        size = np.dtype(dtype).itemsize
-        nbytes = count * size
-        if len(view) < nbytes:
-            raise IndexError(f"{nbytes} bytes from this pointer run past its allocation ({len(view)} bytes)")
-        # Allocations start 256-byte aligned on the fake device and numpy's buffers at least 16-byte aligned
-        # on the host, so a view's host address has the device address's alignment.
-        if view.ctypes.data % size:
-            raise MisalignedAddressError(f"a {np.dtype(dtype).name} access at an address that is not a multiple "
-                                         f"of {size}")
-        return view[:nbytes].view(dtype)
-
-    @property
-    def threads(self) -> int:
-        """Threads in the whole launch."""
-        g, b = self.grid, self.block
-        return g[0] * g[1] * g[2] * b[0] * b[1] * b[2]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _FakeModule:
-    name: str
-    kernels: frozenset[str]
-
-
-@dataclasses.dataclass(slots=True)
-class _Allocation:
-    base: int
-    size: int
-    kind: str
-    data: np.ndarray
-
-
-class _FakeStream:
-    __slots__ = ("capture", "done", "issued", "queue")
-
-    def __init__(self) -> None:
-        self.queue: deque[tuple[int, Work]] = deque()
-        self.issued = 0  # sequence number of the last work issued
-        self.done = 0  # sequence number of the last work run
-        self.capture: list[Work] | None = None
-
-
-class _FakeEvent:
-    __slots__ = ("seq", "stream", "time")
-
-    def __init__(self) -> None:
-        self.stream: _FakeStream | None = None
-        self.seq = 0
-        self.time: float | None = None
-
-
-class _FakeGraph:
-    __slots__ = ("work",)
-
-    def __init__(self, work: list[Work]) -> None:
-        self.work = tuple(work)
 
 
 class FakeDevice(RawDevice):
@@ -151,14 +53,14 @@ class FakeDevice(RawDevice):
         self._defer = own.defer
         self._ordinal = ordinal
         self._lock = threading.RLock()
-        self._used = 0
-        self._next_device = _DEVICE_BASE
-        self._next_host = _HOST_BASE
-        self._bases: list[int] = []
-        self._allocs: dict[int, _Allocation] = {}
-        self._host: dict[int, np.ndarray] = {}
-        self._host_free: dict[int, list[int]] = {}  # rounded size -> freed host addresses, handed out again
-        self._streams: set[_FakeStream] = set()
+        self._used = 0  # bytes of device allocations (imported memory is its owner's)
+        self._host_used = 0  # bytes of pinned host memory
+        self._window = take_window(self._capacity)
+        weakref.finalize(self, give_back, self._window).atexit = False  # its addresses are this device's till then
+        self._device = AddressSpace(*self._window.device, reuse=own.reuse_addresses, what="device memory")
+        self._host = AddressSpace(*self._window.host, reuse=True, what="host memory")  # reused always, as ever
+        self._streams: set[FakeStream] = set()
+        self._graphs: weakref.WeakSet[FakeGraph] = weakref.WeakSet()
         self._faults: dict[str, list[list[object]]] = {}
         self._sticky: tuple[str, str] | None = None  # (CUDA name, cause) of a sticky fault
         self._implementations: dict[tuple[str, str], KernelImplementation] = {}
@@ -201,13 +103,29 @@ class FakeDevice(RawDevice):
         return self._integrated
 
     def close(self) -> None:
+        """Drop everything that holds memory: allocations, host and imported memory, freed ranges, the
+        streams' queued work, graphs' recorded work and the kernel implementations, so a closed fake holds
+        none even while something still references it. Its addresses stay its own while it lives."""
         with self._lock:
             self._sticky = None
-            self._allocs.clear()
-            self._bases.clear()
-            self._host.clear()
+            for s in self._streams:
+                s.queue.clear()
+                s.capture = None
             self._streams.clear()
-            self._used = 0
+            for g in list(self._graphs):
+                g.work = ()
+            self._graphs.clear()
+            self._device.clear()
+            self._host.clear()
+            self._implementations.clear()
+            self._faults.clear()
+            self._used = self._host_used = 0
+
+    @property
+    def address_window(self) -> Window:
+        """This device's own addresses: every address it hands out (host, device or imported memory) lies
+        in ``[window.base, window.base + window.size)``, and in no other live fake device's window."""
+        return self._window
 
     # -- memory -------------------------------------------------------------------
 
@@ -216,10 +134,7 @@ class FakeDevice(RawDevice):
             self._fault("alloc", f"alloc of {nbytes} bytes")
             if self._used + nbytes > self._capacity:
                 raise error_for_code("CUDA_ERROR_OUT_OF_MEMORY", f"fake alloc of {nbytes} bytes", requested=nbytes)
-            base = self._next_device
-            self._next_device = base + (nbytes + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN
-            self._allocs[base] = _Allocation(base, nbytes, kind, np.zeros(nbytes, dtype=np.uint8))
-            bisect.insort(self._bases, base)
+            base = self._device.place(nbytes, kind, zeros(nbytes, "fake alloc"))
             self._used += nbytes
             return base
 
@@ -227,52 +142,44 @@ class FakeDevice(RawDevice):
         with self._lock:
             self._drain_all()
             self._fault("free", f"free of {ptr:#x}")
-            alloc = self._allocs.pop(ptr, None)
-            if alloc is None:
+            alloc = self._device.get(ptr)
+            if alloc is None or alloc.kind == "external":
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free of {ptr:#x}")
-            self._bases.remove(ptr)
+            self._device.remove(ptr)
             self._used -= alloc.size
 
     def alloc_host(self, nbytes: int) -> tuple[int, memoryview]:
         with self._lock:
             self._fault("alloc", f"alloc_host of {nbytes} bytes")
-            span = (nbytes + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN
-            reuse = self._host_free.get(span)
-            if reuse:  # as a driver does: a freed address comes back, latest first
-                ptr = reuse.pop()
-            else:
-                ptr = self._next_host
-                self._next_host = ptr + span
-            data = np.zeros(nbytes, dtype=np.uint8)
-            self._host[ptr] = data
+            check_pinnable(nbytes, self._host_used)
+            data = zeros(nbytes, "fake alloc_host")
+            ptr = self._host.place(nbytes, "host", data)
+            self._host_used += nbytes
             return ptr, data.data
 
     def free_host(self, ptr: int) -> None:
         with self._lock:
             self._drain_all()
             self._fault("free", f"free_host of {ptr:#x}")
-            data = self._host.pop(ptr, None)
-            if data is None:
+            alloc = self._host.remove(ptr)
+            if alloc is None:
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free_host of {ptr:#x}")
-            self._host_free.setdefault((len(data) + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN, []).append(ptr)
+            self._host_used -= alloc.size
 
-    def _tail(self, ptr: int) -> np.ndarray | None:
-        """The bytes from ``ptr`` to the end of the allocation holding it (empty at its end), else ``None``."""
-        i = bisect.bisect_right(self._bases, ptr) - 1
-        if i >= 0:
-            alloc = self._allocs[self._bases[i]]
-            if ptr - alloc.base <= alloc.size:
-                return alloc.data[ptr - alloc.base :]
-        return None
-
-    def _find(self, ptr: int, nbytes: int) -> np.ndarray | None:
-        """The bytes ``[ptr, ptr + nbytes)`` if they lie inside one allocation, else ``None``."""
-        tail = self._tail(ptr)
-        return None if tail is None or len(tail) < nbytes else tail[:nbytes]
+    def address_range(self, ptr: int) -> tuple[int, int]:
+        """``(base, nbytes)`` of the allocation holding ``ptr``: device memory, imported memory or pinned
+        host memory (an empty allocation holds its own base); ``CUDA_ERROR_NOT_FOUND`` for an address
+        inside none, a gap or a freed range among them."""
+        with self._lock:
+            for space in (self._device, self._host):
+                alloc = space.holding(ptr)
+                if alloc is not None:
+                    return alloc.base, alloc.size
+        raise error_for_code("CUDA_ERROR_NOT_FOUND", f"fake address range of {ptr:#x}: no allocation holds it")
 
     def _resolve(self, ptr: int, nbytes: int, what: str) -> np.ndarray:
         """The bytes ``[ptr, ptr + nbytes)``, which must lie inside one allocation, as the driver checks."""
-        found = self._find(ptr, nbytes)
+        found = self._device.find(ptr, nbytes)
         if found is None:
             raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake {what} of [{ptr:#x}, {ptr + nbytes:#x})")
         return found
@@ -286,29 +193,28 @@ class FakeDevice(RawDevice):
             return ForeignMemory("cpu", 0, int(view.ctypes.data), nbytes, view)
 
     def import_memory(self, memory: ForeignMemory) -> int:
-        """Host memory gets a range of the fake's address space, backed by the memory itself."""
+        """Host memory gets a range of the fake's device addresses, backed by the memory itself.
+
+        The fake cannot know how large the producer's host allocation really is: :meth:`address_range`
+        answers the extent claimed, and only a claim past the host's memory is refused."""
         if memory.device != "cpu":
             raise error_for_code(
                 "CUDA_ERROR_INVALID_DEVICE",
                 f"fake import of {memory.nbytes} bytes of {memory.device} memory: the fake device can only "
                 f"address host memory (a numpy array, or a DLPack tensor on the CPU)",
             )
+        check_importable(memory.nbytes, memory.address)
         data = np.ctypeslib.as_array((ctypes.c_uint8 * memory.nbytes).from_address(memory.address))
         with self._lock:
-            base = self._next_device
-            self._next_device = base + (memory.nbytes + _GAP + _ALIGN - 1) // _ALIGN * _ALIGN
-            self._allocs[base] = _Allocation(base, memory.nbytes, "external", data)
-            bisect.insort(self._bases, base)
-            return base
+            return self._device.place(memory.nbytes, "external", data)
 
     def forget_memory(self, ptr: int) -> None:
         with self._lock:
             self._drain_all()
-            alloc = self._allocs.get(ptr)
+            alloc = self._device.get(ptr)
             if alloc is None or alloc.kind != "external":
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake forget of {ptr:#x}")
-            del self._allocs[ptr]
-            self._bases.remove(ptr)
+            self._device.remove(ptr)
 
     def baseline(self) -> Baseline:
         """numpy, what a program without a GPU would call (``metrale bench`` compares the fake with it)."""
@@ -317,7 +223,7 @@ class FakeDevice(RawDevice):
     # -- work on streams ------------------------------------------------------------
 
     def _submit(self, stream: object, work: Work, *, wait: bool = False) -> None:
-        s = _as_stream(stream)
+        s = as_stream(stream)
         if s.capture is not None:
             s.capture.append(work)
             return
@@ -329,7 +235,7 @@ class FakeDevice(RawDevice):
         if wait:
             self._drain(s, s.issued)
 
-    def _drain(self, s: _FakeStream, upto: int) -> None:
+    def _drain(self, s: FakeStream, upto: int) -> None:
         while s.queue and s.queue[0][0] <= upto:
             seq, work = s.queue.popleft()
             s.done = seq
@@ -393,47 +299,47 @@ class FakeDevice(RawDevice):
 
     def stream_create(self) -> object:
         with self._lock:
-            s = _FakeStream()
+            s = FakeStream()
             self._streams.add(s)
             return s
 
     def stream_destroy(self, stream: object) -> None:
         with self._lock:
-            s = _as_stream(stream)
+            s = as_stream(stream)
             self._drain(s, s.issued)
             self._streams.discard(s)
 
     def stream_synchronize(self, stream: object) -> None:
         with self._lock:
             self._fault("synchronize", "stream synchronize")
-            s = _as_stream(stream)
+            s = as_stream(stream)
             self._drain(s, s.issued)
 
     def stream_query(self, stream: object) -> bool:
         with self._lock:
             self._fault("", "stream query")
-            s = _as_stream(stream)
+            s = as_stream(stream)
             self._drain(s, s.issued)
             return True
 
     def stream_wait_event(self, stream: object, event: object) -> None:
         with self._lock:
             self._fault("", "stream wait event")
-            e = _as_event(event)
+            e = as_event(event)
             if e.stream is not None and e.stream.capture is None:
                 self._drain(e.stream, e.seq)
 
     def event_create(self) -> object:
-        return _FakeEvent()
+        return FakeEvent()
 
     def event_destroy(self, event: object) -> None:
-        _as_event(event)
+        as_event(event)
 
     def event_record(self, event: object, stream: object) -> None:
         with self._lock:
             self._fault("", "event record")
-            e = _as_event(event)
-            s = _as_stream(stream)
+            e = as_event(event)
+            s = as_stream(stream)
 
             def work() -> None:
                 e.time = time.perf_counter()
@@ -447,21 +353,21 @@ class FakeDevice(RawDevice):
     def event_synchronize(self, event: object) -> None:
         with self._lock:
             self._fault("synchronize", "event synchronize")
-            e = _as_event(event)
+            e = as_event(event)
             if e.stream is not None:
                 self._drain(e.stream, e.seq)
 
     def event_query(self, event: object) -> bool:
         with self._lock:
             self._fault("", "event query")
-            e = _as_event(event)
+            e = as_event(event)
             if e.stream is not None:
                 self._drain(e.stream, e.seq)
             return True
 
     def event_elapsed_ms(self, start: object, end: object) -> float:
         with self._lock:
-            a, b = _as_event(start), _as_event(end)
+            a, b = as_event(start), as_event(end)
             if a.time is None or b.time is None:
                 raise error_for_code("CUDA_ERROR_NOT_READY", "event elapsed time")
             return (b.time - a.time) * 1000.0
@@ -475,35 +381,40 @@ class FakeDevice(RawDevice):
 
     def begin_capture(self, stream: object) -> None:
         with self._lock:
-            s = _as_stream(stream)
+            s = as_stream(stream)
             if s.capture is not None:
                 raise error_for_code("CUDA_ERROR_ILLEGAL_STATE", "begin capture")
             s.capture = []
 
     def end_capture(self, stream: object) -> object:
         with self._lock:
-            s = _as_stream(stream)
+            s = as_stream(stream)
             if s.capture is None:
                 raise error_for_code("CUDA_ERROR_ILLEGAL_STATE", "end capture")
             work, s.capture = s.capture, None
-            return _FakeGraph(work)
+            return self._graph(work)
+
+    def _graph(self, work: list[Work]) -> FakeGraph:
+        graph = FakeGraph(work)
+        self._graphs.add(graph)  # close() empties it: its recorded work holds device memory
+        return graph
 
     def is_capturing(self, stream: object) -> bool:
         with self._lock:
             self._fault("is_capturing", "stream capture query")
-            return _as_stream(stream).capture is not None
+            return as_stream(stream).capture is not None
 
     def graph_instantiate(self, graph: object) -> object:
         with self._lock:
             self._fault("graph_instantiate", "graph instantiate")
-            if not isinstance(graph, _FakeGraph):
+            if not isinstance(graph, FakeGraph):
                 raise error_for_code("CUDA_ERROR_INVALID_HANDLE", "graph instantiate")
-            return _FakeGraph(list(graph.work))
+            return self._graph(list(graph.work))
 
     def graph_launch(self, graph_exec: object, stream: object) -> None:
         with self._lock:
             self._fault("graph_launch", "graph launch")
-            if not isinstance(graph_exec, _FakeGraph):
+            if not isinstance(graph_exec, FakeGraph):
                 raise error_for_code("CUDA_ERROR_INVALID_HANDLE", "graph launch")
             work = graph_exec.work
 
@@ -514,11 +425,11 @@ class FakeDevice(RawDevice):
             self._submit(stream, run)
 
     def graph_destroy(self, graph: object) -> None:
-        pass
+        if isinstance(graph, FakeGraph):
+            graph.work = ()  # a destroyed graph holds no memory, whoever still references it
 
     def graph_exec_destroy(self, graph_exec: object) -> None:
-        pass
-
+        self.graph_destroy(graph_exec)
 
     # -- kernels ---------------------------------------------------------------------------
 
@@ -528,14 +439,14 @@ class FakeDevice(RawDevice):
     def module_load(self, name: str, image: bytes) -> object:
         with self._lock:
             self._fault("", f"module load of {name}")
-            return _FakeModule(name, frozenset(parse_ptx(name, image).entries))
+            return FakeModule(name, frozenset(parse_ptx(name, image).entries))
 
     def module_unload(self, module: object) -> None:
-        if not isinstance(module, _FakeModule):
+        if not isinstance(module, FakeModule):
             raise error_for_code("CUDA_ERROR_INVALID_HANDLE", "module unload")
 
     def module_function(self, module: object, kernel: str) -> object:
-        if not isinstance(module, _FakeModule) or kernel not in module.kernels:
+        if not isinstance(module, FakeModule) or kernel not in module.kernels:
             raise error_for_code("CUDA_ERROR_NOT_FOUND", f"kernel {kernel!r}")
         return (module.name, kernel)
 
@@ -560,16 +471,8 @@ class FakeDevice(RawDevice):
             module, kernel = cast(tuple[str, str], function)
             impl = self._implementations.get((module, kernel))
             if impl is None:
-                err = error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"fake launch of {module}.{kernel}")
-                raise type(err)(
-                    f"the fake backend has no Python implementation of kernel {kernel!r} of module "
-                    f"{module!r}: decorate one with @metrale_core.kernel_implementation({module!r}, "
-                    f"{kernel!r}) and register it with backend.add_kernel_implementations(...), or "
-                    f"return it from a plugin's metrale_kernel_implementations hook",
-                    code=err.code,
-                    name=err.name,
-                )
-            launch = FakeLaunch(module, kernel, grid, block, shared_mem, self._device_bytes)
+                raise no_implementation(module, kernel)
+            launch = FakeLaunch(module, kernel, grid, block, shared_mem, self._device.view)
             frozen = tuple(args)
 
             def work() -> None:
@@ -588,28 +491,6 @@ class FakeDevice(RawDevice):
 
             self._submit(stream, work)
 
-    def _device_bytes(self, address: int, nbytes: int) -> np.ndarray:
-        found = self._find(address, nbytes)
-        if found is None:
-            raise IndexError(f"[{address:#x}, {address + nbytes:#x}) is not inside one allocation")
-        return found
 
     def _kernel_arg(self, arg: LaunchArg) -> object:
-        if arg.pointer is not None:
-            tail = self._tail(arg.pointer)
-            return np.empty(0, dtype=np.uint8) if tail is None else tail  # empty: any access faults
-        if arg.param.count > 1:
-            return arg.data
-        return np.frombuffer(arg.data, dtype=_DTYPES[(arg.param.kind, arg.param.size)])[0]
-
-
-def _as_stream(stream: object) -> _FakeStream:
-    if not isinstance(stream, _FakeStream):
-        raise error_for_code("CUDA_ERROR_INVALID_HANDLE", f"stream {stream!r}")
-    return stream
-
-
-def _as_event(event: object) -> _FakeEvent:
-    if not isinstance(event, _FakeEvent):
-        raise error_for_code("CUDA_ERROR_INVALID_HANDLE", f"event {event!r}")
-    return event
+        return kernel_arg(arg, None if arg.pointer is None else self._device.tail(arg.pointer))

@@ -6,7 +6,7 @@ import numpy as np
 
 from metrale_core import KernelImplementation, kernel_implementation
 
-from ._device import FakeLaunch
+from ._launch import FakeLaunch
 
 __all__ = ["SHIPPED"]
 

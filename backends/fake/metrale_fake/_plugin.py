@@ -30,7 +30,7 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
 
 @hookimpl
 def metrale_settings() -> type[PluginSettings]:
-    """The fake's settings, ``METRALE_FAKE_*``: capacity, integrated, compute capability, defer."""
+    """The fake's settings, ``METRALE_FAKE_*``: capacity, integrated, compute capability, defer, address reuse."""
     return FakeSettings
 
 

@@ -18,7 +18,7 @@ __all__ = ["FakeSettings"]
 
 
 class FakeSettings(PluginSettings):
-    """The fake device's capacity, kind, compute capability and scheduling."""
+    """The fake device's capacity, kind, compute capability, scheduling and address reuse."""
 
     model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(env_prefix="METRALE_FAKE_")
 
@@ -40,4 +40,12 @@ class FakeSettings(PluginSettings):
         False,
         description="The fake runs stream work only when it must (a synchronize, a query, a pageable copy, "
         "a free), so a missing synchronization reads stale data as on a GPU.",
+    )
+    reuse_addresses: bool = Field(
+        True,
+        description="A freed device address comes back at once, as CUDA's allocator hands it out again: a new "
+        "allocation (device, managed, arena or wrapped memory) takes the most recently freed range of its size "
+        "class (its size plus a 4 KiB gap, rounded up to 256 bytes), so a stale pointer reaches the new "
+        "allocation. Off, as the fake was before, every device allocation gets a fresh address and a stale "
+        "device pointer lies outside any allocation. Pinned host addresses come back either way.",
     )

@@ -26,7 +26,7 @@ SETTINGS = MetraleSettings()
 SIZE = 3000  # not a multiple of the block: the last block has idle threads
 
 
-@pytest.fixture(params=backend_params(SETTINGS, expected=("cuda",)))
+@pytest.fixture(params=backend_params(SETTINGS, expected=("cuda",), needs=("kernels",)))  # the pipeline launches
 def backend_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

@@ -19,7 +19,8 @@ TRACE_LENGTH: Final = 10_000
 _PRIMITIVES: Final = sorted(
     RawDevice.__abstractmethods__
     | {"bind_to_thread", "compute_capability", "module_load", "module_unload", "module_function", "launch",
-       "add_kernel_implementations", "export_memory", "import_memory", "forget_memory", "baseline"}
+       "add_kernel_implementations", "export_memory", "import_memory", "forget_memory", "address_range",
+       "baseline"}
 )
 
 

@@ -1,0 +1,93 @@
+"""What a fake kernel implementation gets: its launch (`FakeLaunch`), its arguments, and the errors of a launch."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Final
+
+import numpy as np
+
+from metrale_core import MetraleError
+from metrale_core.plugin import LaunchArg, error_for_code
+
+__all__ = ["DTYPES", "FakeLaunch", "MisalignedAddressError", "kernel_arg", "no_implementation"]
+
+#: The numpy type of a scalar kernel parameter, by PTX kind and size.
+DTYPES: Final = {
+    ("u", 1): np.uint8, ("u", 2): np.uint16, ("u", 4): np.uint32, ("u", 8): np.uint64,
+    ("b", 1): np.uint8, ("b", 2): np.uint16, ("b", 4): np.uint32, ("b", 8): np.uint64,
+    ("s", 1): np.int8, ("s", 2): np.int16, ("s", 4): np.int32, ("s", 8): np.int64,
+    ("f", 2): np.float16, ("f", 4): np.float32, ("f", 8): np.float64,
+}
+
+
+class MisalignedAddressError(Exception):
+    """Raised by a fake kernel implementation for a typed access at a misaligned address; the
+    launch then faults the fake device with ``CUDA_ERROR_MISALIGNED_ADDRESS``, as a GPU does."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FakeLaunch:
+    """What a fake kernel implementation learns about its launch."""
+
+    module: str
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    memory: Callable[[int, int], np.ndarray]
+
+    def read(self, address: int, nbytes: int) -> np.ndarray:
+        """The device bytes ``[address, address + nbytes)``, for a kernel that follows a pointer it read.
+
+        Bytes outside one allocation raise ``IndexError``: an illegal address.
+        """
+        return self.memory(address, nbytes)
+
+    @staticmethod
+    def elements(view: np.ndarray, count: int, dtype: type[np.generic]) -> np.ndarray:
+        """The first ``count`` elements of ``dtype`` at a pointer argument's ``view``, as a kernel's typed
+        loads and stores see them: past the allocation (and its red zone) is an illegal address
+        (``IndexError``), and a pointer not aligned to the element size is a misaligned address
+        (:class:`MisalignedAddressError`), as on a GPU, where both fault the context."""
+        size = np.dtype(dtype).itemsize
+        nbytes = count * size
+        if len(view) < nbytes:
+            raise IndexError(f"{nbytes} bytes from this pointer run past its allocation ({len(view)} bytes)")
+        # Allocations start 256-byte aligned on the fake device and numpy's buffers at least 16-byte aligned
+        # on the host, so a view's host address has the device address's alignment.
+        if view.ctypes.data % size:
+            raise MisalignedAddressError(f"a {np.dtype(dtype).name} access at an address that is not a multiple "
+                                         f"of {size}")
+        return view[:nbytes].view(dtype)
+
+    @property
+    def threads(self) -> int:
+        """Threads in the whole launch."""
+        g, b = self.grid, self.block
+        return g[0] * g[1] * g[2] * b[0] * b[1] * b[2]
+
+
+def no_implementation(module: str, kernel: str) -> MetraleError:
+    """The error of a launch of a kernel the fake has no Python implementation of: how to give it one."""
+    err = error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"fake launch of {module}.{kernel}")
+    return type(err)(
+        f"the fake backend has no Python implementation of kernel {kernel!r} of module "
+        f"{module!r}: decorate one with @metrale_core.kernel_implementation({module!r}, "
+        f"{kernel!r}) and register it with backend.add_kernel_implementations(...), or "
+        f"return it from a plugin's metrale_kernel_implementations hook",
+        code=err.code,
+        name=err.name,
+    )
+
+
+def kernel_arg(arg: LaunchArg, tail: np.ndarray | None) -> object:
+    """What an implementation gets for ``arg``: for a pointer, ``tail``, the bytes from it to the end of its
+    allocation (``None``: outside any, so an empty view that faults at any access); a numpy scalar of the
+    parameter's type; or a struct's bytes."""
+    if arg.pointer is not None:
+        return np.empty(0, dtype=np.uint8) if tail is None else tail
+    if arg.param.count > 1:
+        return arg.data
+    return np.frombuffer(arg.data, dtype=DTYPES[(arg.param.kind, arg.param.size)])[0]
