@@ -33,6 +33,11 @@ class BadInputFixture:
     freed: DeviceBuffer
     host: HostBuffer
     foreign_stream: Stream
+    #: Freed just before ``buf`` was allocated with its size: where the allocator hands freed addresses out
+    #: again (CUDA at once, the fake most recently freed first), a stale handle over ``buf``'s own address.
+    reused: DeviceBuffer
+    #: A freed host buffer of ``host``'s size, freed just before ``host`` was allocated (so, likely, its address).
+    freed_host: HostBuffer
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,6 +75,14 @@ def _cases() -> tuple[BadInput, ...]:
         BadInput("memset on another backend's stream", lambda f: f.gpu.memset(f.buf, 1, stream=f.foreign_stream),
                  arg_err),
         BadInput("memset of a freed buffer", lambda f: f.gpu.memset(f.freed, 1), buf_err),
+        BadInput("memset of a stale handle over a reused address", lambda f: f.gpu.memset(f.reused, 1), buf_err),
+        BadInput("copy_to_device through a stale handle over a reused address",
+                 lambda f: f.gpu.copy_to_device(f.reused, b"\x01" * 8), buf_err),
+        BadInput("copy_device into a stale handle over a reused address",
+                 lambda f: f.gpu.copy_device(f.reused, f.arena, nbytes=8), buf_err),
+        BadInput("free of a stale handle over a reused address", lambda f: f.gpu.free(f.reused), buf_err),
+        BadInput("copy_to_host into a freed host buffer whose address came back",
+                 lambda f: f.gpu.copy_to_host(f.freed_host, f.buf), buf_err),
         BadInput("memset raw pointer outside any allocation", lambda f: f.gpu.memset(0x10, 1, nbytes=1), arg_err),
         BadInput("copy_to_device too long",
                  lambda f: f.gpu.copy_to_device(f.buf, bytes(f.buf.nbytes + 1)), buf_err),
@@ -96,15 +109,21 @@ def bad_input_fixture(gpu: GpuBackend) -> Iterator[BadInputFixture]:
     with open_backend(gpu.name, ordinal=gpu.ordinal, settings=gpu.settings) as other:
         freed = gpu.alloc(64)
         gpu.free(freed)
-        buf = gpu.alloc(256)
+        reused = gpu.alloc(256)
+        gpu.free(reused)
+        buf = gpu.alloc(256)  # likely at reused's address
         gpu.memset(buf, 0x3C)
+        freed_host = gpu.alloc_host(64)
+        gpu.free(freed_host)
         yield BadInputFixture(
             gpu=gpu,
             buf=buf,
             arena=gpu.alloc_arena(128),
             freed=freed,
-            host=gpu.alloc_host(64),
+            host=gpu.alloc_host(64),  # likely at freed_host's address
             foreign_stream=other.create_stream(),
+            reused=reused,
+            freed_host=freed_host,
         )
 
 

@@ -10,6 +10,9 @@ from ._model import ARENA_BYTES, MAX_BYTES, Contents, MachineModel
 
 __all__ = ["MemoryRules"]
 
+#: How to allocate again a stale buffer's kind (wrapped memory is not allocated by metrale).
+_REALLOC = {"device": "alloc", "managed": "alloc_managed", "arena": "alloc_arena"}
+
 
 class MemoryRules(MachineModel):
     """Allocations, frees (double and of the wrong kind too), the arena, sweeps, copies, memsets, stale handles."""
@@ -188,3 +191,36 @@ class MemoryRules(MachineModel):
         except InvalidBufferError:
             return
         raise AssertionError(f"a memset of freed allocation #{buf.index} reached the device")
+
+    @precondition(lambda self: any(b.kind in _REALLOC for b in self.stale))
+    @rule(data=st.data(), op=st.sampled_from(["memset", "write", "read", "copy", "free"]))
+    def stale_over_reused_address(self, data: st.DataObject, op: str) -> None:
+        """Allocate again with a stale handle's kind and size: the allocator may hand its address out again
+        (CUDA does at once; the fake reuses the most recently freed range of a size class). The stale handle
+        is still refused, whatever its address now holds, and the new allocation is untouched."""
+        stale = data.draw(st.sampled_from([b for b in self.stale if b.kind in _REALLOC]), label="stale buffer")
+        fresh = getattr(self.gpu, _REALLOC[stale.kind])(stale.nbytes)
+        contents = Contents(fresh.nbytes)
+        (self.arena if fresh.kind == "arena" else self.live)[fresh.index] = (fresh, contents)
+        self.gpu.memset(fresh, 0xA5)
+        contents.write(0, b"\xa5" * fresh.nbytes)
+        try:
+            if op == "memset":
+                self.gpu.memset(stale, 0)
+            elif op == "write":
+                self.gpu.copy_to_device(stale, bytes(stale.nbytes))
+            elif op == "read":
+                self.gpu.copy_to_host(bytearray(stale.nbytes), stale)
+            elif op == "copy":
+                self.gpu.copy_device(stale, fresh, nbytes=min(stale.nbytes, fresh.nbytes))
+            elif stale.kind == "arena":
+                self.gpu.free_arena(stale)
+            else:
+                self.gpu.free(stale)
+        except InvalidBufferError:
+            pass
+        else:
+            where = "its own address" if fresh.ptr == stale.ptr else "another address"
+            raise AssertionError(f"a {op} through stale allocation #{stale.index} (a new one now at {where}) "
+                                 f"was not refused")
+        contents.check(self._read(fresh), fresh)
