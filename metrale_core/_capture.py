@@ -17,6 +17,7 @@ which discards what was recorded.
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ._errors import CaptureError, capture_error
@@ -28,6 +29,7 @@ __all__ = [
     "Capture",
     "abandon_captures",
     "active_captures",
+    "barred_call_done",
     "captured_event_error",
     "forbid_during_capture",
     "invalidated_error",
@@ -35,6 +37,36 @@ __all__ = [
 
 _LOCK = threading.Lock()
 _ACTIVE: dict[int, Capture] = {}
+
+#: Signalled when no thread is inside a barred call any more (under ``_LOCK``).
+_IDLE = threading.Condition(_LOCK)
+
+
+class _Flight:
+    """How many threads are inside a barred call now: past its check, maybe inside its driver call
+    (under ``_LOCK``)."""
+
+    __slots__ = ("threads",)
+
+    def __init__(self) -> None:
+        self.threads = 0
+
+
+_FLIGHT = _Flight()
+#: The longest a capture waits, before it begins, for other threads' barred calls to return (seconds).
+#: A barred call that began before the capture and reaches the driver after it would fail there (and
+#: invalidate the capture), so the capture waits for it; the bound keeps a call that waits a long time
+#: (a synchronize behind long work, a user callback) from stalling the capture forever.
+BARRED_WAIT_S = 2.0
+
+
+class _Barred(threading.local):
+    """Per thread: whether it is inside a barred call (its check passed, its metrale call not returned)."""
+
+    inside = False
+
+
+_MINE = _Barred()
 
 
 class Capture:
@@ -58,7 +90,17 @@ class Capture:
             self.reason = reason
 
     def start(self) -> None:
+        """Enter the process-wide record, before the driver's capture begins: first wait (up to
+        :data:`BARRED_WAIT_S`) for the barred calls other threads are inside to return, so none
+        of them reaches the driver while the capture runs; from then on they are refused."""
         with _LOCK:
+            own = 1 if _MINE.inside else 0
+            deadline = time.monotonic() + BARRED_WAIT_S
+            while _FLIGHT.threads > own:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                _IDLE.wait(left)
             _ACTIVE[id(self)] = self
             self.active = True
 
@@ -86,10 +128,20 @@ def active_captures() -> list[Capture]:
 
 
 def forbid_during_capture(what: str) -> None:
-    """Raise ``CaptureError`` (and invalidate every capture) if any capture is in progress."""
-    captures = active_captures()
-    if not captures:
-        return
+    """Raise ``CaptureError`` (and invalidate every capture) if any capture is in progress.
+
+    Otherwise the calling thread is inside a barred call until its metrale call returns
+    (:func:`barred_call_done`, which the device context's gate calls): a capture that begins
+    meanwhile on another thread waits for it (:meth:`Capture.start`), so the check and the
+    driver call it guards are one step, as CUDA's own rule is.
+    """
+    with _LOCK:
+        if not _ACTIVE:
+            if not _MINE.inside:
+                _MINE.inside = True
+                _FLIGHT.threads += 1
+            return
+        captures = list(_ACTIVE.values())
     for capture in captures:
         capture.invalidate(f"{what} was called during the capture")
     raise capture_error(
@@ -98,6 +150,17 @@ def forbid_during_capture(what: str) -> None:
         f"thread); the capture is now invalidated: call end_capture to discard it, and do "
         f"this before begin_capture or after end_capture",
     )
+
+
+def barred_call_done() -> None:
+    """The calling thread's metrale call has returned: it is no longer inside a barred call."""
+    if not _MINE.inside:
+        return
+    with _LOCK:
+        _MINE.inside = False
+        _FLIGHT.threads -= 1
+        if not _FLIGHT.threads:
+            _IDLE.notify_all()
 
 
 def invalidated_error(capture: Capture, what: str) -> CaptureError:

@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, Final, NoReturn, ParamSpec, Protocol, TypeVar, cast
 
-from ._capture import abandon_captures
+from ._capture import abandon_captures, barred_call_done
 from ._errors import BackendClosedError, DeviceFaultError, DriverError, InvalidArgumentError, MetraleError
 from ._raw import RawDevice
 from ._settings import MetraleSettings
@@ -289,6 +289,8 @@ class DeviceContext:
     def leave(self) -> None:
         """Count a call out."""
         self._depth.depth -= 1
+        if not self._depth.depth:
+            barred_call_done()  # its capture checks and the driver calls they guarded are over
         with self._gate:
             self._inside -= 1
             if self._closed:

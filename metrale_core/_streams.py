@@ -228,9 +228,13 @@ class StreamFront:
             )
         self.guard.settle()  # no wait is allowed once a capture runs
         capture = Capture(self.ctx)
-        self._raw.begin_capture(target.raw)
+        capture.start()  # on the record first: no barred call of another thread reaches the driver now
+        try:
+            self._raw.begin_capture(target.raw)
+        except BaseException:
+            capture.finish()
+            raise
         target.capture = capture
-        capture.start()
 
     def end_capture(self, stream: Stream | None) -> Graph:
         target = self.resolve(stream, "end_capture")
@@ -240,11 +244,14 @@ class StreamFront:
                 "CUDA_ERROR_ILLEGAL_STATE", "end_capture: this stream is not capturing; call begin_capture first"
             )
         target.capture = None
-        capture.finish()
-        if capture.invalidated:
-            self._discard_raw_capture(target)
-            raise invalidated_error(capture, "end_capture")
-        return self.adopt(Graph(self, self._raw.end_capture(target.raw), capture))
+        try:  # off the record only once the driver's capture has ended: until then barred calls stay refused
+            if capture.invalidated:
+                self._discard_raw_capture(target)
+                raise invalidated_error(capture, "end_capture")
+            graph = self._raw.end_capture(target.raw)
+        finally:
+            capture.finish()
+        return self.adopt(Graph(self, graph, capture))
 
     def _discard_raw_capture(self, target: Stream) -> None:
         try:
@@ -273,8 +280,10 @@ class StreamFront:
             if capture is not None:
                 _log.warning("close: aborting the capture in progress on %r", stream)
                 stream.capture = None
-                capture.finish()
-                self._discard_raw_capture(stream)
+                try:
+                    self._discard_raw_capture(stream)
+                finally:
+                    capture.finish()
 
     def release_handles(self) -> None:
         """At close, first of the releases: destroy every handle given out, dependents first."""

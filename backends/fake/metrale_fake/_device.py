@@ -26,13 +26,14 @@ from metrale_core.plugin import (
     RawDevice,
     error_for_code,
     format_bytes,
+    is_sticky,
 )
 
 from ._baseline import NumpyBaseline
 from ._launch import FakeLaunch, MisalignedAddressError, kernel_arg, no_implementation
 from ._memory import AddressSpace, Window, check_importable, check_pinnable, give_back, take_window, zeros
 from ._settings import FakeSettings
-from ._work import FakeEvent, FakeGraph, FakeModule, FakeStream, Work, as_event, as_stream
+from ._work import CAPTURES, FakeEvent, FakeGraph, FakeModule, FakeStream, Work, as_event, as_stream
 
 __all__ = ["FAULT_OPS", "FakeDevice"]
 
@@ -87,7 +88,11 @@ class FakeDevice(RawDevice):
                 fired = entry
         pending[:] = [e for e in pending if int(e[0]) > 0]  # type: ignore[call-overload]
         if fired is not None:
-            raise error_for_code(str(fired[1]), f"{what} (a fault injected into the fake's {op!r})")
+            code = str(fired[1])
+            cause = f"{what} (a fault injected into the fake's {op!r})"
+            if is_sticky(code):  # as CUDA: a sticky fault stays, and every later call returns it
+                self._sticky = (code, cause)
+            raise error_for_code(code, cause)
 
     # -- the device ---------------------------------------------------------------
 
@@ -102,6 +107,10 @@ class FakeDevice(RawDevice):
     def is_integrated(self) -> bool | None:
         return self._integrated
 
+    def _faulted(self) -> bool:
+        """Whether a sticky fault latched (its captures then bar no other device)."""
+        return self._sticky is not None
+
     def close(self) -> None:
         """Drop everything that holds memory: allocations, host and imported memory, freed ranges, the
         streams' queued work, graphs' recorded work and the kernel implementations, so a closed fake holds
@@ -111,6 +120,7 @@ class FakeDevice(RawDevice):
             for s in self._streams:
                 s.queue.clear()
                 s.capture = None
+                CAPTURES.end(s)
             self._streams.clear()
             for g in list(self._graphs):
                 g.work = ()
@@ -132,6 +142,7 @@ class FakeDevice(RawDevice):
     def alloc(self, nbytes: int, kind: AllocKind) -> int:
         with self._lock:
             self._fault("alloc", f"alloc of {nbytes} bytes")
+            CAPTURES.bar("alloc")
             if self._used + nbytes > self._capacity:
                 raise error_for_code("CUDA_ERROR_OUT_OF_MEMORY", f"fake alloc of {nbytes} bytes", requested=nbytes)
             base = self._device.place(nbytes, kind, zeros(nbytes, "fake alloc"))
@@ -142,6 +153,7 @@ class FakeDevice(RawDevice):
         with self._lock:
             self._drain_all()
             self._fault("free", f"free of {ptr:#x}")
+            CAPTURES.bar("free")
             alloc = self._device.get(ptr)
             if alloc is None or alloc.kind == "external":
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free of {ptr:#x}")
@@ -151,6 +163,7 @@ class FakeDevice(RawDevice):
     def alloc_host(self, nbytes: int) -> tuple[int, memoryview]:
         with self._lock:
             self._fault("alloc", f"alloc_host of {nbytes} bytes")
+            CAPTURES.bar("alloc_host")
             check_pinnable(nbytes, self._host_used)
             data = zeros(nbytes, "fake alloc_host")
             ptr = self._host.place(nbytes, "host", data)
@@ -161,6 +174,7 @@ class FakeDevice(RawDevice):
         with self._lock:
             self._drain_all()
             self._fault("free", f"free_host of {ptr:#x}")
+            CAPTURES.bar("free_host")
             alloc = self._host.remove(ptr)
             if alloc is None:
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free_host of {ptr:#x}")
@@ -312,12 +326,14 @@ class FakeDevice(RawDevice):
     def stream_synchronize(self, stream: object) -> None:
         with self._lock:
             self._fault("synchronize", "stream synchronize")
+            CAPTURES.bar("stream synchronize")
             s = as_stream(stream)
             self._drain(s, s.issued)
 
     def stream_query(self, stream: object) -> bool:
         with self._lock:
             self._fault("", "stream query")
+            CAPTURES.bar("stream query")
             s = as_stream(stream)
             self._drain(s, s.issued)
             return True
@@ -353,6 +369,7 @@ class FakeDevice(RawDevice):
     def event_synchronize(self, event: object) -> None:
         with self._lock:
             self._fault("synchronize", "event synchronize")
+            CAPTURES.bar("event synchronize")
             e = as_event(event)
             if e.stream is not None:
                 self._drain(e.stream, e.seq)
@@ -360,6 +377,7 @@ class FakeDevice(RawDevice):
     def event_query(self, event: object) -> bool:
         with self._lock:
             self._fault("", "event query")
+            CAPTURES.bar("event query")
             e = as_event(event)
             if e.stream is not None:
                 self._drain(e.stream, e.seq)
@@ -375,6 +393,7 @@ class FakeDevice(RawDevice):
     def synchronize(self) -> None:
         with self._lock:
             self._fault("synchronize", "device synchronize")
+            CAPTURES.bar("device synchronize")
             self._drain_all()
 
     # -- capture and graphs ------------------------------------------------------------
@@ -385,6 +404,8 @@ class FakeDevice(RawDevice):
             if s.capture is not None:
                 raise error_for_code("CUDA_ERROR_ILLEGAL_STATE", "begin capture")
             s.capture = []
+            s.invalidated = ""
+            CAPTURES.begin(s, self._faulted)
 
     def end_capture(self, stream: object) -> object:
         with self._lock:
@@ -392,6 +413,10 @@ class FakeDevice(RawDevice):
             if s.capture is None:
                 raise error_for_code("CUDA_ERROR_ILLEGAL_STATE", "end capture")
             work, s.capture = s.capture, None
+            CAPTURES.end(s)
+            if s.invalidated:
+                why, s.invalidated = s.invalidated, ""
+                raise error_for_code("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", f"fake end capture ({why})")
             return self._graph(work)
 
     def _graph(self, work: list[Work]) -> FakeGraph:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from metrale_core.plugin import error_for_code
 
-__all__ = ["FakeEvent", "FakeGraph", "FakeModule", "FakeStream", "Work", "as_event", "as_stream"]
+__all__ = [
+    "CAPTURES", "FakeEvent", "FakeGraph", "FakeModule", "FakeStream", "GlobalCaptures", "Work", "as_event", "as_stream",
+]
 
 Work = Callable[[], None]
 
@@ -20,13 +25,54 @@ class FakeModule:
 
 
 class FakeStream:
-    __slots__ = ("capture", "done", "issued", "queue")
+    __slots__ = ("__weakref__", "capture", "done", "invalidated", "issued", "queue")
 
     def __init__(self) -> None:
         self.queue: deque[tuple[int, Work]] = deque()
         self.issued = 0  # sequence number of the last work issued
         self.done = 0  # sequence number of the last work run
         self.capture: list[Work] | None = None
+        self.invalidated = ""  # why its capture was invalidated (a barred call during it), or ""
+
+
+class GlobalCaptures:
+    """The fake streams capturing now, in the whole process: CUDA's global capture mode bars
+    allocation, freeing and waits in every thread while any of them runs, and a barred call
+    invalidates them (``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``, then ``..._INVALIDATED`` at
+    the end of the capture), as measured on the H200."""
+
+    __slots__ = ("_lock", "_streams")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: capturing stream -> whether its device has faulted (a faulted device's capture bars nobody else)
+        self._streams: weakref.WeakKeyDictionary[FakeStream, Callable[[], bool]] = weakref.WeakKeyDictionary()
+
+    def begin(self, stream: FakeStream, faulted: Callable[[], bool]) -> None:
+        with self._lock:
+            self._streams[stream] = faulted
+
+    def end(self, stream: FakeStream) -> None:
+        with self._lock:
+            self._streams.pop(stream, None)
+
+    def bar(self, what: str) -> None:
+        """Refuse barred call ``what`` if any fake stream of the process is capturing, invalidating them."""
+        if not self._streams:  # the usual case, without the lock
+            return
+        with self._lock:
+            capturing = [stream for stream, faulted in self._streams.items() if not faulted()]
+        if not capturing:
+            return
+        for stream in capturing:
+            stream.invalidated = stream.invalidated or f"{what} was called during the capture"
+        raise error_for_code(
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", f"fake {what} while a stream captures in global mode"
+        )
+
+
+#: The process's global captures, shared by every fake device (global mode is process-wide).
+CAPTURES: Final = GlobalCaptures()
 
 
 class FakeEvent:
