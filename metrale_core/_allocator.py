@@ -148,6 +148,7 @@ class Allocator:
                 if reclaimed:
                     retries += 1
                     self._stats.oom_retries += 1
+                    forbid_during_capture(what)  # a capture may have begun while the callbacks ran
                     continue
                 self._stats.oom_count += 1
                 raise self._out_of_memory(exc, n, kind, what, retries) from None

@@ -29,7 +29,10 @@ __all__ = [
     "Capture",
     "abandon_captures",
     "active_captures",
-    "barred_call_done",
+    "call_entered",
+    "call_left",
+    "resume_calls",
+    "suspend_calls",
     "captured_event_error",
     "forbid_during_capture",
     "invalidated_error",
@@ -61,9 +64,11 @@ BARRED_WAIT_S = 2.0
 
 
 class _Barred(threading.local):
-    """Per thread: whether it is inside a barred call (its check passed, its metrale call not returned)."""
+    """Per thread: whether it is inside a barred call (its check passed, its metrale call not returned),
+    and how many metrale calls it is inside, of every backend (the flag goes with the outermost)."""
 
     inside = False
+    calls = 0
 
 
 _MINE = _Barred()
@@ -130,8 +135,8 @@ def active_captures() -> list[Capture]:
 def forbid_during_capture(what: str) -> None:
     """Raise ``CaptureError`` (and invalidate every capture) if any capture is in progress.
 
-    Otherwise the calling thread is inside a barred call until its metrale call returns
-    (:func:`barred_call_done`, which the device context's gate calls): a capture that begins
+    Otherwise the calling thread is inside a barred call until its outermost metrale call
+    returns (:func:`call_left`, which the device context's gate calls): a capture that begins
     meanwhile on another thread waits for it (:meth:`Capture.start`), so the check and the
     driver call it guards are one step, as CUDA's own rule is.
     """
@@ -152,15 +157,49 @@ def forbid_during_capture(what: str) -> None:
     )
 
 
-def barred_call_done() -> None:
-    """The calling thread's metrale call has returned: it is no longer inside a barred call."""
-    if not _MINE.inside:
-        return
+def call_entered() -> None:
+    """The calling thread entered a metrale call (of any backend)."""
+    _MINE.calls += 1
+
+
+def call_left() -> None:
+    """The calling thread left a metrale call; leaving its outermost one ends its barred call."""
+    mine = _MINE
+    mine.calls -= 1
+    if mine.calls <= 0:
+        mine.calls = 0
+        if mine.inside:
+            _barred_call_done()
+
+
+def _barred_call_done() -> None:
     with _LOCK:
         _MINE.inside = False
         _FLIGHT.threads -= 1
-        if not _FLIGHT.threads:
-            _IDLE.notify_all()
+        _IDLE.notify_all()  # every decrement: a waiting capture's own flag may be the one left
+
+
+def suspend_calls() -> tuple[int, bool]:
+    """Before user code (a callback, an observer, a producer's export): the thread is outside every
+    metrale call and every barred call while it runs; :func:`resume_calls` puts it back."""
+    mine = _MINE
+    saved = (mine.calls, mine.inside)
+    mine.calls = 0
+    if mine.inside:
+        _barred_call_done()
+    return saved
+
+
+def resume_calls(saved: tuple[int, bool]) -> None:
+    """After user code: back inside the calls :func:`suspend_calls` saved. A capture may have begun
+    meanwhile: a barred call checks again before its next driver call."""
+    calls, inside = saved
+    mine = _MINE
+    mine.calls = calls
+    if inside and not mine.inside:
+        with _LOCK:
+            mine.inside = True
+            _FLIGHT.threads += 1
 
 
 def invalidated_error(capture: Capture, what: str) -> CaptureError:

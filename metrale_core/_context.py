@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, Final, NoReturn, ParamSpec, Protocol, TypeVar, cast
 
-from ._capture import abandon_captures, barred_call_done
+from ._capture import abandon_captures, call_entered, call_left, resume_calls, suspend_calls
 from ._errors import BackendClosedError, DeviceFaultError, DriverError, InvalidArgumentError, MetraleError
 from ._raw import RawDevice
 from ._settings import MetraleSettings
@@ -83,7 +83,8 @@ class GuardedRaw:
         self._name = context.name
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._target, name)
+        target = self._target
+        attr = getattr(target, name)
         if not callable(attr):
             return attr
         ref, who = self._context, self._name
@@ -104,7 +105,8 @@ class GuardedRaw:
                     f"this is a bug in that backend"
                 ) from exc
 
-        self.__dict__[name] = call  # looked up once per name
+        if self._target is target:  # not detached meanwhile (close() on another thread)
+            self.__dict__[name] = call  # looked up once per name
         return call
 
     def detach(self, closed: str) -> None:
@@ -282,6 +284,7 @@ class DeviceContext:
                 raise self.closed_error()
             self._inside += 1
         self._depth.depth += 1
+        call_entered()
         if self._fault is not None and not faulted_ok:
             self.leave()
             self.check_open()
@@ -289,8 +292,7 @@ class DeviceContext:
     def leave(self) -> None:
         """Count a call out."""
         self._depth.depth -= 1
-        if not self._depth.depth:
-            barred_call_done()  # its capture checks and the driver calls they guarded are over
+        call_left()  # leaving the outermost call ends its barred call: its driver calls are over
         with self._gate:
             self._inside -= 1
             if self._closed:
@@ -307,9 +309,11 @@ class DeviceContext:
             if self._closed:
                 self._gate.notify_all()
         self._depth.depth = 0
+        calls = suspend_calls()  # user code is in no barred call: captures on other threads need not wait for it
         try:
             yield
         finally:
+            resume_calls(calls)
             self._depth.depth = depth
             with self._gate:
                 self._inside += depth

@@ -200,7 +200,11 @@ def read_capsule(capsule: object) -> ImportedTensor:
     managed = ctypes.cast(address, ctypes.POINTER(_DLManagedTensor)).contents
     tensor = managed.dl_tensor
     ndim = tensor.ndim
+    if ndim < 0 or (ndim and not tensor.shape):
+        raise ValueError(f"a DLPack tensor of {ndim} dimensions without a shape")
     shape = tuple(tensor.shape[i] for i in range(ndim))
+    if any(extent < 0 for extent in shape):
+        raise ValueError(f"a DLPack tensor with a negative extent: shape {shape}")
     name = _NAMES.get((tensor.dtype.code, tensor.dtype.bits))
     if name is None or tensor.dtype.lanes != 1:
         raise ValueError(f"a DLPack dtype metrale does not name (code {tensor.dtype.code}, bits {tensor.dtype.bits})")

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable
 
 from ._buffer import DeviceArray, DeviceBuffer
-from ._capture import forbid_during_capture
+from ._capture import forbid_during_capture, resume_calls, suspend_calls
 from ._context import DeviceContext
 from ._errors import DriverError, InvalidArgumentError, InvalidBufferError, MetraleError, cuda_code
 from ._holdings import Holdings
@@ -90,8 +90,18 @@ class ExportTable:
     # -- wrapped memory ---------------------------------------------------------------------
 
     def wrap(self, obj: object) -> DeviceBuffer:
-        forbid_during_capture("wrap")
-        memory, release = foreign_memory(obj)
+        forbid_during_capture("wrap")  # the capture rule first, as for every barred call
+        calls = suspend_calls()  # the producer's code runs outside metrale's calls
+        try:
+            memory, release = foreign_memory(obj)
+        finally:
+            resume_calls(calls)
+        try:
+            forbid_during_capture("wrap")  # a capture may have begun while the producer's code ran
+        except BaseException:
+            if release is not None:
+                release()
+            raise
         try:
             self._guard.sync_device()
             ptr = self._import(memory, type(obj).__name__)

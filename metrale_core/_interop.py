@@ -31,11 +31,22 @@ def _attribute(obj: object, name: str) -> object:
 
 
 def _cuda_array_interface(obj: object, cai: dict[object, object]) -> ForeignMemory:
-    """The memory a ``__cuda_array_interface__`` dict describes, every field checked before it is used."""
-    who = type(obj).__name__
+    """The memory a ``__cuda_array_interface__`` dict describes, every field checked before it is used;
+    whatever the dict (a subclass whose methods raise, values whose ``repr`` raises) does, the answer is
+    the memory or an ``InvalidArgumentError``."""
+    try:
+        return _read_cai(type(obj).__name__, dict(cai), obj)
+    except InvalidArgumentError:
+        raise
+    except Exception as exc:
+        raise InvalidArgumentError(
+            f"wrap: {type(obj).__name__}'s __cuda_array_interface__ cannot be read: {type(exc).__name__}"
+        ) from None
 
+
+def _read_cai(who: str, cai: dict[object, object], obj: object) -> ForeignMemory:
     def malformed(why: str) -> InvalidArgumentError:
-        return InvalidArgumentError(f"wrap: {who}'s __cuda_array_interface__ is malformed ({why}): {cai!r:.300}")
+        return InvalidArgumentError(f"wrap: {who}'s __cuda_array_interface__ is malformed ({why}): {_shown(cai)}")
 
     data = cai.get("data")
     if not isinstance(data, tuple) or len(data) != 2:
@@ -78,6 +89,14 @@ def _cuda_array_interface(obj: object, cai: dict[object, object]) -> ForeignMemo
     return ForeignMemory("cuda", -1, ptr, nbytes, obj)
 
 
+def _shown(value: object) -> str:
+    """``repr(value)``, at most 300 characters, or a placeholder when its ``repr`` raises."""
+    try:
+        return repr(value)[:300]
+    except Exception:
+        return f"<a {type(value).__name__} whose repr raises>"
+
+
 def foreign_memory(obj: object) -> tuple[ForeignMemory, Callable[[], None] | None]:
     """What ``obj`` (a CUDA-array-interface, DLPack or buffer-protocol exporter) holds, and how to give
     it back; raises :class:`~metrale_core.InvalidArgumentError` for anything metrale cannot wrap, whatever
@@ -98,11 +117,11 @@ def foreign_memory(obj: object) -> tuple[ForeignMemory, Callable[[], None] | Non
             ) from None
         kinds = {DLPACK_CUDA: "cuda", DLPACK_CPU: "cpu"}
         device = kinds.get(tensor.device_type)
-        if device is None or tensor.nbytes == 0 or not 0 < tensor.data < _LIMIT or tensor.nbytes >= _LIMIT:
+        if device is None or tensor.nbytes <= 0 or not 0 < tensor.data < _LIMIT or tensor.data + tensor.nbytes > _LIMIT:
             tensor.release()
             if device is None:
                 what = f"is on DLPack device type {tensor.device_type}, not CUDA or CPU"
-            elif tensor.nbytes == 0:
+            elif tensor.nbytes <= 0:
                 what = "holds no bytes"
             else:
                 what = f"claims {tensor.nbytes} bytes at {tensor.data:#x}, outside a 64-bit address space"

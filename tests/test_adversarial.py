@@ -381,3 +381,83 @@ def test_a_freed_host_buffer_still_referenced_pins_no_memory(fake: GpuBackend) -
     assert array() is None  # gone, though ``hb`` is still referenced
     with pytest.raises(MetraleError, match="closed"):
         hb.view()
+
+
+# -- found by review: dicts that lie in their methods, DLPack extents below zero, callbacks and captures ----
+
+
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("a repr that raises")
+
+
+class _LyingDict(dict):  # type: ignore[type-arg]
+    def get(self, key: object, default: object = None) -> object:
+        raise KeyError(key)
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("an iteration that raises")
+
+
+@pytest.mark.parametrize("cai", [
+    {"data": "x", "z": _BadRepr()},
+    {"data": (1, False), "typestr": "<u1", "shape": (4,), "version": 3, "z": _BadRepr()},
+    _LyingDict(data=1),
+])
+def test_a_cai_dict_that_lies_in_its_methods_is_an_invalid_argument(fake: GpuBackend, cai: object) -> None:
+    before = _state(fake)
+    with pytest.raises(InvalidArgumentError):
+        fake.wrap(_Producer(cai))
+    assert _state(fake) == before
+
+
+@pytest.mark.parametrize("shape", [(-1, 8), (-2, -4), (3, -1)])
+def test_a_dlpack_tensor_with_a_negative_extent_is_refused(fake: GpuBackend, shape: tuple[int, ...]) -> None:
+    import numpy as np
+
+    from metrale_core._dlpack import DLPACK_CPU, make_capsule
+
+    array = np.zeros(64, np.uint8)
+
+    class Tensor:
+        def __dlpack__(self, **_: object) -> object:
+            return make_capsule(array.ctypes.data, shape, "uint8", DLPACK_CPU, 0, array)
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (1, 0)
+
+    before = _state(fake)
+    with pytest.raises(InvalidArgumentError, match="negative extent"):
+        fake.wrap(Tensor())
+    assert _state(fake) == before
+
+
+def test_a_capture_begun_while_an_oom_callback_runs_is_not_broken_by_the_driver() -> None:
+    """An ``on_out_of_memory`` callback is user code, outside metrale's barred calls: a capture another
+    thread begins meanwhile does not wait for it, and the allocation's retry is then refused by metrale's
+    own rule (a ``CaptureError`` naming ``alloc``), never by the driver halfway through."""
+    with open_backend("fake", settings=MetraleSettings(fake_memory_bytes=1 << 20, redzone=0)) as gpu:
+        hog = gpu.alloc(900 << 10)
+        stream = gpu.create_stream()
+        began = threading.Event()
+        outcome: dict[str, object] = {}
+
+        def capture() -> None:
+            gpu.begin_capture(stream)
+            began.set()
+
+        def reclaim(nbytes: int) -> bool:
+            gpu.free(hog)
+            thread = threading.Thread(target=capture)
+            thread.start()
+            thread.join(10)  # would wait forever (bounded: 2 s) if the callback still counted as barred
+            outcome["began"] = began.is_set()
+            return True
+
+        gpu.on_out_of_memory(reclaim)
+        with pytest.raises(CaptureError, match="alloc is not allowed"):
+            gpu.alloc(500 << 10)
+        assert outcome["began"]
+        with pytest.raises(CaptureError):
+            gpu.end_capture(stream)  # invalidated by the refused alloc, as CUDA's global mode does
+        assert gpu.live_alloc_len() == 0
