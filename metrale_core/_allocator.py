@@ -28,11 +28,11 @@ from ._capture import forbid_during_capture
 from ._context import DeviceContext, invalid_argument
 from ._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
 from ._handles import HostBuffer
-from ._holdings import SIZE_LIMIT, Holdings, positive_size
+from ._holdings import Holdings, positive_size
 from ._ledger import call_site, describe_sites, largest_sites, next_index
 from ._pressure import StatsCounter
 from ._redzone import Layout
-from ._types import AllocKind, AllocRecord, format_bytes
+from ._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 
 if TYPE_CHECKING:
     from ._monitor import MemoryMonitor
@@ -96,7 +96,7 @@ class Allocator:
         index = next_index()
         site = call_site(ctx.internal)
         layout = self._guard.layout(n, index) if kind == "device" else Layout(n, 0, 0)
-        if layout.raw_bytes >= SIZE_LIMIT:
+        if layout.raw_bytes >= WORD_LIMIT:
             raise InvalidArgumentError(
                 f"{what}: {n} bytes and their red zones ({layout.raw_bytes} bytes in all) do not fit 64 bits "
                 f"(CUDA's size_t): ask for less"

@@ -24,7 +24,7 @@ from ._context import DeviceContext, invalid_argument
 from ._errors import InvalidArgumentError, InvalidBufferError
 from ._handles import HostBuffer
 from ._ledger import Ledger
-from ._types import as_index
+from ._types import WORD_LIMIT, as_index
 
 if TYPE_CHECKING:
     from ._arena import Arena
@@ -33,10 +33,6 @@ __all__ = ["Holdings", "Wrapped"]
 
 #: Memory of another library that ``wrap`` took in: the buffer, the object kept alive, and its release.
 Wrapped = tuple[DeviceBuffer, object, "Callable[[], None] | None"]
-
-
-#: Sizes end below this: CUDA's ``size_t`` is 64 bits, on every backend alike.
-SIZE_LIMIT = 1 << 64
 
 
 def positive_size(nbytes: object, what: str) -> int:
@@ -50,7 +46,7 @@ def positive_size(nbytes: object, what: str) -> int:
     n = as_index(nbytes)
     if n is None or n <= 0:
         raise InvalidBufferError(f"{what}: nbytes must be a positive integer, got {nbytes!r}")
-    if n >= SIZE_LIMIT:
+    if n >= WORD_LIMIT:
         raise InvalidArgumentError(
             f"{what}: {n} bytes do not fit 64 bits (CUDA's size_t); no device or host can hold them: ask for less"
         )

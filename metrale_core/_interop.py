@@ -11,13 +11,10 @@ from collections.abc import Callable
 
 from ._dlpack import DLPACK_CPU, DLPACK_CUDA, c_contiguous, read_capsule
 from ._errors import InvalidArgumentError
-from ._types import ForeignMemory, as_index
+from ._types import WORD_LIMIT, ForeignMemory, as_index
 
 __all__ = ["foreign_memory"]
 
-
-#: The largest size or address metrale takes from a producer: what fits CUDA's 64-bit ``size_t``.
-_LIMIT = 1 << 64
 
 _TYPESTR = re.compile(r"[<>|=][biufcmMOSUV]([1-9][0-9]{0,3})")
 
@@ -52,7 +49,7 @@ def _read_cai(who: str, cai: dict[object, object], obj: object) -> ForeignMemory
     if not isinstance(data, tuple) or len(data) != 2:
         raise malformed("'data' must be a tuple (pointer, read_only)")
     ptr = as_index(data[0])
-    if ptr is None or not 0 <= ptr < _LIMIT:
+    if ptr is None or not 0 <= ptr < WORD_LIMIT:
         raise malformed("the pointer must be an integer address of 64 bits")
     if not isinstance(data[1], int):  # bool is an int
         raise malformed("read_only must be a bool")
@@ -84,7 +81,7 @@ def _read_cai(who: str, cai: dict[object, object], obj: object) -> ForeignMemory
     nbytes = math.prod(shape) * size
     if nbytes == 0 or ptr == 0:
         raise InvalidArgumentError(f"wrap: {who} holds no bytes; nothing to wrap")
-    if ptr + nbytes > _LIMIT:
+    if ptr + nbytes > WORD_LIMIT:
         raise malformed(f"{nbytes} bytes at {ptr:#x} run past the 64-bit address space")
     return ForeignMemory("cuda", -1, ptr, nbytes, obj)
 
@@ -117,7 +114,8 @@ def foreign_memory(obj: object) -> tuple[ForeignMemory, Callable[[], None] | Non
             ) from None
         kinds = {DLPACK_CUDA: "cuda", DLPACK_CPU: "cpu"}
         device = kinds.get(tensor.device_type)
-        if device is None or tensor.nbytes <= 0 or not 0 < tensor.data < _LIMIT or tensor.data + tensor.nbytes > _LIMIT:
+        outside = not 0 < tensor.data < WORD_LIMIT or tensor.data + tensor.nbytes > WORD_LIMIT
+        if device is None or tensor.nbytes <= 0 or outside:
             tensor.release()
             if device is None:
                 what = f"is on DLPack device type {tensor.device_type}, not CUDA or CPU"

@@ -21,7 +21,7 @@ from ._buffer import DeviceBuffer
 from ._context import DeviceContext, gated
 from ._errors import BackendClosedError, InvalidArgumentError, KernelNotFoundError, MetraleError, error_for_code
 from ._ptx import Param, PtxImage
-from ._types import LaunchArg
+from ._types import WORD_LIMIT, LaunchArg
 
 if TYPE_CHECKING:
     from ._raw import RawDevice
@@ -188,7 +188,7 @@ def _pack(kernel: Kernel, param: Param, value: object, what: str, live: Callable
             pointer = value.ptr
         else:
             pointer = operator.index(value)
-            if not 0 <= pointer < 1 << 64:
+            if not 0 <= pointer < WORD_LIMIT:
                 raise InvalidArgumentError(f"{where()}: {pointer} is not a 64-bit device address")
         return LaunchArg(param, pointer.to_bytes(8, "little"), pointer)
     kind, size, data = _scalar(value)

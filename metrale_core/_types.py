@@ -11,11 +11,12 @@ import dataclasses
 import operator
 import struct
 from collections.abc import Callable
-from typing import Any, Literal, SupportsIndex, cast
+from typing import Any, Final, Literal, SupportsIndex, cast
 
 from ._ptx import Param
 
 __all__ = [
+    "WORD_LIMIT",
     "AllocKind",
     "AllocRecord",
     "BackendInfo",
@@ -28,6 +29,10 @@ __all__ = [
     "format_bytes",
     "kernel_implementation",
 ]
+
+
+#: Sizes and device addresses end below this, on every backend alike: CUDA's ``size_t`` and pointers are 64 bits.
+WORD_LIMIT: Final = 1 << 64
 
 
 def as_index(value: object) -> int | None:
