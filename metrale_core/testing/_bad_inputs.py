@@ -60,6 +60,8 @@ def _cases() -> tuple[BadInput, ...]:
         BadInput("alloc_managed(0)", lambda f: f.gpu.alloc_managed(0), buf_err),
         BadInput("alloc_arena(-5)", lambda f: f.gpu.alloc_arena(-5), buf_err),
         BadInput("alloc_host(0)", lambda f: f.gpu.alloc_host(0), buf_err),
+        BadInput("alloc(1 << 64): past 64 bits", lambda f: f.gpu.alloc(1 << 64), arg_err),
+        BadInput("alloc_host(1 << 70): past 64 bits", lambda f: f.gpu.alloc_host(1 << 70), arg_err),
         BadInput("free(freed)", lambda f: f.gpu.free(f.freed), buf_err),
         BadInput("free(arena)", lambda f: f.gpu.free(f.arena), buf_err),
         BadInput("free(42)", lambda f: f.gpu.free(42), buf_err),  # type: ignore[arg-type]
