@@ -134,14 +134,20 @@ class Allocator:
         return buf
 
     def _raw_alloc(self, raw_bytes: int, n: int, kind: AllocKind, what: str) -> int:
-        """The raw allocation, with reclaim-and-retry: when it runs out of memory, the
-        ``on_out_of_memory`` callbacks are asked to free some, and a callback that says
-        it did earns another try (at most ``oom_retries``)."""
+        """The raw allocation, with reclaim-and-retry: when it runs out of memory, the red-zone
+        quarantine is checked and released first (one more try), then the ``on_out_of_memory``
+        callbacks are asked to free some, and a callback that says it did earns another try (at
+        most ``oom_retries``)."""
         retries = 0
+        drained = False
         while True:
             try:
                 return self._raw.alloc(raw_bytes, kind)
             except OutOfMemoryError as exc:
+                if not drained and self._guard.quarantined_bytes:  # freed memory waiting in quarantine first
+                    drained = True
+                    self._guard.drain(f"{what}, out of memory")
+                    continue
                 reclaimed = retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what)
                 if self.ctx.closed:  # a callback closed the backend
                     raise self.ctx.closed_error() from None
@@ -346,8 +352,10 @@ class Allocator:
     def sweep(self) -> int:
         """Drain the ledger, free each allocation on it, and report; returns how many."""
         ctx = self.ctx
+        self._guard.drain("sweep_unreleased()")  # freed buffers waiting in quarantine are no leaks: released
         records = self._holdings.ledger.drain()
         if records:
+            ctx.quietly("synchronize before a sweep", self._guard.sync_device)  # in-graph checks may read their zones
             total = sum(r.nbytes for r in records)
             _log.warning(
                 "sweep on %s:%d: %d allocation(s) totalling %s had no owner; largest sites: %s",

@@ -13,7 +13,7 @@ Holdings           what is live: the ledger, arena blocks and arenas, wrapped
                    memory, host buffers; liveness and bounds (``_holdings``)
 StatsCounter       the counters behind ``stats()`` (``_pressure``)
 StreamFront        streams, events, graphs, copies, memsets, captures (``_streams``)
-ZoneGuard          red zones: fills, scans, queued scans, the report (``_zoneguard``)
+ZoneGuard          red zones: fills, quarantine, scans, in-graph checks (``_graphcheck``), the report (``_zoneguard``)
 MemoryMonitor      free memory, stats, watchdogs, snapshots (``_monitor``)
 Allocator          alloc/free of every kind, reclaim-and-retry, arenas, sweep
                    (``_allocator``)
@@ -343,6 +343,14 @@ class GpuBackend:
         """
         forbid_during_capture("scan_redzones()")
         return self._guard.scan()
+
+    @property
+    @gated
+    def redzone_checks(self) -> str:
+        """How this backend checks red zones around graph launches, in words: inside every captured
+        graph (where the backend maps host memory), by a scan queued or waited for after each launch
+        (where it cannot, and why), or not at all (``redzone_scan_graphs`` off, or red zones off)."""
+        return self._guard.check_mode
 
     @gated
     def on_redzone_violation(self, observer: Callable[[str, RedZoneViolation], object]) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._errors import CaptureError, capture_error
 
@@ -36,6 +36,7 @@ __all__ = [
     "captured_event_error",
     "forbid_during_capture",
     "invalidated_error",
+    "may_wait",
 ]
 
 _LOCK = threading.Lock()
@@ -78,7 +79,7 @@ class Capture:
     """One capture in progress: the device context it belongs to (``owner``), whether it is
     invalidated, and what it touched (the buffers, host buffers and kernel registries its work uses)."""
 
-    __slots__ = ("active", "buffers", "host_buffers", "invalidated", "owner", "reason", "registries")
+    __slots__ = ("active", "buffers", "check", "host_buffers", "invalidated", "owner", "reason", "registries")
 
     def __init__(self, owner: object) -> None:
         self.owner = owner
@@ -88,6 +89,8 @@ class Capture:
         self.buffers: dict[int, DeviceBuffer] = {}  # creation index -> buffer
         self.host_buffers: dict[int, object] = {}  # id -> HostBuffer
         self.registries: dict[int, object] = {}  # id -> KernelRegistry whose kernels the capture launched
+        #: The red-zone check the graph ends with (the zone guard's, opaque here), or ``None``.
+        self.check: Any = None
 
     def invalidate(self, reason: str) -> None:
         if not self.invalidated:
@@ -155,6 +158,19 @@ def forbid_during_capture(what: str) -> None:
         f"thread); the capture is now invalidated: call end_capture to discard it, and do "
         f"this before begin_capture or after end_capture",
     )
+
+
+def may_wait() -> bool:
+    """For a wait metrale chooses to make (a check's): ``True``, and the calling thread inside a
+    barred call as with :func:`forbid_during_capture`, when no capture is in progress; else
+    ``False``, invalidating nothing (the wait is left for later)."""
+    with _LOCK:
+        if _ACTIVE:
+            return False
+        if not _MINE.inside:
+            _MINE.inside = True
+            _FLIGHT.threads += 1
+        return True
 
 
 def call_entered() -> None:

@@ -49,6 +49,8 @@ def _info(settings: MetraleSettings) -> int:
         print(f"integrated      {mem.integrated}")
         print(f"scale variant   {settings.scale_variant} (target_hw={settings.target_hw!r})")
         print(f"red zones       {settings.redzone} bytes" + (" (off)" if settings.redzone == 0 else ""))
+        if settings.redzone:
+            print(f"graph checks    {gpu.redzone_checks}")
     return 0
 
 

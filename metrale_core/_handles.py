@@ -293,13 +293,15 @@ class HostBuffer(_Handle):
 class Graph(_Handle):
     """Work recorded by a stream capture; instantiate it to run it."""
 
-    __slots__ = ("_owner", "buffers", "host_buffers", "registries")
+    __slots__ = ("_owner", "buffers", "check", "host_buffers", "registries")
     _what = "graph"
     _destroy_op = "graph_destroy"
 
     def __init__(self, owner: HandleOwner, raw: object, capture: Capture) -> None:
         super().__init__(owner.ctx, raw)
         self._owner = owner
+        #: The red-zone check captured as its last node (the zone guard's), or ``None``.
+        self.check: Any = capture.check
         #: The device buffers the recorded work touches.
         self.buffers: tuple[DeviceBuffer, ...] = tuple(capture.buffers.values())
         #: The host buffers the recorded work reads or writes.
@@ -312,7 +314,9 @@ class Graph(_Handle):
         """An executable graph that replays the recorded work."""
         raw = self._live()
         exec_raw = self._ctx.raw.graph_instantiate(raw)
-        return self._owner.adopt(GraphExec(self._owner, exec_raw, self.buffers, self.host_buffers, self.registries))
+        return self._owner.adopt(
+            GraphExec(self._owner, exec_raw, self.buffers, self.host_buffers, self.registries, self.check)
+        )
 
     def close(self) -> None:
         """Release the graph (executable graphs made from it stay usable)."""
@@ -323,7 +327,7 @@ class Graph(_Handle):
 class GraphExec(_Handle):
     """An instantiated graph: ``launch`` replays its work on a stream."""
 
-    __slots__ = ("_owner", "buffers", "host_buffers", "registries")
+    __slots__ = ("_owner", "buffers", "check", "host_buffers", "registries")
     _what = "executable graph"
     _destroy_op = "graph_exec_destroy"
 
@@ -334,9 +338,14 @@ class GraphExec(_Handle):
         buffers: tuple[DeviceBuffer, ...],
         host_buffers: tuple[Any, ...],
         registries: tuple[Any, ...] = (),
+        check: Any = None,
     ) -> None:
         super().__init__(owner.ctx, raw)
         self._owner = owner
+        #: The red-zone check of the graph it was made from (it holds one reference), or ``None``.
+        self.check = check
+        if check is not None:
+            check.refs += 1
         #: The device buffers the graph's work touches.
         self.buffers = buffers
         #: The host buffers the graph's work reads or writes.

@@ -39,11 +39,13 @@ class MemoryMonitor:
         free, total = raw.mem_get_info()
         integrated = raw.is_integrated()
         available = read_mem_available() if integrated else None
+        quarantined = self._stats.quarantined_bytes
         return MemoryInfo(
             free=free,
             total=total,
-            effective_free=effective_free_bytes(free, available, integrated, total),
+            effective_free=min(total, effective_free_bytes(free, available, integrated, total) + quarantined),
             integrated=bool(integrated),
+            quarantined=quarantined,
         )
 
     def stats(self) -> MemoryStats:

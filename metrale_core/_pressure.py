@@ -44,6 +44,10 @@ class MemoryStats:
     :param oom_retries: allocations tried again after an ``on_out_of_memory`` callback freed memory.
     :param redzone_scans: full red-zone scans (``scan_redzones()``, after graph launches, at ``close()``).
     :param graph_launches: ``GraphExec.launch`` calls.
+    :param redzone_quarantined: freed zoned buffers waiting in quarantine (off the ledger and out of
+        ``current_bytes``; their memory not released yet).
+    :param redzone_quarantined_bytes: the device memory they hold, zones included.
+    :param redzone_sample: red zones go to one allocation in this many (``redzone_sample``).
     """
 
     alloc_count: int
@@ -58,6 +62,9 @@ class MemoryStats:
     oom_retries: int
     redzone_scans: int
     graph_launches: int
+    redzone_quarantined: int = 0
+    redzone_quarantined_bytes: int = 0
+    redzone_sample: int = 1
 
     @property
     def current_total_bytes(self) -> int:
@@ -70,7 +77,7 @@ class StatsCounter:
 
     __slots__ = (
         "_current", "_lock", "_peak", "_peak_total", "allocs", "arena_allocs", "frees", "graph_launches",
-        "oom_count", "oom_retries", "redzone_scans",
+        "oom_count", "oom_retries", "quarantined_bytes", "quarantined_count", "redzone_sample", "redzone_scans",
     )
 
     def __init__(self) -> None:
@@ -87,6 +94,15 @@ class StatsCounter:
         self.oom_retries = 0
         self.redzone_scans = 0
         self.graph_launches = 0
+        self.quarantined_count = 0
+        self.quarantined_bytes = 0
+        self.redzone_sample = 1
+
+    def quarantined(self, count: int, nbytes: int) -> None:
+        """Buffers entered (positive) or left (negative) the red-zone quarantine."""
+        with self._lock:
+            self.quarantined_count += count
+            self.quarantined_bytes += nbytes
 
     def allocated(self, kind: str, nbytes: int) -> None:
         with self._lock:
@@ -122,6 +138,9 @@ class StatsCounter:
                 oom_retries=self.oom_retries,
                 redzone_scans=self.redzone_scans,
                 graph_launches=self.graph_launches,
+                redzone_quarantined=self.quarantined_count,
+                redzone_quarantined_bytes=self.quarantined_bytes,
+                redzone_sample=self.redzone_sample,
             )
 
 

@@ -133,6 +133,18 @@ class RawDevice(abc.ABC):
     def free_host(self, ptr: int) -> None:
         """Release memory :meth:`alloc_host` returned."""
 
+    def alloc_host_mapped(self, nbytes: int) -> tuple[int, memoryview, int]:
+        """Pinned host memory the device can address too (``cuMemHostAlloc`` with
+        ``CU_MEMHOSTALLOC_DEVICEMAP``): its host address, a writable byte view, and the device
+        address kernels write it at (``cuMemHostGetDevicePointer``). Released with :meth:`free_host`.
+
+        Optional: the core's in-graph red-zone checks leave their verdicts here; a backend without
+        it keeps the checks queued behind each graph launch instead.
+        """
+        raise error_for_code(
+            "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} maps no host memory: alloc_host_mapped"
+        )
+
     @abc.abstractmethod
     def memset(self, ptr: int, value: int, nbytes: int, stream: object) -> None:
         """Set ``nbytes`` bytes at ``ptr`` to ``value``, on ``stream``."""

@@ -51,7 +51,8 @@ class RedZones:
     """
 
     __slots__ = (
-        "_lock", "_patterns", "_slot_of", "_slots", "_table", "_zones", "fill", "lead", "min_idx", "size", "version",
+        "_lock", "_patterns", "_slot_of", "_slots", "_table", "_zones", "fill", "lead", "min_idx", "sample", "size",
+        "version",
     )
 
     def __init__(self, settings: MetraleSettings) -> None:
@@ -59,6 +60,7 @@ class RedZones:
         self.min_idx = settings.redzone_min_idx
         self.fill = settings.redzone_fill
         self.lead = settings.redzone_lead
+        self.sample = settings.redzone_sample
         self._lock = threading.Lock()
         self._zones: dict[int, tuple[Zone, ...]] = {}  # creation index -> its zones
         self._slots: list[Zone] = []  # slot i: the zone at table[2i], table[2i + 1]
@@ -70,7 +72,7 @@ class RedZones:
 
     def layout(self, nbytes: int, index: int) -> Layout:
         """The raw size and the zones for an ``alloc`` of ``nbytes`` with ``index``."""
-        if self.size == 0 or index < self.min_idx:
+        if self.size == 0 or index < self.min_idx or index % self.sample:
             return Layout(raw_bytes=nbytes, lead=0, trail=0)
         # The leading band is rounded up so the user's pointer stays aligned.
         lead = _round_up(self.size) if self.lead else 0
@@ -112,9 +114,23 @@ class RedZones:
                 self.version += 1
             return zones
 
+    def zones_of(self, index: int) -> tuple[Zone, ...]:
+        """The zones of allocation ``index`` still watched (empty if none)."""
+        with self._lock:
+            return self._zones.get(index, ())
+
+    def watched(self, index: int) -> bool:
+        """Whether allocation ``index`` still has zones here (live, or freed and waiting in quarantine)."""
+        return index in self._zones
+
     def live(self) -> list[Zone]:
         with self._lock:
             return list(self._slots)
+
+    def table(self) -> tuple[int, int, bytes]:
+        """``(version, count, table bytes)``: what the device-side table holds for this version."""
+        with self._lock:
+            return self.version, len(self._slots), self._table.tobytes()
 
     def snapshot(self, known_version: int) -> tuple[int, list[Zone], bytes | None]:
         """``(version, zones, table)``: the live zones in slot order and, unless the

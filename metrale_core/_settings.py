@@ -361,6 +361,19 @@ class MetraleSettings(BaseSettings):
         description="Scan every live red zone after each graph launch (it waits for the device), so an overrun "
         "is reported by the launch of the graph that made it.",
     )
+    redzone_quarantine_bytes: Size = Field(
+        256 << 20, ge=0,
+        description="With red zones on, `free` takes the record off the ledger at once but keeps the memory, its "
+        "zones still watched, until a batch of freed buffers is checked and released together: when the "
+        "quarantine holds more than this many bytes (zones included) or more than 1,024 buffers, at "
+        "`scan_redzones()`, `sweep_unreleased()`, an allocation that runs out of memory, and `close()`. `0` "
+        "checks and releases each buffer in its own `free`.",
+    )
+    redzone_sample: int = Field(
+        1, ge=1, le=1 << 30,
+        description="Give red zones to one allocation in N (those whose creation index is a multiple of N, so a run "
+        "is reproducible); `1` zones every allocation.",
+    )
     redzone_scan_queued: bool = Field(
         False,
         description="With `redzone_scan_graphs`, queue the scan on the graph's stream behind the graph instead of "

@@ -84,6 +84,9 @@ class StreamFront:
                 return
             with ctx.lock:
                 self._handles.pop(id(handle), None)
+            check = getattr(handle, "check", None)
+            if check is not None:
+                self.guard.drop_check(check)
             destroy = getattr(self._raw, handle._destroy_op)
             if ctx.fault is None:
                 destroy(handle.raw)
@@ -116,9 +119,15 @@ class StreamFront:
                 raise InvalidBufferError(f"GraphExec.launch: the graph recorded {hb!r}, which was freed; capture again")
         target = self.resolve(stream, "GraphExec.launch")
         raw = graph.raw
-        self.issue(target, "GraphExec.launch", graph.buffers, lambda s: self._raw.graph_launch(raw, s))
+        guard, check = self.guard, graph.check
+        if check is None:
+            self.issue(target, "GraphExec.launch", graph.buffers, lambda s: self._raw.graph_launch(raw, s))
+        else:
+            with guard.lock:  # the zone table stays as the graph's check reads it until the launch is issued
+                guard.before_graph_launch(check, target)
+                self.issue(target, "GraphExec.launch", graph.buffers, lambda s: self._raw.graph_launch(raw, s))
         self._stats.graph_launches += 1
-        self.guard.after_graph_launch(target, is_live)
+        guard.after_graph_launch(target, is_live, check)
 
     def warn_if_graphed(self, buf: DeviceBuffer) -> None:
         """An allocator release observer: warn when live executable graphs still use ``buf``."""
@@ -227,12 +236,16 @@ class StreamFront:
                 "CUDA_ERROR_ILLEGAL_STATE", "begin_capture: this stream is already capturing; call end_capture first"
             )
         self.guard.settle()  # no wait is allowed once a capture runs
+        check = self.guard.reserve_check()  # the red-zone check the graph will end with (allocations allowed now)
         capture = Capture(self.ctx)
+        capture.check = check
         capture.start()  # on the record first: no barred call of another thread reaches the driver now
         try:
             self._raw.begin_capture(target.raw)
         except BaseException:
             capture.finish()
+            if check is not None:
+                self.guard.drop_check(check)
             raise
         target.capture = capture
 
@@ -244,11 +257,23 @@ class StreamFront:
                 "CUDA_ERROR_ILLEGAL_STATE", "end_capture: this stream is not capturing; call begin_capture first"
             )
         target.capture = None
+        check = capture.check
         try:  # off the record only once the driver's capture has ended: until then barred calls stay refused
             if capture.invalidated:
                 self._discard_raw_capture(target)
                 raise invalidated_error(capture, "end_capture")
+            if check is not None:
+                try:
+                    self.guard.seal_check(check, target)  # the graph's last node: its red-zone check
+                except BaseException:
+                    self._discard_raw_capture(target)
+                    raise
             graph = self._raw.end_capture(target.raw)
+        except BaseException:
+            capture.check = None
+            if check is not None:
+                self.guard.drop_check(check)
+            raise
         finally:
             capture.finish()
         return self.adopt(Graph(self, graph, capture))
@@ -280,6 +305,7 @@ class StreamFront:
             if capture is not None:
                 _log.warning("close: aborting the capture in progress on %r", stream)
                 stream.capture = None
+                capture.check = None  # the guard releases every check at close
                 try:
                     self._discard_raw_capture(stream)
                 finally:

@@ -119,12 +119,15 @@ class RedZoneViolation:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemoryInfo:
-    """Device memory, in bytes. ``effective_free`` is what can really be had."""
+    """Device memory, in bytes. ``effective_free`` is what can really be had: it counts the memory
+    freed buffers hold in the red-zone quarantine (``quarantined``), which an allocation that runs
+    out of memory gets back."""
 
     free: int
     total: int
     effective_free: int
     integrated: bool
+    quarantined: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,13 +1,16 @@
 """The zone guard: red zones from fill to verdict, for one backend.
 
 It owns the red-zone bookkeeping (:class:`~metrale_core._redzone.RedZones`), the fills
-queued on the default stream and how many of them are known done, every kind of scan
-(a free's own zones, ``scan_redzones()``, the scan after a graph launch, the scans queued
-behind graph launches), the scan kernel's module, one scratch pool for all of them, and
-the report (observers, then a log line or a :class:`~metrale_core.RedZoneError`).
+queued on the default stream and how many of them are known done, the quarantine of freed
+zoned buffers, every kind of check (a free's own zones, a batch of quarantined buffers,
+``scan_redzones()``, the in-graph checks of :mod:`~metrale_core._graphcheck`, and where those
+cannot run the scans queued behind or waiting after graph launches), the scan kernel's module,
+one scratch pool for all of them, and the report (observers, then a log line or a
+:class:`~metrale_core.RedZoneError`).
 
-Scans run one at a time per backend (:attr:`ZoneGuard.lock`): the scratch is shared, and
-a free waits for a scan that may read its zone.
+Checks run one at a time per backend (:attr:`ZoneGuard.lock`): the scratch is shared, a free
+waits for a check that may read its zone, and a graph launch holds it while the zone table
+is made current, so no check reads memory being released.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Literal
 
 from ._buffer import DeviceBuffer
-from ._capture import active_captures
+from ._capture import active_captures, may_wait
 from ._context import DeviceContext
 from ._errors import MetraleError, RedZoneError
+from ._graphcheck import GraphCheck, GraphChecks
 from ._handles import Stream
 from ._pressure import StatsCounter
 from ._ptx import Param, check_architecture, parse_ptx
@@ -29,7 +33,7 @@ from ._redzone import Layout, RedZones, Zone
 from ._types import LaunchArg, RedZoneViolation
 from .kernels import shipped_modules
 
-__all__ = ["ZoneGuard"]
+__all__ = ["QUARANTINE_MAX_BUFFERS", "ZoneGuard"]
 
 _log = logging.getLogger("metrale")
 
@@ -42,6 +46,22 @@ _MAX_QUEUED_SCANS: Final = 4
 
 #: What a finished queued scan found: the launch it followed, and the violations.
 _Judged = tuple[str, list[RedZoneViolation]]
+
+#: The quarantine is checked and released once it holds more buffers than this (or more bytes than
+#: ``redzone_quarantine_bytes``).
+QUARANTINE_MAX_BUFFERS: Final = 1024
+
+
+class _Quarantined:
+    """A freed zoned buffer waiting in quarantine: off the ledger, its memory and zones still held."""
+
+    __slots__ = ("buf", "nbytes", "release", "zones")
+
+    def __init__(self, buf: DeviceBuffer, zones: tuple[Zone, ...], release: Callable[[], None]) -> None:
+        self.buf = buf
+        self.zones = zones
+        self.nbytes = buf.nbytes + sum(zone.length for zone in zones)  # what the device gave, zones included
+        self.release = release
 
 
 def _zone_table(zones: Sequence[Zone]) -> bytes:
@@ -107,15 +127,19 @@ class _Scratch:
 
 
 class _Scanner:
-    """The shipped ``redzone.redzone_scan`` kernel, loaded by the guard itself (metrale's own: not in
-    ``run_metrics``)."""
+    """The shipped ``redzone`` module's kernels, loaded by the guard itself (metrale's own: not in
+    ``run_metrics``): ``redzone_scan``, and ``redzone_verdict`` for the in-graph checks."""
 
-    __slots__ = ("function", "module", "params")
+    __slots__ = ("function", "module", "params", "verdict")
 
-    def __init__(self, module: object, function: object, params: tuple[Param, ...]) -> None:
+    def __init__(
+        self, module: object, function: object, params: tuple[Param, ...],
+        verdict: tuple[object, tuple[Param, ...]] | None,
+    ) -> None:
         self.module = module
         self.function = function
         self.params = params  # .u64 table, .u32 count, .u32 fill, .u64 results
+        self.verdict = verdict  # (function, params: .u64 desc, .u64 state, .u64 slot), if the module has it
 
 
 class _QueuedScan:
@@ -140,14 +164,16 @@ class ZoneGuard:
     """Red zones of one backend: fills, bookkeeping, scans and their report."""
 
     __slots__ = (
-        "_ctx", "_default", "_fills_issued", "_fills_settled", "_observers", "_pool", "_queued",
-        "_queued_version", "_raw", "_scanner", "_stats", "_table_version", "lock", "zones",
+        "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_issued", "_fills_settled",
+        "_observers", "_pool", "_quarantine", "_queued", "_queued_version", "_raw", "_scanner", "_stats",
+        "_table_version", "lock", "zones",
     )
 
     def __init__(self, ctx: DeviceContext, stats: StatsCounter, default: Stream) -> None:
         self._ctx = ctx
         self._raw = ctx.raw
         self._stats = stats
+        self._default_stream = default
         self._default = default.raw
         #: Where the live zones lie (and the table the device-side scan reads).
         self.zones = RedZones(ctx.settings)
@@ -161,6 +187,10 @@ class ZoneGuard:
         self._queued_version = -1  # the version last written to a queued scan's table
         self._fills_issued = 0  # fills queued on the default stream
         self._fills_settled = 0  # of those, known done
+        self._quarantine: list[_Quarantined] = []
+        self._checks: GraphChecks | None = None  # the in-graph checks, once open
+        self._checks_off = ""  # why graphs are not checked inside ("": not tried yet, or on)
+        stats.redzone_sample = ctx.settings.redzone_sample
 
     # -- fills ------------------------------------------------------------------------------
 
@@ -206,20 +236,69 @@ class ZoneGuard:
     # -- frees and sweeps ----------------------------------------------------------------------
 
     def free_checked(self, buf: DeviceBuffer, release: Callable[[], None]) -> None:
-        """Stop watching ``buf``'s zones, read them while the culprit is fresh, ``release()`` the memory
-        whatever the read says, then report what the read found (a free waits for the device anyway)."""
-        with self.lock:  # no scan may read these zones once the memory is released
-            zones = self.zones.remove(buf.index)
-            try:
-                violations = self._read(zones)
-            finally:
-                release()
-        self.report(violations, f"free of allocation #{buf.index}")
+        """``free`` of ``buf`` (its record already off the ledger): with a quarantine, keep its memory and
+        zones until a batch is checked and released together; else read its zones while the culprit is
+        fresh, ``release()`` the memory whatever the read says, and report what the read found."""
+        bound = self._ctx.settings.redzone_quarantine_bytes
+        with self.lock:  # no check may read these zones once the memory is released
+            zones = self.zones.zones_of(buf.index)
+            if zones and bound:
+                held = _Quarantined(buf, zones, release)
+                self._quarantine.append(held)
+                self._stats.quarantined(1, held.nbytes)
+                if self._stats.quarantined_bytes <= bound and len(self._quarantine) <= QUARANTINE_MAX_BUFFERS:
+                    return
+                violations, when = self._drain_locked(), "the check of the quarantine (freed buffers)"
+            else:
+                zones = self.zones.remove(buf.index)
+                try:
+                    violations = self._read(zones)
+                finally:
+                    release()
+                    self._zones_released()
+                when = f"free of allocation #{buf.index}"
+        self.report(violations, when)
+
+    def drain(self, when: str) -> None:
+        """Check every buffer waiting in quarantine (waiting for the device), release them, report."""
+        with self.lock:
+            violations = self._drain_locked()
+        self.report(violations, f"the check of the quarantine (freed buffers) at {when}")
+
+    def _drain_locked(self) -> list[RedZoneViolation]:
+        entries = self._quarantine
+        if not entries:
+            return []
+        try:
+            return self._read([zone for held in entries for zone in held.zones])
+        finally:
+            self._release_quarantine()
+
+    def _release_quarantine(self) -> None:
+        """Release every quarantined buffer (its zones just checked; the device idle). A failed release
+        is logged: it belongs to a ``free`` that returned long ago."""
+        entries, self._quarantine = self._quarantine, []
+        for held in entries:
+            self.zones.remove(held.buf.index)
+            self._stats.quarantined(-1, -held.nbytes)
+            self._ctx.quietly(f"releasing quarantined allocation #{held.buf.index}", held.release)
+        if entries:
+            self._ctx.quietly("rewrite the red-zone table", self._zones_released)
+
+    def _zones_released(self) -> None:
+        """Zones left the table and their memory went: the in-graph checks' table follows at once."""
+        if self._checks is not None:
+            self._checks.zones_released(self._default_stream)
+
+    @property
+    def quarantined_bytes(self) -> int:
+        return self._stats.quarantined_bytes
 
     def forget(self, index: int) -> None:
         """Stop watching the zones of allocation ``index`` (a sweep: nobody reads them)."""
         with self.lock:
-            self.zones.remove(index)
+            if self.zones.remove(index):
+                self._zones_released()
 
     # -- scans -------------------------------------------------------------------------------
 
@@ -227,26 +306,33 @@ class ZoneGuard:
         self._observers.append(observer)
 
     def scan(self) -> list[RedZoneViolation]:
-        """``scan_redzones()``: wait for the device, judge every live zone, report."""
+        """``scan_redzones()``: wait for the device, judge every zone (live and quarantined), release the
+        quarantine, report."""
         with self.lock:
-            violations = self._read()
+            try:
+                violations = self._read()
+            finally:
+                self._release_quarantine()
             self._drop_queued()  # this scan reports every zone the finished ones could have found
         self.report(violations, "scan_redzones()")
         return violations
 
     def final_scan(self) -> None:
-        """The scan of ``close()``: the device is idle; logged, never raised."""
+        """The check of ``close()``: the device is idle; logged, never raised. The quarantine goes too."""
         with self.lock:
             self._ctx.quietly("drop the queued scans", self._drop_queued)
-            if self._ctx.fault is None and not active_captures():
-                try:
-                    self.report(self._read(), "close()", may_raise=False)
-                except MetraleError as exc:
-                    _log.warning("close: the red-zone scan failed: %s", exc)
+            try:
+                if self._ctx.fault is None and not active_captures():
+                    try:
+                        self.report(self._read(), "close()", may_raise=False)
+                    except MetraleError as exc:
+                        _log.warning("close: the red-zone scan failed: %s", exc)
+            finally:
+                self._release_quarantine()
 
     def _read(self, zones: Sequence[Zone] | None = None) -> list[RedZoneViolation]:
-        """Wait for the device, then judge ``zones`` (every live zone when ``None``): on the device
-        where the backend runs kernels, else by reads."""
+        """Wait for the device, then judge ``zones`` (every watched zone, live or quarantined, when
+        ``None``): on the device where the backend runs kernels, else by reads."""
         with self.lock:
             table: bytes | None
             if zones is None:
@@ -282,7 +368,14 @@ class ZoneGuard:
                 _log.info("red-zone scans read each zone back: the scan kernel cannot load here (%s)", exc.message)
                 self._scanner = False
             else:
-                self._scanner = _Scanner(module, function, parsed.entries["redzone_scan"])
+                verdict = None
+                if "redzone_verdict" in parsed.entries:
+                    try:
+                        verdict = (self._raw.module_function(module, "redzone_verdict"),
+                                   parsed.entries["redzone_verdict"])
+                    except MetraleError as exc:
+                        _log.info("red zones: the in-graph check kernel cannot load here (%s)", exc.message)
+                self._scanner = _Scanner(module, function, parsed.entries["redzone_scan"], verdict)
         return self._scanner
 
     def _launch_scan(self, scanner: _Scanner, table_ptr: int, n: int, result_ptr: int, stream: object) -> None:
@@ -351,6 +444,9 @@ class ZoneGuard:
                         observer(self._ctx.name, violation)
                 except Exception as exc:  # an observer's bug must not hide the violation
                     _log.warning("red-zone observer %r raised %s: %s", observer, type(exc).__name__, exc)
+        sample = self._ctx.settings.redzone_sample
+        if sample > 1:
+            when = f"{when} (red zones on 1 in {sample} allocations: redzone_sample={sample})"
         if self._ctx.settings.redzone_action == "raise" and may_raise:
             raise RedZoneError(
                 f"{when} found {len(violations)} red-zone violation(s): "
@@ -361,21 +457,141 @@ class ZoneGuard:
         for violation in violations:
             _log.warning("%s (found by %s)", violation.describe(), when)
 
-    # -- after graph launches -----------------------------------------------------------------
+    # -- graphs -------------------------------------------------------------------------------
 
-    def after_graph_launch(self, stream: Stream, is_live: Callable[[DeviceBuffer], bool]) -> None:
-        """With ``redzone_scan_graphs``: scan after the launch (queued behind it with
-        ``redzone_scan_queued`` where scans run as kernels, else waiting for it)."""
+    def _in_graph(self) -> GraphChecks | None:
+        """The in-graph checks, opened on first use; ``None`` where graphs are not checked inside (off,
+        or the backend cannot: then :attr:`check_mode` says why, and the queued scans stand in)."""
+        if self._checks is not None or self._checks_off:
+            return self._checks
         settings = self._ctx.settings
-        if not settings.redzone_scan_graphs or active_captures():
+        if settings.redzone == 0 or not settings.redzone_scan_graphs:
+            self._checks_off = "off"
+            return None
+        scanner = self._load_scanner()
+        if scanner is False or scanner.verdict is None:
+            self._checks_off = "the scan kernel cannot run here" if scanner is False else "no in-graph check kernel"
+            return None
+        if active_captures():  # opening allocates: not while a capture runs (tried again at the next one)
+            return None
+        function, params = scanner.verdict
+        checks = GraphChecks(self._ctx, self.zones, function, params)
+        try:
+            checks.open(self._default_stream)
+        except MetraleError as exc:
+            self._checks_off = f"no mapped host memory here ({exc.message})"
+            _log.info("red zones: graphs are checked by scans queued behind each launch, not inside the graph: %s",
+                      self._checks_off)
+            return None
+        self._checks = checks
+        return checks
+
+    @property
+    def check_mode(self) -> str:
+        """How graph launches are checked, in words (``metrale info``)."""
+        settings = self._ctx.settings
+        if settings.redzone == 0:
+            return "off"
+        if not settings.redzone_scan_graphs:
+            return "at free, scan_redzones() and close() (redzone_scan_graphs is off)"
+        with self.lock:
+            checks = self._in_graph()
+        wait = "queued" if settings.redzone_scan_queued else "waited for"
+        if checks is None and not self._checks_off:
+            return "not known while a capture runs (asked again after it ends)"
+        if checks is not None:
+            return f"inside every captured graph (its last node), verdicts in mapped host memory, {wait}"
+        if self._load_scanner() is False:
+            return f"after every graph launch, zones read back and waited for ({self._checks_off})"
+        return f"by a scan {wait} after every graph launch ({self._checks_off})"
+
+    def reserve_check(self) -> GraphCheck | None:
+        """At ``begin_capture`` (before its record is entered): the check its graph will end with."""
+        with self.lock:
+            checks = self._in_graph()
+            return None if checks is None else checks.reserve(self._default_stream)
+
+    def seal_check(self, check: GraphCheck, stream: Stream) -> None:
+        """At ``end_capture``, before the driver's capture ends: the check becomes the graph's last node."""
+        with self.lock:
+            assert self._checks is not None
+            self._checks.seal(check, stream.raw)
+
+    def drop_check(self, check: GraphCheck) -> None:
+        """A graph or executable graph holding ``check`` closed (or its capture was discarded)."""
+        with self.lock:
+            if self._checks is not None:
+                self._checks.drop(check)
+
+    def before_graph_launch(self, check: GraphCheck | None, stream: Stream) -> None:
+        """Before a graph is launched on ``stream`` (the caller holds :attr:`lock` through the launch):
+        judge the checks that finished since (never this launch's own), and make the table current."""
+        checks = self._checks
+        if check is None or checks is None:
+            return
+        if checks.pending and may_wait():
+            self._judge_checks(checks.finished())
+        checks.before_launch(check, stream)
+
+    def after_graph_launch(
+        self, stream: Stream, is_live: Callable[[DeviceBuffer], bool], check: GraphCheck | None = None
+    ) -> None:
+        """With ``redzone_scan_graphs``: a checked graph's verdict is judged later (at once, waiting for
+        the stream, without ``redzone_scan_queued``); an unchecked graph gets a scan after the launch
+        (queued behind it with ``redzone_scan_queued`` where scans run as kernels, else waiting for it)."""
+        settings = self._ctx.settings
+        if not settings.redzone_scan_graphs:
+            return
+        checks = self._checks
+        if check is not None and checks is not None:
+            with self.lock:
+                checks.launched(check, stream)
+                if stream.capture is None:
+                    self._stats.redzone_scans += 1
+            if not settings.redzone_scan_queued and stream.capture is None and may_wait():
+                self._raw.stream_synchronize(stream.raw)
+                with self.lock:
+                    bad = checks.finished(only=check)
+                self._judge_checks(bad)
+            return
+        if active_captures():
             return
         if settings.redzone_scan_queued and self._queue_scan(stream, is_live):
             return
-        self.report(self._read(), "the scan after GraphExec.launch")
+        self.report(self._full_check(), "the scan after GraphExec.launch")
+
+    def _judge_checks(self, bad: Sequence[GraphCheck]) -> None:
+        """Name what the checks that found bad zones found: one full check (it waits for the device: the
+        caller made sure it may), reported as theirs. Zones freed since are in quarantine, or were
+        reported by their release."""
+        if not bad:
+            return
+        violations = self._full_check()
+        graphs = ", ".join(f"#{check.number}" for check in bad)
+        scanned = max(check.version for check in bad)
+        if not violations:
+            _log.debug("red zones: the in-graph check of graph(s) %s found bad zones (table version %d), all "
+                       "reported since", graphs, scanned)
+        self.report(violations, f"the check inside graph {graphs} (its latest launch)")
+
+    def _full_check(self) -> list[RedZoneViolation]:
+        """Every watched zone judged (waiting for the device); the quarantine, checked, released."""
+        with self.lock:
+            try:
+                return self._read()
+            finally:
+                self._release_quarantine()
 
     def waited(self, is_live: Callable[[DeviceBuffer], bool]) -> None:
-        """Report the queued scans that have finished, without waiting (at the waits a user makes)."""
-        if self._queued and not active_captures():
+        """Report what finished checks found, without waiting (at the waits a user makes)."""
+        checks = self._checks
+        if checks is not None and checks.pending and may_wait():
+            with self.lock:
+                bad = checks.finished()
+            self._judge_checks(bad)
+        if active_captures():
+            return
+        if self._queued:
             finished: list[_Judged] = []
             try:
                 self._judge_queued(finished, is_live, wait=False)
@@ -472,8 +688,11 @@ class ZoneGuard:
         self.report(violations, f"{scans} queued after {named} of this backend", may_raise=may_raise)
 
     def _drop_queued(self) -> None:
-        """Forget the results of the queued scans that are done: a full scan that has just run (the
-        caller holds the lock) reports every zone they could have found. Scans still running are kept."""
+        """Forget the results of the queued scans and in-graph checks that are done: a full scan that has
+        just run (the caller holds the lock) reports every zone they could have found. Those still
+        running are kept."""
+        if self._checks is not None:
+            self._checks.finished()
         for slot in self._queued:
             if slot.pending and self._raw.event_query(slot.event):
                 slot.pending, slot.zones = False, ()
@@ -490,6 +709,10 @@ class ZoneGuard:
                 ctx.quietly("event destroy", self._raw.event_destroy, slot.event)
             self._queued.clear()
             self._pool.release(ctx)
+            if self._checks is not None:
+                self._checks.release()
+                self._checks = None
+            self._checks_off = ""
             if isinstance(self._scanner, _Scanner):
                 ctx.quietly("module unload", self._raw.module_unload, self._scanner.module)
             self._scanner = None

@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_buffer", "_raw", "_interop"),  # handles to memory, the raw contract, foreign memory
     ("_capture", "_ledger", "_redzone", "_arena", "_pressure", "_snapshot"),  # rules and bookkeeping
     ("_context",),  # what the parts of one backend share
-    ("_handles", "_registry", "_holdings"),  # handles and liveness
+    ("_handles", "_registry", "_holdings", "_graphcheck"),  # handles and liveness, the in-graph checks
     ("_zoneguard", "_monitor"),  # collaborators...
     ("_streams", "_allocator"),
     ("_exports", "_kernels"),

@@ -16,6 +16,7 @@ from .context import Bench, Progress
 from .launches import measure_eager, measure_graph, measure_safety
 from .memory import measure_alloc, measure_copies, measure_pools
 from .model import BenchReport, Result
+from .zones import measure_zones
 
 __all__ = ["MEASUREMENTS", "Measurement", "pick", "run_bench"]
 
@@ -37,6 +38,7 @@ MEASUREMENTS: Final[tuple[Measurement, ...]] = (
     Measurement("eager", "eager memset and launch against the raw calls", measure_eager),
     Measurement("graph", "a graph of 100 small kernels against eager launches and PyTorch", measure_graph),
     Measurement("safety", "checks off against fully on in an inference-style loop", measure_safety),
+    Measurement("zones", "the red-zone scan and in-graph check kernels over many zones", measure_zones),
 )
 
 

@@ -6,9 +6,12 @@ module        kernels
 ``vector``    ``vector_add(a, b, out, n)``: ``out[i] = a[i] + b[i]`` (float32);
               ``fill_u32(p, n, value)``: ``p[i] = value`` for ``i < n``
 ``fault``     ``write_to(address, value)``: a store to any address; given one
-              no allocation holds, a sticky ``CUDA_ERROR_ILLEGAL_ADDRESS``
+              no allocation holds, a sticky ``CUDA_ERROR_ILLEGAL_ADDRESS``;
+              ``write_u8(address, value)``: one byte stored (a planted overrun)
 ``redzone``   ``redzone_scan(zones, n, fill, result)``: the device-side red-zone
-              scan, one block per zone, ``result[z]`` = first changed offset + 1
+              scan, one block per zone, ``result[z]`` = first changed offset + 1;
+              ``redzone_verdict(desc, state, slot)``: the check captured as a
+              graph's last node (``metrale_core._graphcheck``)
 ============  ===============================================================
 
 The fake backend runs them through the Python implementations registered by

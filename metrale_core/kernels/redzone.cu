@@ -1,7 +1,55 @@
-// metrale's device-side red-zone scan: one launch checks every live zone.
+// metrale's device-side red-zone checks.
 //   nvcc -ptx -arch=compute_75 -o redzone.ptx redzone.cu
+// A zone is (address, length) of u64: any address, any length >= 1. Both kernels read the bytes
+// before the first 16-byte boundary and after the last one singly, and the aligned middle with
+// 16-byte loads compared against the fill byte replicated into a word.
+
+// The first changed byte of the zone as seen by this thread (0xffffffff: none), or, with
+// any_only, 0 for "some byte changed" as soon as one is seen.
+__device__ static unsigned int zone_first(const unsigned char* p, unsigned long long length, unsigned char fill,
+                                          bool any_only) {
+    unsigned int first = 0xffffffffu;
+    unsigned long long addr = reinterpret_cast<unsigned long long>(p);
+    unsigned long long head = ((16u - (addr & 15u)) & 15u);
+    if (head > length) {
+        head = length;
+    }
+    unsigned long long words = (length - head) / 16u;
+    unsigned long long tail_start = head + words * 16u;
+    // head and tail bytes: at most 15 each
+    for (unsigned long long i = threadIdx.x; i < head; i += blockDim.x) {
+        if (p[i] != fill) {
+            first = min(first, static_cast<unsigned int>(i));
+        }
+    }
+    for (unsigned long long i = tail_start + threadIdx.x; i < length; i += blockDim.x) {
+        if (p[i] != fill) {
+            first = min(first, static_cast<unsigned int>(i));
+        }
+    }
+    unsigned int f = fill * 0x01010101u;
+    const uint4* middle = reinterpret_cast<const uint4*>(p + head);
+    for (unsigned long long w = threadIdx.x; w < words; w += blockDim.x) {
+        uint4 v = middle[w];
+        if (v.x != f || v.y != f || v.z != f || v.w != f) {
+            if (any_only) {
+                return 0u;
+            }
+            const unsigned char* b = p + head + w * 16u;
+            for (unsigned int k = 0; k < 16u; ++k) {
+                if (b[k] != fill) {
+                    first = min(first, static_cast<unsigned int>(head + w * 16u + k));
+                    break;
+                }
+            }
+            break;  // later words of this thread lie further on
+        }
+    }
+    return first;
+}
+
 // zones holds n pairs (address, length); block z checks zone z and writes result[z]:
-// 0 when every byte equals fill, else the first changed offset plus one.
+// 0 when every byte equals fill, else the first changed offset plus one. Grid (n), block (256).
 extern "C" __global__ void redzone_scan(const unsigned long long* zones, unsigned int n, unsigned int fill,
                                         unsigned int* result) {
     unsigned int z = blockIdx.x;
@@ -15,13 +63,55 @@ extern "C" __global__ void redzone_scan(const unsigned long long* zones, unsigne
         first = 0xffffffffu;
     }
     __syncthreads();
-    for (unsigned long long i = threadIdx.x; i < length; i += blockDim.x) {
-        if (p[i] != static_cast<unsigned char>(fill)) {
-            atomicMin(&first, static_cast<unsigned int>(i));
-        }
+    unsigned int mine = zone_first(p, length, static_cast<unsigned char>(fill), false);
+    if (mine != 0xffffffffu) {
+        atomicMin(&first, mine);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         result[z] = first == 0xffffffffu ? 0u : first + 1u;
+    }
+}
+
+// The in-graph check, captured as a graph's last node: its parameters never change.
+// desc (device): table address, zone count, table version, fill byte (u64 each).
+// state (device, zeroed once): u32 blocks finished (counted modulo gridDim.x, a power of two),
+//   u32 bad zones accumulated, u64 verdict sequence number.
+// slot (mapped host memory): u64 bad zones, u64 version scanned, then (after a system fence) u64
+//   sequence number. Any grid and block; metrale launches (1024) x (256).
+extern "C" __global__ void redzone_verdict(const unsigned long long* desc, unsigned long long* state,
+                                           unsigned long long* slot) {
+    const unsigned long long* table = reinterpret_cast<const unsigned long long*>(desc[0]);
+    unsigned long long n = desc[1];
+    unsigned char fill = static_cast<unsigned char>(desc[3]);
+    unsigned int* counter = reinterpret_cast<unsigned int*>(state);
+    unsigned int* bad = counter + 1;
+    unsigned int block_bad = 0;
+    for (unsigned long long z = blockIdx.x; z < n; z += gridDim.x) {
+        const unsigned char* p = reinterpret_cast<const unsigned char*>(table[2 * z]);
+        unsigned long long length = table[2 * z + 1];
+        int changed = zone_first(p, length, fill, true) != 0xffffffffu;
+        if (__syncthreads_or(changed)) {
+            block_bad += 1;
+        }
+    }
+    if (threadIdx.x == 0) {
+        if (block_bad) {
+            atomicAdd(bad, block_bad);
+        }
+        __threadfence();
+        unsigned int done = atomicAdd(counter, 1u) + 1u;
+        if (done % gridDim.x == 0u) {  // the last block of a launch
+            __threadfence();
+            unsigned int total = atomicExch(bad, 0u);
+            volatile unsigned long long* seq_word = state + 1;
+            unsigned long long seq = *seq_word + 1u;
+            *seq_word = seq;
+            volatile unsigned long long* out = slot;
+            out[0] = total;
+            out[1] = desc[2];
+            __threadfence_system();
+            out[2] = seq;
+        }
     }
 }

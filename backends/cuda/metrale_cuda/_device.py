@@ -411,6 +411,22 @@ class CudaDevice(RawDevice):
         return ptr, view
 
     @_bound_checked
+    def alloc_host_mapped(self, nbytes: int) -> tuple[int, memoryview, int]:
+        """``cuMemHostAlloc`` with ``CU_MEMHOSTALLOC_DEVICEMAP``, and its ``cuMemHostGetDevicePointer``."""
+        raw = call1(drv.cuMemHostAlloc, f"cuMemHostAlloc of {nbytes} bytes (mapped)", nbytes,
+                    _d.MEMHOSTALLOC_DEVICEMAP, requested=nbytes)
+        ptr = int(raw)
+        try:
+            device_ptr = int(call1(drv.cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer", ptr, 0))
+            view = memoryview((ctypes.c_ubyte * nbytes).from_address(ptr)).cast("B")
+        except BaseException as exc:
+            call_teardown(drv.cuMemFreeHost, "cuMemFreeHost", ptr)
+            if isinstance(exc, MetraleError):
+                raise
+            raise InvalidArgumentError(f"alloc_host_mapped: cannot view {nbytes} bytes at {ptr:#x}: {exc}") from exc
+        return ptr, view, device_ptr
+
+    @_bound_checked
     def free_host(self, ptr: int) -> None:
         """``cuMemFreeHost``."""
         call_teardown(drv.cuMemFreeHost, "cuMemFreeHost", ptr)

@@ -60,6 +60,7 @@ class FakeDevice(RawDevice):
         weakref.finalize(self, give_back, self._window).atexit = False  # its addresses are this device's till then
         self._device = AddressSpace(*self._window.device, reuse=own.reuse_addresses, what="device memory")
         self._host = AddressSpace(*self._window.host, reuse=True, what="host memory")  # reused always, as ever
+        self._mapped: dict[int, int] = {}  # host address of mapped pinned memory -> its device address
         self._streams: set[FakeStream] = set()
         self._graphs: weakref.WeakSet[FakeGraph] = weakref.WeakSet()
         self._faults: dict[str, list[list[object]]] = {}
@@ -127,6 +128,7 @@ class FakeDevice(RawDevice):
             self._graphs.clear()
             self._device.clear()
             self._host.clear()
+            self._mapped.clear()
             self._implementations.clear()
             self._faults.clear()
             self._used = self._host_used = 0
@@ -155,7 +157,7 @@ class FakeDevice(RawDevice):
             self._fault("free", f"free of {ptr:#x}")
             CAPTURES.bar("free")
             alloc = self._device.get(ptr)
-            if alloc is None or alloc.kind == "external":
+            if alloc is None or alloc.kind in ("external", "mapped"):
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free of {ptr:#x}")
             self._device.remove(ptr)
             self._used -= alloc.size
@@ -170,6 +172,24 @@ class FakeDevice(RawDevice):
             self._host_used += nbytes
             return ptr, data.data
 
+    def alloc_host_mapped(self, nbytes: int) -> tuple[int, memoryview, int]:
+        """Pinned host memory that kernels address too: its bytes are also placed among the device's
+        addresses (kind ``"mapped"``: never freed by :meth:`free`), so a kernel's write shows in the view."""
+        with self._lock:
+            self._fault("alloc", f"alloc_host_mapped of {nbytes} bytes")
+            CAPTURES.bar("alloc_host")
+            check_pinnable(nbytes, self._host_used)
+            data = zeros(nbytes, "fake alloc_host_mapped")
+            ptr = self._host.place(nbytes, "host", data)
+            try:
+                device_ptr = self._device.place(nbytes, "mapped", data)
+            except BaseException:
+                self._host.remove(ptr)
+                raise
+            self._mapped[ptr] = device_ptr
+            self._host_used += nbytes
+            return ptr, data.data, device_ptr
+
     def free_host(self, ptr: int) -> None:
         with self._lock:
             self._drain_all()
@@ -178,6 +198,9 @@ class FakeDevice(RawDevice):
             alloc = self._host.remove(ptr)
             if alloc is None:
                 raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake free_host of {ptr:#x}")
+            device_ptr = self._mapped.pop(ptr, None)
+            if device_ptr is not None:
+                self._device.remove(device_ptr)
             self._host_used -= alloc.size
 
     def address_range(self, ptr: int) -> tuple[int, int]:

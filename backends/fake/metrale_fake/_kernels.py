@@ -45,5 +45,29 @@ def redzone_scan(launch: FakeLaunch, zones: np.ndarray, n: np.uint32, fill: np.u
         out[z] = 0 if changed.size == 0 else int(changed[0]) + 1
 
 
+@kernel_implementation("fault", "write_u8")
+def write_u8(launch: FakeLaunch, address: np.ndarray, value: np.uint32) -> None:
+    launch.elements(address, 1, np.uint8)[0] = np.uint8(int(value) & 0xFF)
+
+
+@kernel_implementation("redzone", "redzone_verdict")
+def redzone_verdict(launch: FakeLaunch, desc: np.ndarray, state: np.ndarray, slot: np.ndarray) -> None:
+    """The fake's in-graph check: the zones its descriptor's table names, counted where changed; the
+    verdict, then the sequence number, into the slot (as the CUDA kernel leaves them)."""
+    table_ptr, count, version, fill = (int(v) for v in launch.elements(desc, 4, np.uint64))
+    bad = 0
+    if count:
+        table = launch.read(table_ptr, count * 16).view(np.uint64).reshape(count, 2)
+        for address, length in table:
+            data = launch.read(int(address), int(length))
+            bad += bool(np.any(data != np.uint8(fill & 0xFF)))
+    words = launch.elements(state, 2, np.uint64)
+    words[1] += np.uint64(1)
+    out = launch.elements(slot, 4, np.uint64)
+    out[0] = bad
+    out[1] = version
+    out[2] = words[1]
+
+
 #: The implementations the fake plugin registers through ``metrale_kernel_implementations``.
-SHIPPED: tuple[KernelImplementation, ...] = (vector_add, fill_u32, write_to, redzone_scan)
+SHIPPED: tuple[KernelImplementation, ...] = (vector_add, fill_u32, write_to, write_u8, redzone_scan, redzone_verdict)
