@@ -146,7 +146,7 @@ class Allocator:
             except OutOfMemoryError as exc:
                 if not drained and self._guard.quarantined_bytes:  # freed memory waiting in quarantine first
                     drained = True
-                    self._guard.drain(f"{what}, out of memory")
+                    self._guard.drain(f"{what}, out of memory", may_raise=False)  # logged: the allocation goes on
                     continue
                 reclaimed = retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what)
                 if self.ctx.closed:  # a callback closed the backend

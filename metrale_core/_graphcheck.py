@@ -9,7 +9,9 @@ never instantiated again when zones come and go:
 - the *descriptor* (device memory, one per backend): the zone table's address, the zone count,
   the table's version and the fill byte, written with the table;
 - the graph's *state* (device memory, 16 bytes): the kernel's block counter, bad-zone
-  accumulator and sequence number;
+  accumulator and sequence number (launches of one executable graph never overlap, so its
+  counter is never shared by two launches at once; two executable graphs of one graph share
+  the state, and running them at once on two streams may merge or delay their verdicts);
 - the graph's *slot* (mapped pinned host memory, 32 bytes): the verdict (bad zones, the table
   version scanned), then, after ``__threadfence_system()``, the sequence number. The host judges
   a launch by reading those words: no event, no copy, no wait.
@@ -41,7 +43,7 @@ __all__ = ["GRID", "GraphCheck", "GraphChecks"]
 
 _log = logging.getLogger("metrale")
 
-#: The verdict kernel's grid (a power of two: its block counter counts modulo the grid) and block.
+#: The verdict kernel's grid (blocks beyond the zone count return at once) and block.
 GRID: Final = 1024
 _BLOCK: Final = 256
 _SLOT_BYTES: Final = 32  # u64 words: bad zones, version scanned, sequence number, spare

@@ -259,11 +259,11 @@ class ZoneGuard:
                 when = f"free of allocation #{buf.index}"
         self.report(violations, when)
 
-    def drain(self, when: str) -> None:
+    def drain(self, when: str, *, may_raise: bool = True) -> None:
         """Check every buffer waiting in quarantine (waiting for the device), release them, report."""
         with self.lock:
             violations = self._drain_locked()
-        self.report(violations, f"the check of the quarantine (freed buffers) at {when}")
+        self.report(violations, f"the check of the quarantine (freed buffers) at {when}", may_raise=may_raise)
 
     def _drain_locked(self) -> list[RedZoneViolation]:
         entries = self._quarantine
@@ -673,7 +673,8 @@ class ZoneGuard:
                 results = self._pool.host(f"{slot.name}.host", slot.capacity * 4, floor=0)[: len(zones) * 4]
                 if bytes(results).count(0) == len(results):
                     continue
-                violations = _zone_violations(zones, results.cast("I"), keep=is_live)
+                violations = _zone_violations(  # zones freed since: in quarantine, still watched, or reported
+                    zones, results.cast("I"), keep=lambda buf: is_live(buf) or self.zones.watched(buf.index))
                 if violations:
                     finished.append((slot.when, violations))
 

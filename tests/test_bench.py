@@ -56,6 +56,7 @@ def test_the_fake_is_compared_with_numpy() -> None:
     assert ledger.vs == raw.label and ledger.ratio == pytest.approx(ledger.value / raw.value)  # type: ignore[operator]
     assert re.fullmatch(r"[\d,]+ pairs/s, \+[\d.]+ us", ledger.note)
     assert [f.label for f in alloc.figures] == [
+        "raw alloc + free 64 KiB", "metrale 64 KiB (ledger)", "metrale 64 KiB, red zone",
         "raw alloc + free 1 MiB", "metrale 1 MiB (ledger)", "metrale 1 MiB, red zone",
         "raw alloc + free 64 MiB", "metrale 64 MiB (ledger)", "metrale 64 MiB, red zone",
     ]
@@ -92,13 +93,13 @@ def test_cli_quick_run_writes_json(tmp_path: Path) -> None:
     assert "[1/2] alloc:" in out.stderr and "[2/2] safety:" in out.stderr  # progress goes to stderr
     assert out.stdout.startswith("metrale bench on fake: metrale fake device 0")
     assert "\nalloc: ledgered allocation against the raw driver pair" in out.stdout
-    assert "step, checks on, scan queued" in out.stdout and f"wrote {path}" in out.stdout
+    assert "step, checks on, verdict judged later" in out.stdout and f"wrote {path}" in out.stdout
     data = json.loads(path.read_text())
     assert data["backend"] == "fake" and data["quick"] is True
     assert set(data["versions"]) >= {"metrale", "python", "numpy"}
     assert [r["name"] for r in data["results"]] == ["alloc", "safety"]
     assert [f["label"] for f in data["results"][1]["figures"]] == [
-        "step, checks off", "step, checks on, scan waits", "step, checks on, scan queued",
+        "step, checks off", "step, checks on, verdict waited for", "step, checks on, verdict judged later",
     ]
     assert data["results"][1]["figures"][2]["vs"] == "step, checks off"
 

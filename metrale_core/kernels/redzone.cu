@@ -75,19 +75,29 @@ extern "C" __global__ void redzone_scan(const unsigned long long* zones, unsigne
 
 // The in-graph check, captured as a graph's last node: its parameters never change.
 // desc (device): table address, zone count, table version, fill byte (u64 each).
-// state (device, zeroed once): u32 blocks finished (counted modulo gridDim.x, a power of two),
-//   u32 bad zones accumulated, u64 verdict sequence number.
+// state (device, zeroed once): u32 blocks finished, u32 bad zones accumulated, u64 verdict sequence
+//   number. The blocks that take part are min(grid, zones), at least one (the others return at once);
+//   the last of them to finish, by the counter, writes the verdict and sets the counter back to 0.
+//   (The count is read once per launch: metrale never writes the table while a check may run, and
+//   launches of one executable graph never overlap.)
 // slot (mapped host memory): u64 bad zones, u64 version scanned, then (after a system fence) u64
 //   sequence number. Any grid and block; metrale launches (1024) x (256).
 extern "C" __global__ void redzone_verdict(const unsigned long long* desc, unsigned long long* state,
                                            unsigned long long* slot) {
-    const unsigned long long* table = reinterpret_cast<const unsigned long long*>(desc[0]);
     unsigned long long n = desc[1];
+    unsigned int blocks = n < gridDim.x ? static_cast<unsigned int>(n) : gridDim.x;
+    if (blocks == 0u) {
+        blocks = 1u;
+    }
+    if (blockIdx.x >= blocks) {
+        return;
+    }
+    const unsigned long long* table = reinterpret_cast<const unsigned long long*>(desc[0]);
     unsigned char fill = static_cast<unsigned char>(desc[3]);
     unsigned int* counter = reinterpret_cast<unsigned int*>(state);
     unsigned int* bad = counter + 1;
     unsigned int block_bad = 0;
-    for (unsigned long long z = blockIdx.x; z < n; z += gridDim.x) {
+    for (unsigned long long z = blockIdx.x; z < n; z += blocks) {
         const unsigned char* p = reinterpret_cast<const unsigned char*>(table[2 * z]);
         unsigned long long length = table[2 * z + 1];
         int changed = zone_first(p, length, fill, true) != 0xffffffffu;
@@ -101,9 +111,10 @@ extern "C" __global__ void redzone_verdict(const unsigned long long* desc, unsig
         }
         __threadfence();
         unsigned int done = atomicAdd(counter, 1u) + 1u;
-        if (done % gridDim.x == 0u) {  // the last block of a launch
+        if (done == blocks) {  // the last block of this launch
             __threadfence();
             unsigned int total = atomicExch(bad, 0u);
+            atomicExch(counter, 0u);
             volatile unsigned long long* seq_word = state + 1;
             unsigned long long seq = *seq_word + 1u;
             *seq_word = seq;

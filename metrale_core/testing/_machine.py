@@ -142,23 +142,39 @@ class BackendMachine(MemoryRules):
         key = (buf.index, side)
         self.dirty[key] = min(offset, self.dirty.get(key, offset))
 
+    @precondition(lambda self: self.redzone > 0 and any(self._zoned(b) for b, _ in self.quarantine.values()))
+    @rule(data=st.data())
+    def overrun_in_quarantine(self, data: st.DataObject) -> None:
+        """A write into the zone of a freed buffer waiting in quarantine (its memory is still allocated, so
+        the raw memset is legal): the quarantine's check must find it."""
+        index = data.draw(st.sampled_from(sorted(self.quarantine)), label="quarantined buffer")
+        buf = self.quarantine[index][0]
+        offset = data.draw(st.integers(0, self.redzone - 1), label="zone offset")
+        value = data.draw(st.integers(0, 255).filter(lambda v: v != self.gpu.settings.redzone_fill))
+        self.gpu.memset(buf.ptr + buf.nbytes + offset, value, nbytes=1)
+        key = (buf.index, "trail")
+        self.qdirty[key] = min(offset, self.qdirty.get(key, offset))
+
     @precondition(lambda self: self.redzone > 0)
     @rule()
     def scan(self) -> None:
+        changed = {**self.dirty, **self.qdirty}
+        held = {index: buf for index, (buf, _) in self.quarantine.items()}
         try:
             found = self.gpu.scan_redzones()
         except RedZoneError as exc:
-            assert self.gpu.settings.redzone_action == "raise" and self.dirty, exc
+            assert self.gpu.settings.redzone_action == "raise" and changed, exc
             found = exc.violations
         else:
-            assert not (self.dirty and self.gpu.settings.redzone_action == "raise"), "a scan did not raise"
+            assert not (changed and self.gpu.settings.redzone_action == "raise"), "a scan did not raise"
+        self._quarantine_checked()
         for v in found:
-            live = self.live.get(v.index)
-            assert live is not None, f"a violation was reported for allocation #{v.index}, which is not live"
-            assert (v.ptr, v.nbytes, v.site) == (live[0].ptr, live[0].nbytes, live[0].site)
+            owner = self.live[v.index][0] if v.index in self.live else held.get(v.index)
+            assert owner is not None, f"a violation was reported for #{v.index}, neither live nor in quarantine"
+            assert (v.ptr, v.nbytes, v.site) == (owner.ptr, owner.nbytes, owner.site)
         got = {(v.index, v.side): v.offset for v in found}
         assert len(got) == len(found), f"a zone was reported twice: {found}"
-        assert got == self.dirty, f"scan reported {got}, the model expects {self.dirty}"
+        assert got == changed, f"scan reported {got}, the model expects {changed}"
 
     # -- injected driver failures -------------------------------------------------------------------
 
@@ -166,6 +182,8 @@ class BackendMachine(MemoryRules):
     @rule(kind=st.sampled_from(["device", "managed", "arena"]), code=st.sampled_from(
         ["CUDA_ERROR_UNKNOWN", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_INVALID_VALUE"]))
     def alloc_fails(self, kind: str, code: str) -> None:
+        if code == "CUDA_ERROR_OUT_OF_MEMORY" and self.quarantine:
+            return  # the quarantine is released and the allocation tried again: alloc_drains_the_quarantine
         records = self.probe.records()
         self.gpu.inject_fault("alloc", code=code)  # type: ignore[attr-defined]
         fn = {"device": self.gpu.alloc, "managed": self.gpu.alloc_managed, "arena": self.gpu.alloc_arena}[kind]
@@ -189,15 +207,37 @@ class BackendMachine(MemoryRules):
         else:
             if self._zoned(buf):
                 raise AssertionError("a failed red-zone fill did not fail the alloc")
-            self.gpu.memset(buf, 0)  # the zone-less alloc left the fault for the next memset
+            try:
+                self.gpu.memset(buf, 0)  # the zone-less alloc (sampled out) left the fault for the next memset
+            except DriverError:
+                pass
+            else:
+                raise AssertionError("the injected memset failure did not surface at the next memset")
             self.gpu.free(buf)
+            if self._quarantines(buf):  # never: it had no zones
+                raise AssertionError("a zone-less buffer went to quarantine")
             return
         assert self.probe.records() == records, "an alloc whose zone fill failed stayed on the ledger"
 
-    @precondition(lambda self: self.can_inject and self.live)
+    @precondition(lambda self: self.can_inject and self.quarantine)
+    @rule(kind=st.sampled_from(["device", "managed", "arena"]))
+    def alloc_drains_the_quarantine(self, kind: str) -> None:
+        """Out of memory with buffers in quarantine: they are checked (logged, never raised) and released,
+        and the allocation tried again before any on_out_of_memory callback is asked."""
+        self.gpu.inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")  # type: ignore[attr-defined]
+        self.reclaimed = []
+        self.alloc(kind, 128)
+        assert self.reclaimed == [], "the callbacks were asked before the quarantine was released"
+        self._quarantine_checked()
+
+    def _frees_at_once(self) -> Pool:
+        """Live buffers whose ``free`` reaches the raw free at once (not into the quarantine)."""
+        return {i: v for i, v in self.live.items() if not self._quarantines(v[0])}
+
+    @precondition(lambda self: self.can_inject and self._frees_at_once())
     @rule(data=st.data())
     def free_fails(self, data: st.DataObject) -> None:
-        buf, _ = self._pick(data, self.live)
+        buf, _ = self._pick(data, self._frees_at_once())
         self.gpu.inject_fault("free")  # type: ignore[attr-defined]
         try:
             self.gpu.free(buf)
@@ -214,7 +254,10 @@ class BackendMachine(MemoryRules):
     @rule(kind=st.sampled_from(["device", "managed", "arena"]), n=st.integers(1, MAX_BYTES))
     def alloc_reclaims_and_retries(self, kind: str, n: int) -> None:
         """An allocation that runs out of memory asks the on_out_of_memory callbacks, and one
-        that says it freed memory earns another try (here the injected failure is gone by then)."""
+        that says it freed memory earns another try (here the injected failure is gone by then);
+        buffers in quarantine are released first, and then no callback is asked."""
+        if self.quarantine:
+            return  # alloc_drains_the_quarantine
         self.gpu.inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")  # type: ignore[attr-defined]
         self.reclaim_answer, self.reclaimed = True, []
         try:

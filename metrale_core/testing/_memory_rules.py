@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from .. import ArenaFullError, InvalidBufferError, RedZoneError
+from .._zoneguard import QUARANTINE_MAX_BUFFERS
 from ._model import ARENA_BYTES, MAX_BYTES, Contents, MachineModel
 
 __all__ = ["MemoryRules"]
@@ -32,14 +33,22 @@ class MemoryRules(MachineModel):
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
         buf, _ = self._pick(data, self.live)
-        dirty = {side: off for (index, side), off in self.dirty.items() if index == buf.index}
-        if dirty and self.gpu.settings.redzone_action == "raise":
+        dirty = {(index, side): off for (index, side), off in self.dirty.items() if index == buf.index}
+        if self._quarantines(buf):  # into the quarantine; past its bound, the whole batch is checked
+            self.quarantine[buf.index] = (buf, self._zone_bytes(buf))
+            self.qdirty.update(dirty)
+            held = sum(nbytes for _, nbytes in self.quarantine.values())
+            drained = held > self.quarantine_bound or len(self.quarantine) > QUARANTINE_MAX_BUFFERS
+            expected = self._quarantine_checked() if drained else {}
+        else:
+            expected = dirty
+        if expected and self.gpu.settings.redzone_action == "raise":
             try:
                 self.gpu.free(buf)
             except RedZoneError as exc:
-                assert {v.side: v.offset for v in exc.violations} == dirty, (exc.violations, dirty)
+                assert {(v.index, v.side): v.offset for v in exc.violations} == expected, (exc.violations, expected)
             else:
-                raise AssertionError(f"free of allocation #{buf.index}, whose zone changed, did not raise")
+                raise AssertionError(f"free of allocation #{buf.index}, which found changed zones, did not raise")
         else:
             self.gpu.free(buf)  # a changed zone is logged (redzone_action="warn")
         assert not any(r.index == buf.index for r in self.probe.records()), "free left the record on the ledger"
@@ -109,6 +118,15 @@ class MemoryRules(MachineModel):
     @rule()
     def sweep(self) -> None:
         expected = len(self.live)
+        found = self._quarantine_checked()  # the sweep checks and releases the quarantine first
+        if found and self.gpu.settings.redzone_action == "raise":
+            try:
+                self.gpu.sweep_unreleased()
+            except RedZoneError as exc:
+                assert {(v.index, v.side): v.offset for v in exc.violations} == found
+            else:
+                raise AssertionError("the sweep's check of the quarantine did not raise")
+            expected = len(self.live)  # the quarantine's report came first: nothing of the ledger swept yet
         assert self.gpu.sweep_unreleased() == expected
         for buf, _ in list(self.live.values()):
             self._forget(buf)

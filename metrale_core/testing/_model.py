@@ -101,6 +101,10 @@ class MachineModel(RuleBasedStateMachine):
         self.redzone = rz.redzone
         self.redzone_min_idx = rz.redzone_min_idx
         self.redzone_lead = rz.redzone_lead
+        self.redzone_sample = rz.redzone_sample
+        self.quarantine_bound = rz.redzone_quarantine_bytes
+        self.quarantine: dict[int, tuple[DeviceBuffer, int]] = {}  # freed zoned buffers by index, with their bytes
+        self.qdirty: dict[tuple[int, str], int] = {}  # their changed zones, as ``dirty``
         self.sub: Arena = self.gpu.create_arena(ARENA_BYTES)
         self.pieces: Pool = {}  # live pieces of self.sub, by index
         self.sub_top = 0  # the model of self.sub.used
@@ -122,6 +126,7 @@ class MachineModel(RuleBasedStateMachine):
         device whose ``close()`` keeps its memory would keep it for each of them.)"""
         del self.gpu
         self.live, self.arena, self.pieces, self.stale, self.dirty = {}, {}, {}, [], {}
+        self.quarantine, self.qdirty = {}, {}
         self.fill = None
         MachineModel.programs += 1
         if MachineModel.programs % COLLECT_EVERY == 0:
@@ -156,22 +161,49 @@ class MachineModel(RuleBasedStateMachine):
         return bytes(out)
 
     def _launch_graph(self, exe: GraphExec, stream: Stream) -> None:
-        """Launch, expecting the scan after it to raise where zones changed and the settings say so (with
-        ``redzone_scan_queued``, the stream's synchronize after the launch)."""
+        """Launch, expecting the check of every zone (live and quarantined) at the launch to raise where
+        zones changed and the settings say so (with ``redzone_scan_queued``, at the stream's synchronize
+        after the launch); a check that found a change checks the quarantine too, and releases it."""
         settings = self.gpu.settings
-        expect = bool(self.dirty) and settings.redzone_scan_graphs and settings.redzone_action == "raise"
+        changed = {**self.dirty, **self.qdirty}
+        expect = bool(changed) and settings.redzone_scan_graphs and settings.redzone_action == "raise"
         try:
             exe.launch(stream)
-            if settings.redzone_scan_queued:  # the scan is queued behind the graph: the wait reports it
+            if settings.redzone_scan_queued:  # the check is judged later: the wait reports it
                 stream.synchronize()
         except RedZoneError as exc:
             assert expect, f"a graph launch raised {exc} with no changed zone in the model"
-            assert {(v.index, v.side): v.offset for v in exc.violations} == self.dirty
+            assert {(v.index, v.side): v.offset for v in exc.violations} == changed
         else:
-            assert not expect, "the scan after a graph launch missed a changed zone"
+            assert not expect, "the check at a graph launch missed a changed zone"
+        if settings.redzone_scan_graphs:
+            mode = self.gpu.redzone_checks
+            if mode.startswith("inside"):  # a verdict that found a change is named by a full check
+                if changed:
+                    self._quarantine_checked()
+            elif "waited for" in mode:  # a full check after every launch
+                self._quarantine_checked()
+            # a scan queued behind the launch judges the quarantined zones too, and releases nothing
 
     def _zoned(self, buf: DeviceBuffer) -> bool:
-        return buf.kind == "device" and self.redzone > 0 and buf.index >= self.redzone_min_idx
+        return (
+            buf.kind == "device" and self.redzone > 0 and buf.index >= self.redzone_min_idx
+            and buf.index % self.redzone_sample == 0
+        )
+
+    def _zone_bytes(self, buf: DeviceBuffer) -> int:
+        """What a zoned buffer holds of the device: itself, its trailing zone and its leading one."""
+        lead = -(-self.redzone // 256) * 256 if self.redzone_lead else 0
+        return buf.nbytes + self.redzone + lead
+
+    def _quarantines(self, buf: DeviceBuffer) -> bool:
+        """Whether ``free(buf)`` puts it in the quarantine (rather than checking and releasing it at once)."""
+        return self._zoned(buf) and self.quarantine_bound > 0
+
+    def _quarantine_checked(self) -> dict[tuple[int, str], int]:
+        """The quarantine was checked and released: what the model expects that check to have found."""
+        found, self.qdirty, self.quarantine = self.qdirty, {}, {}
+        return found
 
     def _forget(self, buf: DeviceBuffer) -> None:
         self.live.pop(buf.index, None)
@@ -195,6 +227,10 @@ class MachineModel(RuleBasedStateMachine):
         assert stats.peak_total_bytes >= stats.current_total_bytes
         assert all(stats.peak_bytes[k] >= v for k, v in stats.current_bytes.items())
         assert (stats.arena_capacity, stats.arena_used) == (ARENA_BYTES, self.sub_top)
+        held = sum(nbytes for _, nbytes in self.quarantine.values())
+        assert (stats.redzone_quarantined, stats.redzone_quarantined_bytes) == (len(self.quarantine), held), (
+            stats.redzone_quarantined, stats.redzone_quarantined_bytes, len(self.quarantine), held)
+        assert stats.redzone_sample == self.redzone_sample
 
     @invariant()
     def ledger_matches_model(self) -> None:
