@@ -21,7 +21,8 @@ from metrale_core import (
 
 @pytest.fixture
 def deferred() -> Iterator[GpuBackend]:
-    with open_backend("fake", settings=SETTINGS.updated(fake_defer=True)) as gpu:
+    # the raw free is what runs pending work: no quarantine in between (METRALE_REDZONE may be set)
+    with open_backend("fake", settings=SETTINGS.updated(fake_defer=True, redzone_quarantine_bytes=0)) as gpu:
         yield gpu
 
 

@@ -101,7 +101,8 @@ def test_lookup_of_missing_names_lists_what_is_held(modules: KernelRegistry) -> 
     with pytest.raises(KernelNotFoundError, match="no module 'nope'"):
         modules.kernel("nope", "vector_add")
     assert modules.modules == {
-        "vector": ("vector_add", "fill_u32"), "fault": ("write_to", "write_u8"), "redzone": ("redzone_scan", "redzone_verdict")
+        "vector": ("vector_add", "fill_u32"), "fault": ("write_to", "write_u8"),
+        "redzone": ("redzone_scan", "redzone_verdict"),
     }
 
 

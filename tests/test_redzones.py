@@ -22,8 +22,17 @@ def _planted(gpu: GpuBackend) -> object:
     return buf
 
 
+#: A freed buffer checked in its own ``free`` (no quarantine): what the quarantine's drains replace.
+AT_ONCE = SETTINGS.updated(redzone_quarantine_bytes=0)
+
+
+def _in_graph(gpu: GpuBackend) -> bool:
+    """Whether graphs are checked inside (the verdict kernel as their last node), not by scans after launches."""
+    return gpu.redzone_checks.startswith("inside every captured graph")
+
+
 def test_free_reports_its_own_zone(backend_name: str, caplog: pytest.LogCaptureFixture) -> None:
-    with open_backend(backend_name, settings=SETTINGS.updated(redzone=64, redzone_action="warn")) as gpu:
+    with open_backend(backend_name, settings=AT_ONCE.updated(redzone=64, redzone_action="warn")) as gpu:
         buf = _planted(gpu)
         with caplog.at_level(logging.WARNING, logger="metrale"):
             gpu.free(buf)  # type: ignore[arg-type]
@@ -33,7 +42,7 @@ def test_free_reports_its_own_zone(backend_name: str, caplog: pytest.LogCaptureF
 
 
 def test_free_raises_after_releasing(backend_name: str) -> None:
-    with open_backend(backend_name, settings=SETTINGS.updated(redzone=64, redzone_action="raise")) as gpu:
+    with open_backend(backend_name, settings=AT_ONCE.updated(redzone=64, redzone_action="raise")) as gpu:
         buf = _planted(gpu)
         with pytest.raises(RedZoneError) as info:
             gpu.free(buf)  # type: ignore[arg-type]
@@ -50,8 +59,10 @@ def test_scan_after_graph_launch(backend_name: str) -> None:
         gpu.begin_capture(stream)
         gpu.memset(buf.ptr + 100, 0x00, nbytes=2, stream=stream)  # the graph's overrun
         exe = gpu.end_capture(stream).instantiate()
-        with pytest.raises(RedZoneError, match=r"after GraphExec\.launch"):
+        found_by = r"^the check inside graph #1 \(its latest launch\)" if _in_graph(gpu) else r"after GraphExec\.launch"
+        with pytest.raises(RedZoneError, match=found_by) as info:
             exe.launch(stream)
+        assert [(v.index, v.side, v.offset) for v in info.value.violations] == [(buf.index, "trail", 0)]
 
 
 QUEUED = SETTINGS.updated(redzone=64, redzone_action="raise", redzone_scan_graphs=True, redzone_scan_queued=True)
@@ -72,18 +83,23 @@ def test_a_queued_scan_is_reported_by_the_next_wait_naming_the_launch(backend_na
         buf = gpu.alloc(100)
         stream = gpu.create_stream()
         exe = _overrunning_graph(gpu, buf, stream)
-        exe.launch(stream)  # type: ignore[attr-defined]  # returns at once: the scan is queued behind the graph
-        with pytest.raises(RedZoneError, match=r"^the scan queued after graph launch #1 of this backend found") as info:
+        inside = _in_graph(gpu)
+        exe.launch(stream)  # type: ignore[attr-defined]  # returns at once: the check is judged later
+        first = r"^the check inside graph #1 \(its latest launch\) found" if inside else (
+            r"^the scan queued after graph launch #1 of this backend found")
+        with pytest.raises(RedZoneError, match=first) as info:
             stream.synchronize()
         assert [(v.index, v.side, v.offset) for v in info.value.violations] == [(buf.index, "trail", 0)]
         stream.synchronize()  # reported once
         event = gpu.create_event()
         for wait in (gpu.synchronize, event.synchronize):
             exe.launch(stream)  # type: ignore[attr-defined]
-            event.record(stream)  # behind the scan
-            with pytest.raises(RedZoneError, match=r"queued after graph launch #[23] of"):
+            event.record(stream)  # behind the check
+            later = r"^the check inside graph #1 \(its" if inside else r"queued after graph launch #[23] of"
+            with pytest.raises(RedZoneError, match=later):
                 wait()
-        assert gpu.stats().redzone_scans == 3
+        # in a graph: a check per launch, and the full check each bad verdict earned
+        assert gpu.stats().redzone_scans == (6 if inside else 3)
 
 
 @pytest.mark.needs("kernels")
@@ -95,6 +111,12 @@ def test_a_later_launch_reports_an_earlier_launch_s_queued_scan(backend_name: st
         exe.launch(stream)  # type: ignore[attr-defined]
         while not stream.query():  # done, and not yet judged
             pass
+        if _in_graph(gpu):  # the verdict is judged before the next launch, which then is not made
+            with pytest.raises(RedZoneError, match=r"^the check inside graph #1 \(its latest launch\)"):
+                exe.launch(stream)  # type: ignore[attr-defined]
+            assert gpu.stats().graph_launches == 1
+            stream.synchronize()  # nothing more: that launch was not made
+            return
         with pytest.raises(RedZoneError, match=r"queued after graph launch #1 of"):
             exe.launch(stream)  # type: ignore[attr-defined]  # its own scan is queued all the same
         with pytest.raises(RedZoneError, match=r"queued after graph launch #2 of"):
@@ -136,12 +158,14 @@ def test_no_queued_scan_s_find_is_lost(backend_name: str, caplog: pytest.LogCapt
         # the first scan sees the first overrun; the second sees both (zones are not refilled)
         assert sorted(heard) == sorted([(first.index, 0), (first.index, 0), (second.index, 0)])
         found = [r.getMessage().rpartition("(found by ")[2] for r in caplog.records]
-        assert all(f.startswith(("the scan queued after graph launch #", "the scans queued after")) for f in found)
+        named = ("the check inside graph #",) if _in_graph(gpu) else (
+            "the scan queued after graph launch #", "the scans queued after")
+        assert found and all(f.startswith(named) for f in found), found
 
 
 @pytest.mark.needs("kernels")
 def test_a_freed_buffer_s_overrun_is_reported_by_its_free_only(backend_name: str) -> None:
-    with open_backend(backend_name, settings=QUEUED) as gpu:
+    with open_backend(backend_name, settings=QUEUED.updated(redzone_quarantine_bytes=0)) as gpu:
         buf = gpu.alloc(100)
         stream = gpu.create_stream()
         exe = _overrunning_graph(gpu, buf, stream)
@@ -294,7 +318,7 @@ def test_planted_overruns_and_underruns_are_found(backend_name: str, plants: lis
 def test_scans_follow_allocations_as_they_come_and_go(backend_name: str, n: int, data: st.DataObject) -> None:
     """The scan's zone table is kept as allocations come and go (a freed zone's slot takes
     the last one): scans between frees and allocations find exactly the planted zones still live."""
-    settings = SETTINGS.updated(redzone=64, redzone_lead=True, redzone_action="warn")
+    settings = AT_ONCE.updated(redzone=64, redzone_lead=True, redzone_action="warn")
     with open_backend(backend_name, settings=settings) as gpu:
         live = {b.index: b for b in (gpu.alloc(8 * (i + 1)) for i in range(n))}
         planted: dict[tuple[int, str], int] = {}

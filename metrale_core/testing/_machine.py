@@ -124,36 +124,69 @@ class BackendMachine(MemoryRules):
 
     # -- red zones -------------------------------------------------------------------------------
 
-    @precondition(lambda self: self.redzone > 0 and any(self._zoned(b) for b, _ in self.live.values()))
-    @rule(data=st.data())
-    def overrun(self, data: st.DataObject) -> None:
-        zoned = {i: v for i, v in self.live.items() if self._zoned(v[0])}
-        buf, _ = self._pick(data, zoned)
+    def _plant(self, data: st.DataObject, buf: DeviceBuffer) -> tuple[int, str, int, int]:
+        """A byte to change in a zone of ``buf``: its address, the side, its offset in the zone, the value."""
         sides = ["trail", "lead"] if self.redzone_lead else ["trail"]
         side = data.draw(st.sampled_from(sides), label="side")
-        offset = data.draw(st.integers(0, self.redzone - 1), label="zone offset")
-        value = data.draw(st.integers(0, 255).filter(lambda v: v != self.gpu.settings.redzone_fill))
+        value = data.draw(st.integers(0, 255).filter(lambda v: v != self.gpu.settings.redzone_fill), label="value")
         if side == "trail":
-            self.gpu.memset(buf.ptr + buf.nbytes + offset, value, nbytes=1)
-        else:
-            lead = -(-self.redzone // 256) * 256  # the leading band keeps the pointer 256-aligned
-            offset = data.draw(st.integers(0, lead - 1), label="lead offset")
-            self.gpu.memset(buf.ptr - lead + offset, value, nbytes=1)
-        key = (buf.index, side)
-        self.dirty[key] = min(offset, self.dirty.get(key, offset))
+            offset = data.draw(st.integers(0, self.redzone - 1), label="zone offset")
+            return buf.ptr + buf.nbytes + offset, side, offset, value
+        lead = -(-self.redzone // 256) * 256  # the leading band keeps the pointer 256-aligned
+        offset = data.draw(st.integers(0, lead - 1), label="lead offset")
+        return buf.ptr - lead + offset, side, offset, value
 
-    @precondition(lambda self: self.redzone > 0 and any(self._zoned(b) for b, _ in self.quarantine.values()))
+    @staticmethod
+    def _changed(dirty: dict[tuple[int, str], int], buf: DeviceBuffer, side: str, offset: int) -> None:
+        key = (buf.index, side)
+        dirty[key] = min(offset, dirty.get(key, offset))
+
+    def _zoned_live(self) -> Pool:
+        return {i: v for i, v in self.live.items() if self._zoned(v[0])}
+
+    @precondition(lambda self: self.redzone > 0 and self._zoned_live())
+    @rule(data=st.data())
+    def overrun(self, data: st.DataObject) -> None:
+        buf, _ = self._pick(data, self._zoned_live())
+        address, side, offset, value = self._plant(data, buf)
+        self.gpu.memset(address, value, nbytes=1)
+        self._changed(self.dirty, buf, side, offset)
+
+    @precondition(lambda self: self.quarantine)
     @rule(data=st.data())
     def overrun_in_quarantine(self, data: st.DataObject) -> None:
-        """A write into the zone of a freed buffer waiting in quarantine (its memory is still allocated, so
-        the raw memset is legal): the quarantine's check must find it."""
+        """A write into a zone of a freed buffer waiting in quarantine (its memory is still allocated, so
+        the raw memset is legal): the next check of the quarantine must find it."""
         index = data.draw(st.sampled_from(sorted(self.quarantine)), label="quarantined buffer")
         buf = self.quarantine[index][0]
-        offset = data.draw(st.integers(0, self.redzone - 1), label="zone offset")
-        value = data.draw(st.integers(0, 255).filter(lambda v: v != self.gpu.settings.redzone_fill))
-        self.gpu.memset(buf.ptr + buf.nbytes + offset, value, nbytes=1)
-        key = (buf.index, "trail")
-        self.qdirty[key] = min(offset, self.qdirty.get(key, offset))
+        address, side, offset, value = self._plant(data, buf)
+        self.gpu.memset(address, value, nbytes=1)
+        self._changed(self.qdirty, buf, side, offset)
+
+    @precondition(lambda self: self.graph_checks and self._zoned_live())
+    @rule(data=st.data())
+    def overrun_in_graph(self, data: st.DataObject) -> None:
+        """A graph that writes one byte into a live zone (a captured raw memset, or a ``fault.write_u8``
+        launch where kernels run): the launch's check must report it, with every other changed zone."""
+        buf, _ = self._pick(data, self._zoned_live())
+        address, side, offset, value = self._plant(data, buf)
+        by_kernel = self.write_u8 is not None and data.draw(st.booleans(), label="by a kernel")
+        self.gpu.default_stream.synchronize()  # the graph runs on another stream: order it after earlier work
+        stream = self.gpu.create_stream()
+        self.gpu.begin_capture(stream)
+        if by_kernel:
+            assert self.write_u8 is not None
+            self.gpu.launch(self.write_u8, 1, 1, [address, _u32(value)], stream=stream)
+        else:
+            self.gpu.memset(address, value, nbytes=1, stream=stream)
+        graph = self.gpu.end_capture(stream)
+        exe = graph.instantiate()
+        self._changed(self.dirty, buf, side, offset)  # the graph's own write: its check sees it
+        self._launch_graph(exe, stream)
+        stream.synchronize()
+        exe.close()
+        graph.close()
+        stream.close()
 
     @precondition(lambda self: self.redzone > 0)
     @rule()
@@ -225,10 +258,12 @@ class BackendMachine(MemoryRules):
         """Out of memory with buffers in quarantine: they are checked (logged, never raised) and released,
         and the allocation tried again before any on_out_of_memory callback is asked."""
         self.gpu.inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")  # type: ignore[attr-defined]
-        self.reclaimed = []
+        self.reclaimed, self.heard[:] = [], []
         self.alloc(kind, 128)
         assert self.reclaimed == [], "the callbacks were asked before the quarantine was released"
-        self._quarantine_checked()
+        found = self._quarantine_checked()
+        heard = {(v.index, v.side): v.offset for v in self.heard}
+        assert heard == found, f"the check of the quarantine out of memory reported {self.heard}, expected {found}"
 
     def _frees_at_once(self) -> Pool:
         """Live buffers whose ``free`` reaches the raw free at once (not into the quarantine)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from .. import ArenaFullError, InvalidBufferError, RedZoneError
+from .. import ArenaFullError, DeviceBuffer, InvalidBufferError, RedZoneError
 from .._zoneguard import QUARANTINE_MAX_BUFFERS
 from ._model import ARENA_BYTES, MAX_BYTES, Contents, MachineModel
 
@@ -33,6 +33,17 @@ class MemoryRules(MachineModel):
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
         buf, _ = self._pick(data, self.live)
+        self._free(buf)
+
+    @precondition(lambda self: len(self.live) > 1)
+    @rule(data=st.data())
+    def free_several(self, data: st.DataObject) -> None:
+        """Frees in a row, so the quarantine fills past its bound and a free checks the whole batch."""
+        picked = data.draw(st.lists(st.sampled_from(sorted(self.live)), min_size=2, unique=True), label="buffers")
+        for index in picked:
+            self._free(self.live[index][0])
+
+    def _free(self, buf: DeviceBuffer) -> None:
         dirty = {(index, side): off for (index, side), off in self.dirty.items() if index == buf.index}
         if self._quarantines(buf):  # into the quarantine; past its bound, the whole batch is checked
             self.quarantine[buf.index] = (buf, self._zone_bytes(buf))
@@ -42,6 +53,7 @@ class MemoryRules(MachineModel):
             expected = self._quarantine_checked() if drained else {}
         else:
             expected = dirty
+        self.heard.clear()
         if expected and self.gpu.settings.redzone_action == "raise":
             try:
                 self.gpu.free(buf)
@@ -51,6 +63,13 @@ class MemoryRules(MachineModel):
                 raise AssertionError(f"free of allocation #{buf.index}, which found changed zones, did not raise")
         else:
             self.gpu.free(buf)  # a changed zone is logged (redzone_action="warn")
+        heard = {(v.index, v.side): v.offset for v in self.heard}
+        assert heard == expected and len(heard) == len(self.heard), f"free reported {self.heard}, expected {expected}"
+        stats = self.gpu.stats()
+        held = sum(nbytes for _, nbytes in self.quarantine.values())
+        assert (stats.redzone_quarantined, stats.redzone_quarantined_bytes) == (len(self.quarantine), held), (
+            f"after free of #{buf.index}: the quarantine holds {stats.redzone_quarantined} buffers "
+            f"({stats.redzone_quarantined_bytes} bytes), the model {len(self.quarantine)} ({held} bytes)")
         assert not any(r.index == buf.index for r in self.probe.records()), "free left the record on the ledger"
         self._forget(buf)
 
@@ -119,6 +138,7 @@ class MemoryRules(MachineModel):
     def sweep(self) -> None:
         expected = len(self.live)
         found = self._quarantine_checked()  # the sweep checks and releases the quarantine first
+        self.heard.clear()
         if found and self.gpu.settings.redzone_action == "raise":
             try:
                 self.gpu.sweep_unreleased()
@@ -128,6 +148,8 @@ class MemoryRules(MachineModel):
                 raise AssertionError("the sweep's check of the quarantine did not raise")
             expected = len(self.live)  # the quarantine's report came first: nothing of the ledger swept yet
         assert self.gpu.sweep_unreleased() == expected
+        heard = {(v.index, v.side): v.offset for v in self.heard}
+        assert heard == found and len(heard) == len(self.heard), f"the sweep reported {self.heard}, expected {found}"
         for buf, _ in list(self.live.values()):
             self._forget(buf)
 

@@ -22,6 +22,7 @@ from .. import (
     MetraleError,
     MetraleSettings,
     RedZoneError,
+    RedZoneViolation,
     Stream,
     open_backend,
 )
@@ -96,7 +97,8 @@ class MachineModel(RuleBasedStateMachine):
         self.dirty: dict[tuple[int, str], int] = {}  # (index, side) -> first changed offset
         self.can_inject = callable(getattr(self.gpu, "inject_fault", None))
         self.shares = backend_capabilities(self.gpu.name, settings).has("interop")
-        self.fill = self._load_fill_kernel()
+        self.fill = self._load_kernel("vector", "fill_u32")
+        self.write_u8 = self._load_kernel("fault", "write_u8")
         rz = self.gpu.settings
         self.redzone = rz.redzone
         self.redzone_min_idx = rz.redzone_min_idx
@@ -105,12 +107,27 @@ class MachineModel(RuleBasedStateMachine):
         self.quarantine_bound = rz.redzone_quarantine_bytes
         self.quarantine: dict[int, tuple[DeviceBuffer, int]] = {}  # freed zoned buffers by index, with their bytes
         self.qdirty: dict[tuple[int, str], int] = {}  # their changed zones, as ``dirty``
+        self.graph_checks = self._graph_checks()
         self.sub: Arena = self.gpu.create_arena(ARENA_BYTES)
         self.pieces: Pool = {}  # live pieces of self.sub, by index
         self.sub_top = 0  # the model of self.sub.used
         self.reclaimed: list[int] = []  # what the on_out_of_memory callback was asked for
         self.reclaim_answer = False
         self.gpu.on_out_of_memory(self._reclaim)
+        self.heard: list[RedZoneViolation] = []  # what the violation observer heard (cleared by the rules)
+        self.gpu.on_redzone_violation(lambda name, violation: self.heard.append(violation))
+        if self.redzone and self.redzone_sample > 1:
+            self._align_indexes(self.redzone_sample)
+
+    def _align_indexes(self, n: int) -> None:
+        """Creation indexes are the process's, and ``redzone_sample`` zones those that are multiples of ``n``:
+        allocate (and free) zone-less buffers until the next index is a multiple of ``n``, so every replay of
+        a program zones the same allocations of it (Hypothesis replays a program to shrink it)."""
+        while True:
+            buf = self.gpu.alloc_managed(1)  # never zoned: its free is immediate, and counted as any other
+            self.gpu.free(buf)
+            if (buf.index + 1) % n == 0:
+                return
 
     def teardown(self) -> None:
         try:
@@ -126,23 +143,36 @@ class MachineModel(RuleBasedStateMachine):
         device whose ``close()`` keeps its memory would keep it for each of them.)"""
         del self.gpu
         self.live, self.arena, self.pieces, self.stale, self.dirty = {}, {}, {}, [], {}
-        self.quarantine, self.qdirty = {}, {}
-        self.fill = None
+        self.quarantine, self.qdirty, self.heard = {}, {}, []
+        self.fill = self.write_u8 = None
         MachineModel.programs += 1
         if MachineModel.programs % COLLECT_EVERY == 0:
             gc.collect()
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _load_fill_kernel(self) -> Kernel | None:
-        """The shipped ``vector.fill_u32``, or ``None`` where the backend runs no kernels."""
+    def _load_kernel(self, module: str, name: str) -> Kernel | None:
+        """The shipped ``module.name`` (``vector.fill_u32``, ``fault.write_u8``), or ``None`` where the
+        backend runs no kernels."""
         try:
-            registry = self.gpu.load_modules(shipped_modules("vector"))
+            registry = self.gpu.load_modules(shipped_modules(module))
         except MetraleError as exc:
             if exc.name == "CUDA_ERROR_NOT_SUPPORTED":
                 return None
             raise
-        return registry.kernel("vector", "fill_u32")
+        return registry.kernel(module, name)
+
+    def _graph_checks(self) -> str:
+        """How graph launches are checked, by what ``redzone_checks`` says: ``"inside"`` (the verdict kernel
+        in every graph: a bad verdict earns a full check, which releases the quarantine), ``"waiting"`` (a
+        full check after every launch, waited for), ``"queued"`` (a scan queued behind every launch, judged
+        at the next wait: it reports live zones only, and releases nothing), or ``""`` (not checked)."""
+        if self.redzone == 0 or not self.gpu.settings.redzone_scan_graphs:
+            return ""
+        mode = self.gpu.redzone_checks
+        if mode.startswith("inside every captured graph"):
+            return "inside"
+        return "queued" if mode.startswith("by a scan queued") else "waiting"
 
     def _all(self) -> Pool:
         return {**self.live, **self.arena, **self.pieces}
@@ -161,29 +191,28 @@ class MachineModel(RuleBasedStateMachine):
         return bytes(out)
 
     def _launch_graph(self, exe: GraphExec, stream: Stream) -> None:
-        """Launch, expecting the check of every zone (live and quarantined) at the launch to raise where
-        zones changed and the settings say so (with ``redzone_scan_queued``, at the stream's synchronize
-        after the launch); a check that found a change checks the quarantine too, and releases it."""
+        """Launch, expecting the launch's check (see :meth:`_graph_checks`) to raise where zones changed and
+        the settings say so: at the launch, or with ``redzone_scan_queued`` at the stream's synchronize after
+        it. A full check judges the live zones and the quarantined ones, and releases the quarantine."""
         settings = self.gpu.settings
+        mode = self.graph_checks
         changed = {**self.dirty, **self.qdirty}
-        expect = bool(changed) and settings.redzone_scan_graphs and settings.redzone_action == "raise"
+        expected = {} if not mode else dict(self.dirty) if mode == "queued" else changed
+        drains = mode == "waiting" or (mode == "inside" and bool(changed))
+        expect = bool(expected) and settings.redzone_action == "raise"
         try:
             exe.launch(stream)
             if settings.redzone_scan_queued:  # the check is judged later: the wait reports it
                 stream.synchronize()
         except RedZoneError as exc:
             assert expect, f"a graph launch raised {exc} with no changed zone in the model"
-            assert {(v.index, v.side): v.offset for v in exc.violations} == changed
+            got = {(v.index, v.side): v.offset for v in exc.violations}
+            assert len(got) == len(exc.violations), f"a zone was reported twice: {exc.violations}"
+            assert got == expected, f"the check at a graph launch ({mode}) reported {got}, the model expects {expected}"
         else:
-            assert not expect, "the check at a graph launch missed a changed zone"
-        if settings.redzone_scan_graphs:
-            mode = self.gpu.redzone_checks
-            if mode.startswith("inside"):  # a verdict that found a change is named by a full check
-                if changed:
-                    self._quarantine_checked()
-            elif "waited for" in mode:  # a full check after every launch
-                self._quarantine_checked()
-            # a scan queued behind the launch judges the quarantined zones too, and releases nothing
+            assert not expect, f"the check at a graph launch ({mode}) missed a changed zone: {expected}"
+        if drains:
+            self._quarantine_checked()
 
     def _zoned(self, buf: DeviceBuffer) -> bool:
         return (
