@@ -198,14 +198,13 @@ class GraphChecks:
         check.refs -= 1
         if check.refs > 0:
             return
-        self._pending.pop(id(check), None)
-        if not self._recycle(check):
+        if not self._recycle(check):  # still pending: its verdict is judged all the same, then its slot goes
             self._retiring.append(check)
 
     def _recycle(self, check: GraphCheck) -> bool:
         if check.nested:
             return True  # other graphs replay its node: the slot stays taken, never reused
-        if check.seq < check.launched:
+        if check.seq < check.launched or id(check) in self._pending:
             return False
         check._page.free.append(check.index)
         return True

@@ -219,7 +219,7 @@ class ZoneGuard:
         """Wait for the queued fills; not while a capture runs anywhere (then no wait is allowed:
         ``begin_capture`` settles first, and no allocation, so no fill, happens during a capture)."""
         issued = self._fills_issued
-        if issued != self._fills_settled and not active_captures():
+        if issued != self._fills_settled and may_wait():  # the check and the wait are one step
             self._raw.stream_synchronize(self._default)
             self._fills_done(issued)
 

@@ -17,7 +17,16 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from conftest import SETTINGS
-from metrale_core import DeviceBuffer, GpuBackend, GraphExec, RedZoneError, RedZoneViolation, Stream, open_backend
+from metrale_core import (
+    DeviceBuffer,
+    DriverError,
+    GpuBackend,
+    GraphExec,
+    RedZoneError,
+    RedZoneViolation,
+    Stream,
+    open_backend,
+)
 from metrale_core._zoneguard import QUARANTINE_MAX_BUFFERS
 from metrale_core.kernels import shipped_modules
 
@@ -220,6 +229,28 @@ def test_close_releases_the_quarantine_and_logs_what_it_found(
         gpu.close()  # never raises
     messages = [r.getMessage() for r in caplog.records if "red zone trail" in r.getMessage()]
     assert len(messages) == 1 and f"allocation #{buf.index}" in messages[0] and "close()" in messages[0], messages
+
+
+def test_a_free_into_quarantine_leaves_an_injected_free_failure_for_the_next_raw_free() -> None:
+    """The raw free of a quarantined buffer happens at the drain: its ``free`` never meets the fault."""
+    with open_backend("fake", settings=ZONED) as gpu:
+        zoned, plain = gpu.alloc(100), gpu.alloc_managed(100)
+        gpu.inject_fault("free")  # type: ignore[attr-defined]
+        gpu.free(zoned)  # into quarantine: no raw free yet
+        with pytest.raises(DriverError, match="a fault injected into the fake's 'free'"):
+            gpu.free(plain)  # the next raw free meets it
+        assert gpu.scan_redzones() == [] and _quarantine(gpu) == (0, 0, 0)
+
+
+def test_a_failed_release_at_a_drain_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    with open_backend("fake", settings=ZONED) as gpu:
+        buf = gpu.alloc(100)
+        gpu.free(buf)
+        gpu.inject_fault("free")  # type: ignore[attr-defined]
+        with caplog.at_level(logging.WARNING, logger="metrale"):
+            assert gpu.scan_redzones() == []  # the drain's release fails: it belongs to a free long returned
+        assert _quarantine(gpu) == (0, 0, 0)
+        assert any(f"releasing quarantined allocation #{buf.index} failed" in r.getMessage() for r in caplog.records)
 
 
 @pytest.fixture
@@ -428,6 +459,23 @@ def test_a_queued_verdict_is_judged_at_the_next_checked_launch_before_it(backend
             stream.synchronize()  # the zone is still changed (zones are never refilled): #2 saw it too
         assert _found(info.value.violations) == [(victim.index, "trail", 7)]
         stream.synchronize()  # judged once
+
+
+def test_a_launch_s_find_is_reported_by_the_next_wait_though_its_graph_was_closed(
+    backend_name: str, request: pytest.FixtureRequest
+) -> None:
+    """Closing an executable graph right after its launch must not lose what that launch's check finds: the
+    next wait reports it, as it does for the scans queued behind launches."""
+    with _open(backend_name, redzone_scan_graphs=True, redzone_scan_queued=True) as gpu:
+        del request
+        buf = gpu.alloc(100)
+        stream = gpu.create_stream()
+        exe = _graph(gpu, stream, lambda: gpu.memset(buf.ptr + buf.nbytes, 0x00, nbytes=1, stream=stream))
+        exe.launch(stream)
+        exe.close()  # its check's verdict is not judged yet
+        with pytest.raises(RedZoneError) as info:
+            stream.synchronize()
+        assert _found(info.value.violations) == [(buf.index, "trail", 0)]
 
 
 # -- the property ------------------------------------------------------------------------------------

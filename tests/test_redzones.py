@@ -352,3 +352,43 @@ def test_a_late_fill_never_erases_an_overrun(backend_name: str) -> None:
         other.synchronize()
         assert [(v.side, v.offset) for v in gpu.scan_redzones()] == [("trail", 3)]
         other.close()
+
+
+def test_a_wait_for_the_fills_never_meets_another_thread_s_capture(backend_name: str) -> None:
+    """Work on a non-default stream waits for the zones' fills first; a capture begun on another thread
+    meanwhile must wait for that wait (as for any barred call in flight), not be invalidated by it."""
+    import threading
+
+    with open_backend(backend_name, settings=SETTINGS.updated(redzone=64)) as gpu:
+        raw = gpu.raw
+        original = raw.stream_synchronize
+        in_wait, captured = threading.Event(), threading.Event()
+        waiter: list[threading.Thread] = []
+
+        def stream_synchronize(stream: object) -> None:
+            if threading.current_thread() in waiter and not in_wait.is_set():
+                in_wait.set()  # past the check that no capture runs
+                captured.wait(0.5)  # the capture begins now, unless it waits for this call
+            original(stream)
+
+        raw.stream_synchronize = stream_synchronize  # type: ignore[method-assign]  # before the core's first use
+        capturing, side = gpu.create_stream(), gpu.create_stream()
+        buf = gpu.alloc(100)  # its fill is queued on the default stream and not waited for
+        errors: list[BaseException] = []
+
+        def memset() -> None:
+            try:
+                gpu.memset(buf, 1, stream=side)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=memset)
+        waiter.append(thread)
+        thread.start()
+        assert in_wait.wait(5)
+        gpu.begin_capture(capturing)
+        captured.set()
+        thread.join(10)
+        graph = gpu.end_capture(capturing)  # raises CaptureError (invalidated) with the bug
+        graph.close()
+        assert errors == []
