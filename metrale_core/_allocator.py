@@ -101,12 +101,13 @@ class Allocator:
                 f"{what}: {n} bytes and their red zones ({layout.raw_bytes} bytes in all) do not fit 64 bits "
                 f"(CUDA's size_t): ask for less"
             )
-        raw_ptr = self._raw_alloc(layout.raw_bytes, n, kind, what)
-        buf = DeviceBuffer._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
         zoned = bool(layout.lead or layout.trail)
+        reused = self._guard.reuse(layout) if zoned else None
+        raw_ptr = self._raw_alloc(layout.raw_bytes, n, kind, what) if reused is None else reused
+        buf = DeviceBuffer._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
         if zoned:
             try:
-                self._guard.guard(buf, layout)
+                self._guard.guard(buf, layout, filled=reused is not None)
             except MetraleError:
                 self._release_quietly(raw_ptr, kind)
                 raise
@@ -135,7 +136,8 @@ class Allocator:
 
     def _raw_alloc(self, raw_bytes: int, n: int, kind: AllocKind, what: str) -> int:
         """The raw allocation, with reclaim-and-retry: when it runs out of memory, the red-zone
-        quarantine is checked and released first (one more try), then the ``on_out_of_memory``
+        quarantine is checked and released, with the zoned blocks kept for reuse, first (one more try),
+        then the ``on_out_of_memory``
         callbacks are asked to free some, and a callback that says it did earns another try (at
         most ``oom_retries``)."""
         retries = 0
@@ -144,9 +146,10 @@ class Allocator:
             try:
                 return self._raw.alloc(raw_bytes, kind)
             except OutOfMemoryError as exc:
-                if not drained and self._guard.quarantined_bytes:  # freed memory waiting in quarantine first
+                if not drained and self._guard.held_bytes:  # freed memory the red zones hold back first
                     drained = True
-                    self._guard.drain(f"{what}, out of memory", may_raise=False)  # logged: the allocation goes on
+                    # logged, not raised: the allocation goes on
+                    self._guard.drain(f"{what}, out of memory", may_raise=False, give_back=True)
                     continue
                 reclaimed = retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what)
                 if self.ctx.closed:  # a callback closed the backend
@@ -287,7 +290,7 @@ class Allocator:
         with self._holdings.lock:
             raw_ptr = self._holdings.raw_base.pop(buf.index, buf.ptr)
         kind: AllocKind = "managed" if record.kind == "managed" else "device"
-        self._guard.free_checked(buf, lambda: self._raw.free(raw_ptr, kind))
+        self._guard.free_checked(buf, raw_ptr, kind)
 
     def free_host(self, hb: HostBuffer, what: str) -> None:
         """Release a pinned host buffer of this backend (by identity: the driver hands addresses out again)."""
@@ -352,7 +355,8 @@ class Allocator:
     def sweep(self) -> int:
         """Drain the ledger, free each allocation on it, and report; returns how many."""
         ctx = self.ctx
-        self._guard.drain("sweep_unreleased()")  # freed buffers waiting in quarantine are no leaks: released
+        # freed buffers waiting in quarantine are no leaks: released, with the blocks kept for reuse
+        self._guard.drain("sweep_unreleased()", give_back=True)
         records = self._holdings.ledger.drain()
         if records:
             ctx.quietly("synchronize before a sweep", self._guard.sync_device)  # in-graph checks may read their zones

@@ -39,7 +39,7 @@ class MemoryMonitor:
         free, total = raw.mem_get_info()
         integrated = raw.is_integrated()
         available = read_mem_available() if integrated else None
-        quarantined = self._stats.quarantined_bytes
+        quarantined = self._stats.quarantined_bytes + self._stats.reusable_bytes
         return MemoryInfo(
             free=free,
             total=total,

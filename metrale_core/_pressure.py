@@ -47,6 +47,9 @@ class MemoryStats:
     :param redzone_quarantined: freed zoned buffers waiting in quarantine (off the ledger and out of
         ``current_bytes``; their memory not released yet).
     :param redzone_quarantined_bytes: the device memory they hold, zones included.
+    :param redzone_reusable: checked freed zoned blocks kept for the next allocation of their size
+        (their zones found intact and still filled: a reuse needs no driver call and no fill).
+    :param redzone_reusable_bytes: the device memory they hold, zones included.
     :param redzone_sample: red zones go to one allocation in this many (``redzone_sample``).
     """
 
@@ -65,6 +68,8 @@ class MemoryStats:
     redzone_quarantined: int = 0
     redzone_quarantined_bytes: int = 0
     redzone_sample: int = 1
+    redzone_reusable: int = 0
+    redzone_reusable_bytes: int = 0
 
     @property
     def current_total_bytes(self) -> int:
@@ -78,6 +83,7 @@ class StatsCounter:
     __slots__ = (
         "_current", "_lock", "_peak", "_peak_total", "allocs", "arena_allocs", "frees", "graph_launches",
         "oom_count", "oom_retries", "quarantined_bytes", "quarantined_count", "redzone_sample", "redzone_scans",
+        "reusable_bytes", "reusable_count",
     )
 
     def __init__(self) -> None:
@@ -96,6 +102,8 @@ class StatsCounter:
         self.graph_launches = 0
         self.quarantined_count = 0
         self.quarantined_bytes = 0
+        self.reusable_count = 0
+        self.reusable_bytes = 0
         self.redzone_sample = 1
 
     def quarantined(self, count: int, nbytes: int) -> None:
@@ -103,6 +111,12 @@ class StatsCounter:
         with self._lock:
             self.quarantined_count += count
             self.quarantined_bytes += nbytes
+
+    def reusable(self, count: int, nbytes: int) -> None:
+        """Checked zoned blocks entered (positive) or left (negative) the red zones' reuse lists."""
+        with self._lock:
+            self.reusable_count += count
+            self.reusable_bytes += nbytes
 
     def allocated(self, kind: str, nbytes: int) -> None:
         with self._lock:
@@ -141,6 +155,8 @@ class StatsCounter:
                 redzone_quarantined=self.quarantined_count,
                 redzone_quarantined_bytes=self.quarantined_bytes,
                 redzone_sample=self.redzone_sample,
+                redzone_reusable=self.reusable_count,
+                redzone_reusable_bytes=self.reusable_bytes,
             )
 
 

@@ -366,8 +366,9 @@ class MetraleSettings(BaseSettings):
         description="With red zones on, `free` takes the record off the ledger at once but keeps the memory, its "
         "zones still watched, until a batch of freed buffers is checked and released together: when the "
         "quarantine holds more than this many bytes (zones included) or more than 1,024 buffers, at "
-        "`scan_redzones()`, `sweep_unreleased()`, an allocation that runs out of memory, and `close()`. `0` "
-        "checks and releases each buffer in its own `free`.",
+        "`scan_redzones()`, `sweep_unreleased()`, an allocation that runs out of memory, and `close()`. A block "
+        "whose zones the check found intact is kept, within the same bound, for the next allocation of its size, "
+        "which then needs neither the driver nor a fill. `0` checks and releases each buffer in its own `free`.",
     )
     redzone_sample: int = Field(
         1, ge=1, le=1 << 30,

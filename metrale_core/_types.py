@@ -120,8 +120,8 @@ class RedZoneViolation:
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemoryInfo:
     """Device memory, in bytes. ``effective_free`` is what can really be had: it counts the memory
-    freed buffers hold in the red-zone quarantine (``quarantined``), which an allocation that runs
-    out of memory gets back."""
+    red zones hold back from the driver (``quarantined``: freed zoned buffers waiting for their check,
+    and checked ones kept for reuse), which an allocation that runs out of memory gets back."""
 
     free: int
     total: int

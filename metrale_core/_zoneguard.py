@@ -30,7 +30,7 @@ from ._handles import Stream
 from ._pressure import StatsCounter
 from ._ptx import Param, check_architecture, parse_ptx
 from ._redzone import Layout, RedZones, Zone
-from ._types import LaunchArg, RedZoneViolation
+from ._types import AllocKind, LaunchArg, RedZoneViolation
 from .kernels import shipped_modules
 
 __all__ = ["QUARANTINE_MAX_BUFFERS", "ZoneGuard"]
@@ -55,13 +55,16 @@ QUARANTINE_MAX_BUFFERS: Final = 1024
 class _Quarantined:
     """A freed zoned buffer waiting in quarantine: off the ledger, its memory and zones still held."""
 
-    __slots__ = ("buf", "nbytes", "release", "zones")
+    __slots__ = ("buf", "kind", "layout", "raw_ptr", "zones")
 
-    def __init__(self, buf: DeviceBuffer, zones: tuple[Zone, ...], release: Callable[[], None]) -> None:
+    def __init__(self, buf: DeviceBuffer, zones: tuple[Zone, ...], raw_ptr: int, kind: AllocKind) -> None:
         self.buf = buf
         self.zones = zones
-        self.nbytes = buf.nbytes + sum(zone.length for zone in zones)  # what the device gave, zones included
-        self.release = release
+        self.raw_ptr = raw_ptr
+        self.kind = kind
+        lead = sum(zone.length for zone in zones if zone.side == "lead")
+        trail = sum(zone.length for zone in zones if zone.side == "trail")
+        self.layout = Layout(lead + buf.nbytes + trail, lead, trail)  # what the device gave, zones included
 
 
 def _zone_table(zones: Sequence[Zone]) -> bytes:
@@ -165,8 +168,8 @@ class ZoneGuard:
 
     __slots__ = (
         "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_issued", "_fills_settled",
-        "_observers", "_pool", "_quarantine", "_queued", "_queued_version", "_raw", "_scanner", "_stats",
-        "_table_version", "lock", "zones",
+        "_observers", "_pool", "_quarantine", "_queued", "_queued_version", "_raw", "_reuse", "_scanner",
+        "_stats", "_table_version", "lock", "zones",
     )
 
     def __init__(self, ctx: DeviceContext, stats: StatsCounter, default: Stream) -> None:
@@ -188,6 +191,8 @@ class ZoneGuard:
         self._fills_issued = 0  # fills queued on the default stream
         self._fills_settled = 0  # of those, known done
         self._quarantine: list[_Quarantined] = []
+        #: Checked freed blocks by layout, kept for the next allocation of that layout (oldest layout first).
+        self._reuse: dict[Layout, list[int]] = {}
         self._checks: GraphChecks | None = None  # the in-graph checks, once open
         self._checks_off = ""  # why graphs are not checked inside ("": not tried yet, or on)
         stats.redzone_sample = ctx.settings.redzone_sample
@@ -197,17 +202,38 @@ class ZoneGuard:
     def layout(self, nbytes: int, index: int) -> Layout:
         return self.zones.layout(nbytes, index)
 
-    def guard(self, buf: DeviceBuffer, layout: Layout) -> None:
-        """Fill the zones of a new allocation on the default stream and start watching them.
+    def reuse(self, layout: Layout) -> int | None:
+        """A checked block of ``layout`` freed earlier, for a new allocation (its raw pointer), or ``None``.
+
+        Such a block left the quarantine with its zones found intact (the device idle), so its zones
+        still hold the fill: the allocation needs neither the driver nor a fill. Only with a quarantine
+        (``redzone_quarantine_bytes`` > 0), whose bound covers these blocks too.
+        """
+        if not self._reuse:  # no lock for the common miss: a stale answer only costs a driver call
+            return None
+        with self.lock:
+            blocks = self._reuse.get(layout)
+            if not blocks:
+                return None
+            ptr = blocks.pop()
+            if not blocks:
+                del self._reuse[layout]
+        self._stats.reusable(-1, -layout.raw_bytes)
+        return ptr
+
+    def guard(self, buf: DeviceBuffer, layout: Layout, *, filled: bool = False) -> None:
+        """Fill the zones of a new allocation on the default stream (unless ``filled``: a block from
+        :meth:`reuse`) and start watching them.
 
         Work on the default stream runs after the fill; work on any other stream waits for it
         (:meth:`settle_for`), so an overrun is never erased by a late fill. No wait here.
         """
         zones = self.zones.zones_for(buf, layout)
-        for zone in zones:
-            self._raw.memset(zone.start, self.zones.fill, zone.length, self._default)
-        with self._ctx.lock:
-            self._fills_issued += 1
+        if not filled:
+            for zone in zones:
+                self._raw.memset(zone.start, self.zones.fill, zone.length, self._default)
+            with self._ctx.lock:
+                self._fills_issued += 1
         self.zones.add(zones)
 
     def settle_for(self, stream: Stream) -> None:
@@ -235,17 +261,19 @@ class ZoneGuard:
 
     # -- frees and sweeps ----------------------------------------------------------------------
 
-    def free_checked(self, buf: DeviceBuffer, release: Callable[[], None]) -> None:
-        """``free`` of ``buf`` (its record already off the ledger): with a quarantine, keep its memory and
-        zones until a batch is checked and released together; else read its zones while the culprit is
-        fresh, ``release()`` the memory whatever the read says, and report what the read found."""
+    def free_checked(self, buf: DeviceBuffer, raw_ptr: int, kind: AllocKind) -> None:
+        """``free`` of ``buf`` (its record already off the ledger; its memory from ``raw_ptr``): with a
+        quarantine, keep its memory and zones until a batch is checked together (then the intact blocks
+        are kept for reuse, the rest released); else read its zones while the culprit is fresh, release
+        the memory whatever the read says, and report what the read found."""
         bound = self._ctx.settings.redzone_quarantine_bytes
         with self.lock:  # no check may read these zones once the memory is released
             zones = self.zones.zones_of(buf.index)
             if zones and bound:
-                held = _Quarantined(buf, zones, release)
+                held = _Quarantined(buf, zones, raw_ptr, kind)
                 self._quarantine.append(held)
-                self._stats.quarantined(1, held.nbytes)
+                self._stats.quarantined(1, held.layout.raw_bytes)
+                self._trim(bound)  # blocks kept for reuse give way to the quarantine first
                 if self._stats.quarantined_bytes <= bound and len(self._quarantine) <= QUARANTINE_MAX_BUFFERS:
                     return
                 violations, when = self._drain_locked(), "the check of the quarantine (freed buffers)"
@@ -254,36 +282,66 @@ class ZoneGuard:
                 try:
                     violations = self._read(zones)
                 finally:
-                    release()
+                    self._raw.free(raw_ptr, kind)
                     self._zones_released()
                 when = f"free of allocation #{buf.index}"
         self.report(violations, when)
 
-    def drain(self, when: str, *, may_raise: bool = True) -> None:
-        """Check every buffer waiting in quarantine (waiting for the device), release them, report."""
+    def drain(self, when: str, *, may_raise: bool = True, give_back: bool = False) -> None:
+        """Check every buffer waiting in quarantine (waiting for the device), release them or keep them
+        for reuse, report; with ``give_back``, every block kept for reuse goes back to the driver too."""
         with self.lock:
-            violations = self._drain_locked()
+            try:
+                violations = self._drain_locked()
+            finally:
+                if give_back:
+                    self._trim(0)
         self.report(violations, f"the check of the quarantine (freed buffers) at {when}", may_raise=may_raise)
 
     def _drain_locked(self) -> list[RedZoneViolation]:
         entries = self._quarantine
         if not entries:
             return []
+        found: list[RedZoneViolation] | None = None
         try:
-            return self._read([zone for held in entries for zone in held.zones])
+            found = self._read([zone for held in entries for zone in held.zones])
+            return found
         finally:
-            self._release_quarantine()
+            self._release_quarantine(found)
 
-    def _release_quarantine(self) -> None:
-        """Release every quarantined buffer (its zones just checked; the device idle). A failed release
-        is logged: it belongs to a ``free`` that returned long ago."""
+    def _release_quarantine(self, found: Sequence[RedZoneViolation] | None) -> None:
+        """Let go of every quarantined buffer, its zones just judged (``found``: the violations; ``None``:
+        not judged) with the device idle. A block whose zones were judged intact is kept for reuse
+        (within the bound); the others are released. A failed release is logged: it belongs to a
+        ``free`` that returned long ago."""
         entries, self._quarantine = self._quarantine, []
+        bad = None if found is None else {violation.index for violation in found}
+        bound = self._ctx.settings.redzone_quarantine_bytes
         for held in entries:
             self.zones.remove(held.buf.index)
-            self._stats.quarantined(-1, -held.nbytes)
-            self._ctx.quietly(f"releasing quarantined allocation #{held.buf.index}", held.release)
+            self._stats.quarantined(-1, -held.layout.raw_bytes)
+            if bad is not None and held.buf.index not in bad and held.kind == "device" and bound:
+                self._reuse.setdefault(held.layout, []).append(held.raw_ptr)
+                self._stats.reusable(1, held.layout.raw_bytes)
+            else:
+                self._ctx.quietly(f"releasing quarantined allocation #{held.buf.index}", self._raw.free,
+                                  held.raw_ptr, held.kind)
         if entries:
+            self._trim(bound)
             self._ctx.quietly("rewrite the red-zone table", self._zones_released)
+
+    def _trim(self, bound: int) -> None:
+        """Release blocks kept for reuse, oldest layout first, until they and the quarantine hold at
+        most ``bound`` bytes (``0``: all of them). The caller holds :attr:`lock`."""
+        stats = self._stats
+        while self._reuse and stats.reusable_bytes + stats.quarantined_bytes > bound:
+            layout = next(iter(self._reuse))
+            blocks = self._reuse[layout]
+            ptr = blocks.pop(0)
+            if not blocks:
+                del self._reuse[layout]
+            stats.reusable(-1, -layout.raw_bytes)
+            self._ctx.quietly("release a red-zoned block kept for reuse", self._raw.free, ptr, "device")
 
     def _zones_released(self) -> None:
         """Zones left the table and their memory went: the in-graph checks' table follows at once."""
@@ -291,8 +349,9 @@ class ZoneGuard:
             self._checks.zones_released(self._default_stream)
 
     @property
-    def quarantined_bytes(self) -> int:
-        return self._stats.quarantined_bytes
+    def held_bytes(self) -> int:
+        """Device memory red zones hold back from the driver: the quarantine and the blocks kept for reuse."""
+        return self._stats.quarantined_bytes + self._stats.reusable_bytes
 
     def forget(self, index: int) -> None:
         """Stop watching the zones of allocation ``index`` (a sweep: nobody reads them)."""
@@ -309,10 +368,11 @@ class ZoneGuard:
         """``scan_redzones()``: wait for the device, judge every zone (live and quarantined), release the
         quarantine, report."""
         with self.lock:
+            violations: list[RedZoneViolation] | None = None
             try:
                 violations = self._read()
             finally:
-                self._release_quarantine()
+                self._release_quarantine(violations)
             self._drop_queued()  # this scan reports every zone the finished ones could have found
         self.report(violations, "scan_redzones()")
         return violations
@@ -328,7 +388,8 @@ class ZoneGuard:
                     except MetraleError as exc:
                         _log.warning("close: the red-zone scan failed: %s", exc)
             finally:
-                self._release_quarantine()
+                self._release_quarantine(None)
+                self._trim(0)
 
     def _read(self, zones: Sequence[Zone] | None = None) -> list[RedZoneViolation]:
         """Wait for the device, then judge ``zones`` (every watched zone, live or quarantined, when
@@ -577,10 +638,12 @@ class ZoneGuard:
     def _full_check(self) -> list[RedZoneViolation]:
         """Every watched zone judged (waiting for the device); the quarantine, checked, released."""
         with self.lock:
+            found: list[RedZoneViolation] | None = None
             try:
-                return self._read()
+                found = self._read()
+                return found
             finally:
-                self._release_quarantine()
+                self._release_quarantine(found)
 
     def waited(self, is_live: Callable[[DeviceBuffer], bool]) -> None:
         """Report what finished checks found, without waiting (at the waits a user makes)."""
@@ -709,6 +772,7 @@ class ZoneGuard:
             for slot in self._queued:
                 ctx.quietly("event destroy", self._raw.event_destroy, slot.event)
             self._queued.clear()
+            self._trim(0)
             self._pool.release(ctx)
             if self._checks is not None:
                 self._checks.release()

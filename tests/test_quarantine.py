@@ -72,9 +72,11 @@ def _named(violation: RedZoneViolation, buf: DeviceBuffer) -> None:
 
 
 def _quarantine(gpu: GpuBackend) -> tuple[int, int, int]:
-    """(buffers, bytes) in quarantine by ``stats()``, and the bytes ``memory_info()`` says."""
+    """(buffers, bytes) in quarantine by ``stats()``, and the bytes ``memory_info()`` says are held back
+    besides the checked blocks kept for reuse."""
     stats = gpu.stats()
-    return stats.redzone_quarantined, stats.redzone_quarantined_bytes, gpu.memory_info().quarantined
+    held = gpu.memory_info().quarantined - stats.redzone_reusable_bytes
+    return stats.redzone_quarantined, stats.redzone_quarantined_bytes, held
 
 
 # -- the quarantine ---------------------------------------------------------------------------------
@@ -95,9 +97,11 @@ def test_a_freed_zoned_buffer_waits_in_quarantine_off_the_ledger(backend_name: s
             assert after.free == before.free, "the memory was not released"
             assert after.effective_free == min(after.total, before.effective_free + 100 + HELD)
         assert after.effective_free >= min(after.total, after.free + 100 + HELD), "effective_free counts it"
-        assert gpu.scan_redzones() == []  # checked and released
+        assert gpu.scan_redzones() == []  # checked: kept for the next allocation of its size
         assert _quarantine(gpu) == (0, 0, 0)
-        assert gpu.memory_info().quarantined == 0
+        stats = gpu.stats()
+        assert (stats.redzone_reusable, stats.redzone_reusable_bytes) == (1, 100 + HELD)
+        assert gpu.memory_info().quarantined == 100 + HELD, "memory_info counts the block kept for reuse"
         gpu.free(keep)
 
 
@@ -195,6 +199,75 @@ def test_no_quarantine_checks_each_free_at_once(backend_name: str) -> None:
         assert _quarantine(gpu) == (0, 0, 0) and gpu.live_alloc_len() == 0
 
 
+# -- checked blocks kept for reuse ---------------------------------------------------------------------
+
+
+def _kept(gpu: GpuBackend) -> tuple[int, int]:
+    stats = gpu.stats()
+    return stats.redzone_reusable, stats.redzone_reusable_bytes
+
+
+def test_a_checked_block_serves_the_next_allocation_of_its_size_with_its_zones_watched(backend_name: str) -> None:
+    with _open(backend_name) as gpu:
+        old = gpu.alloc(100)
+        gpu.free(old)
+        assert gpu.scan_redzones() == [] and _kept(gpu) == (1, 100 + HELD)
+        other = gpu.alloc(200)  # another size: another layout, from the driver
+        assert _kept(gpu) == (1, 100 + HELD)
+        new = gpu.alloc(100)
+        assert new.ptr == old.ptr and new.index != old.index, "the kept block, under a new record"
+        assert _kept(gpu) == (0, 0) and gpu.memory_info().quarantined == 0
+        assert [r.index for r in gpu.ledger_probe().records()] == [other.index, new.index]
+        assert gpu.scan_redzones() == [], "its zones still hold the fill: none was made, none was needed"
+        gpu.memset(_edge(new, "trail")[0], 0x00, nbytes=1)
+        with pytest.raises(RedZoneError) as info:
+            gpu.scan_redzones()
+        assert _found(info.value.violations) == [(new.index, "trail", 0)]
+        _named(info.value.violations[0], new)
+        gpu.memset(_edge(new, "trail")[0], FILL, nbytes=1)
+        gpu.free(new)
+        gpu.free(other)
+
+
+def test_a_block_whose_zones_were_changed_is_released_not_kept(backend_name: str) -> None:
+    with _open(backend_name, redzone_action="warn") as gpu:
+        bad, good = gpu.alloc(100), gpu.alloc(300)
+        gpu.free(bad)
+        gpu.free(good)
+        gpu.memset(_edge(bad, "lead")[0], 0x00, nbytes=1)
+        assert _found(gpu.scan_redzones()) == [(bad.index, "lead", LEAD - 1)]
+        assert _kept(gpu) == (1, 300 + HELD), "only the intact block is kept"
+        assert gpu.scan_redzones() == []
+
+
+def test_kept_blocks_and_the_quarantine_share_the_bound(backend_name: str) -> None:
+    bound = 4 * (1000 + HELD)
+    with _open(backend_name, redzone_quarantine_bytes=bound) as gpu:
+        for n in (1000, 999, 998):  # three layouts
+            gpu.free(gpu.alloc(n))
+        assert gpu.scan_redzones() == [] and _kept(gpu)[0] == 3
+        gpu.free(gpu.alloc(2000))  # into quarantine: the oldest kept layout (1000) gives way
+        stats = gpu.stats()
+        assert stats.redzone_reusable_bytes + stats.redzone_quarantined_bytes <= bound
+        assert _kept(gpu) == (2, 999 + 998 + 2 * HELD)
+        assert gpu.memory_info().quarantined == stats.redzone_reusable_bytes + stats.redzone_quarantined_bytes
+
+
+def test_without_a_quarantine_nothing_is_kept(backend_name: str) -> None:
+    with _open(backend_name, redzone_quarantine_bytes=0) as gpu:
+        gpu.free(gpu.alloc(100))
+        assert gpu.scan_redzones() == [] and _kept(gpu) == (0, 0) and gpu.memory_info().quarantined == 0
+
+
+def test_sweep_and_close_give_kept_blocks_back(backend_name: str) -> None:
+    with _open(backend_name) as gpu:
+        gpu.free(gpu.alloc(100))
+        gpu.scan_redzones()
+        assert _kept(gpu)[0] == 1
+        assert gpu.sweep_unreleased() == 0
+        assert _kept(gpu) == (0, 0) and gpu.memory_info().quarantined == 0
+
+
 def test_sweep_releases_the_quarantine_and_counts_only_the_ledger(backend_name: str) -> None:
     with _open(backend_name, redzone_action="warn") as gpu:
         kept = [gpu.alloc(100), gpu.alloc(200)]
@@ -243,14 +316,26 @@ def test_a_free_into_quarantine_leaves_an_injected_free_failure_for_the_next_raw
 
 
 def test_a_failed_release_at_a_drain_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
-    with open_backend("fake", settings=ZONED) as gpu:
+    with open_backend("fake", settings=ZONED.updated(redzone_action="warn")) as gpu:
         buf = gpu.alloc(100)
         gpu.free(buf)
+        gpu.memset(_edge(buf, "trail")[0], 0x00, nbytes=1)  # a bad zone: the drain releases it, not keeps it
         gpu.inject_fault("free")  # type: ignore[attr-defined]
         with caplog.at_level(logging.WARNING, logger="metrale"):
-            assert gpu.scan_redzones() == []  # the drain's release fails: it belongs to a free long returned
-        assert _quarantine(gpu) == (0, 0, 0)
+            assert len(gpu.scan_redzones()) == 1  # the drain's release fails: it belongs to a free long returned
+        assert _quarantine(gpu) == (0, 0, 0) and gpu.stats().redzone_reusable == 0
         assert any(f"releasing quarantined allocation #{buf.index} failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failed_release_of_a_block_kept_for_reuse_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    with open_backend("fake", settings=ZONED) as gpu:
+        gpu.free(gpu.alloc(100))
+        assert gpu.scan_redzones() == [] and gpu.stats().redzone_reusable == 1
+        gpu.inject_fault("free")  # type: ignore[attr-defined]
+        with caplog.at_level(logging.WARNING, logger="metrale"):
+            assert gpu.sweep_unreleased() == 0  # gives the kept block back: its release fails, logged
+        assert gpu.stats().redzone_reusable == 0 and gpu.memory_info().quarantined == 0
+        assert any("release a red-zoned block kept for reuse failed" in r.getMessage() for r in caplog.records)
 
 
 @pytest.fixture
@@ -286,6 +371,20 @@ def test_an_allocation_out_of_memory_releases_the_quarantine_first(
     assert small.stats().oom_count == 0
     found = [r.getMessage() for r in caplog.records if f"allocation #{hog.index}" in r.getMessage()]
     assert len(found) == 1 and "out of memory" in found[0], found  # logged: the allocation went on
+    small.free(buf)
+
+
+@pytest.mark.needs("capacity")
+def test_an_allocation_out_of_memory_gives_kept_blocks_back_first(small: GpuBackend) -> None:
+    unit = _unit(small)
+    asked: list[int] = []
+    small.on_out_of_memory(asked.append)
+    hog = small.alloc(small.memory_info().effective_free - 3 * unit)
+    small.free(hog)
+    assert small.scan_redzones() == [] and _kept(small)[0] == 1, "checked: kept for reuse"
+    assert small.memory_info().quarantined == hog.nbytes + HELD
+    buf = small.alloc(5 * unit)  # needs the hog's memory: the kept block goes back to the driver
+    assert _kept(small) == (0, 0) and asked == [] and small.stats().oom_count == 0
     small.free(buf)
 
 

@@ -59,8 +59,8 @@ def measure_alloc(b: Bench) -> Result:
                 zone_us = to_us(medians[zone]) - to_us(medians[ledger])
                 goals.append(Goal(f"a red zone adds at most 10 us to a {size} pair (us added)", zone_us, 10.0, True))
     detail = (
-        f"host time per pair (red zone: 4 KiB, freed buffers checked in batches from the quarantine), median of "
-        f"{rounds} rounds of {calls}, 1 MiB kept live"
+        f"host time per pair (red zone: 4 KiB, freed buffers checked in batches from the quarantine, intact blocks "
+        f"reused), median of {rounds} rounds of {calls}, 1 MiB kept live"
     )
     return Result("alloc", "ledgered allocation against the raw driver pair", detail, tuple(figures), b.goals(*goals))
 

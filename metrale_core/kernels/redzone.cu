@@ -73,19 +73,54 @@ extern "C" __global__ void redzone_scan(const unsigned long long* zones, unsigne
     }
 }
 
+// Whether any byte of the zone differs from fill, as seen by lane `lane` of `lanes` threads walking it
+// together (the caller combines the lanes). The aligned middle is read with 16-byte loads whose
+// results are OR-ed together without a branch, so a thread's loads are all in flight at once.
+__device__ static bool zone_changed(const unsigned char* p, unsigned long long length, unsigned char fill,
+                                    unsigned int lane, unsigned int lanes) {
+    unsigned long long addr = reinterpret_cast<unsigned long long>(p);
+    unsigned long long head = ((16u - (addr & 15u)) & 15u);
+    if (head > length) {
+        head = length;
+    }
+    unsigned long long words = (length - head) / 16u;
+    unsigned long long tail_start = head + words * 16u;
+    unsigned int f = fill * 0x01010101u;
+    unsigned int diff = 0u;
+    for (unsigned long long i = lane; i < head; i += lanes) {
+        diff |= p[i] ^ fill;
+    }
+    for (unsigned long long i = tail_start + lane; i < length; i += lanes) {
+        diff |= p[i] ^ fill;
+    }
+    const uint4* middle = reinterpret_cast<const uint4*>(p + head);
+#pragma unroll 8
+    for (unsigned long long w = lane; w < words; w += lanes) {
+        uint4 v = middle[w];
+        diff |= (v.x ^ f) | (v.y ^ f) | (v.z ^ f) | (v.w ^ f);
+    }
+    return diff != 0u;
+}
+
 // The in-graph check, captured as a graph's last node: its parameters never change.
 // desc (device): table address, zone count, table version, fill byte (u64 each).
 // state (device, zeroed once): u32 blocks finished, u32 bad zones accumulated, u64 verdict sequence
-//   number. The blocks that take part are min(grid, zones), at least one (the others return at once);
-//   the last of them to finish, by the counter, writes the verdict and sets the counter back to 0.
-//   (The count is read once per launch: metrale never writes the table while a check may run, and
-//   launches of one executable graph never overlap.)
+//   number. Each warp checks one zone at a time; the blocks that take part are as many as hold a warp
+//   per zone, at most the grid, at least one (the others return at once); the last of them to finish,
+//   by the counter, writes the verdict and sets the counter back to 0. (The count is read once per
+//   launch: metrale never writes the table while a check may run, and launches of one executable graph
+//   never overlap.)
 // slot (mapped host memory): u64 bad zones, u64 version scanned, then (after a system fence) u64
-//   sequence number. Any grid and block; metrale launches (1024) x (256).
+//   sequence number. Any grid; a block of whole warps (metrale launches (1024) x (256)).
 extern "C" __global__ void redzone_verdict(const unsigned long long* desc, unsigned long long* state,
                                            unsigned long long* slot) {
     unsigned long long n = desc[1];
-    unsigned int blocks = n < gridDim.x ? static_cast<unsigned int>(n) : gridDim.x;
+    unsigned int warps = blockDim.x / 32u;
+    if (warps == 0u) {
+        warps = 1u;
+    }
+    unsigned long long wanted = (n + warps - 1u) / warps;
+    unsigned int blocks = wanted < gridDim.x ? static_cast<unsigned int>(wanted) : gridDim.x;
     if (blocks == 0u) {
         blocks = 1u;
     }
@@ -96,15 +131,25 @@ extern "C" __global__ void redzone_verdict(const unsigned long long* desc, unsig
     unsigned char fill = static_cast<unsigned char>(desc[3]);
     unsigned int* counter = reinterpret_cast<unsigned int*>(state);
     unsigned int* bad = counter + 1;
-    unsigned int block_bad = 0;
-    for (unsigned long long z = blockIdx.x; z < n; z += blocks) {
-        const unsigned char* p = reinterpret_cast<const unsigned char*>(table[2 * z]);
-        unsigned long long length = table[2 * z + 1];
-        int changed = zone_first(p, length, fill, true) != 0xffffffffu;
-        if (__syncthreads_or(changed)) {
-            block_bad += 1;
+    __shared__ unsigned int block_bad;
+    if (threadIdx.x == 0) {
+        block_bad = 0u;
+    }
+    __syncthreads();
+    unsigned int lane = threadIdx.x & 31u;
+    unsigned int warp = threadIdx.x / 32u;
+    unsigned long long stride = static_cast<unsigned long long>(blocks) * warps;
+    if (warp < warps) {
+        for (unsigned long long z = static_cast<unsigned long long>(blockIdx.x) * warps + warp; z < n; z += stride) {
+            const unsigned char* p = reinterpret_cast<const unsigned char*>(table[2 * z]);
+            unsigned long long length = table[2 * z + 1];
+            bool changed = zone_changed(p, length, fill, lane, 32u);
+            if (__any_sync(0xffffffffu, changed) && lane == 0u) {
+                atomicAdd(&block_bad, 1u);
+            }
         }
     }
+    __syncthreads();
     if (threadIdx.x == 0) {
         if (block_bad) {
             atomicAdd(bad, block_bad);

@@ -215,8 +215,10 @@ class BackendMachine(MemoryRules):
     @rule(kind=st.sampled_from(["device", "managed", "arena"]), code=st.sampled_from(
         ["CUDA_ERROR_UNKNOWN", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_INVALID_VALUE"]))
     def alloc_fails(self, kind: str, code: str) -> None:
-        if code == "CUDA_ERROR_OUT_OF_MEMORY" and self.quarantine:
+        if code == "CUDA_ERROR_OUT_OF_MEMORY" and (self.quarantine or self.reusable):
             return  # the quarantine is released and the allocation tried again: alloc_drains_the_quarantine
+        if self._reuses(kind, 128):
+            return  # a checked block kept for reuse: the driver is not asked
         records = self.probe.records()
         self.gpu.inject_fault("alloc", code=code)  # type: ignore[attr-defined]
         fn = {"device": self.gpu.alloc, "managed": self.gpu.alloc_managed, "arena": self.gpu.alloc_arena}[kind]
@@ -231,6 +233,8 @@ class BackendMachine(MemoryRules):
     @precondition(lambda self: self.can_inject and self.redzone > 0)
     @rule()
     def redzone_fill_fails(self) -> None:
+        if self._reuses("device", 64):
+            return  # a checked block kept for reuse still holds its fill: none is made
         records = self.probe.records()
         self.gpu.inject_fault("memset")  # type: ignore[attr-defined]
         try:
@@ -252,16 +256,19 @@ class BackendMachine(MemoryRules):
             return
         assert self.probe.records() == records, "an alloc whose zone fill failed stayed on the ledger"
 
-    @precondition(lambda self: self.can_inject and self.quarantine)
+    @precondition(lambda self: self.can_inject and (self.quarantine or self.reusable))
     @rule(kind=st.sampled_from(["device", "managed", "arena"]))
     def alloc_drains_the_quarantine(self, kind: str) -> None:
-        """Out of memory with buffers in quarantine: they are checked (logged, never raised) and released,
-        and the allocation tried again before any on_out_of_memory callback is asked."""
+        """Out of memory with buffers in quarantine or blocks kept for reuse: the quarantine is checked
+        (logged, never raised), all of it released with the kept blocks, and the allocation tried again
+        before any on_out_of_memory callback is asked."""
+        if self._reuses(kind, 128):
+            return  # a kept block serves it: the driver is not asked
         self.gpu.inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")  # type: ignore[attr-defined]
         self.reclaimed, self.heard[:] = [], []
         self.alloc(kind, 128)
         assert self.reclaimed == [], "the callbacks were asked before the quarantine was released"
-        found = self._quarantine_checked()
+        found = self._quarantine_checked(give_back=True)
         heard = {(v.index, v.side): v.offset for v in self.heard}
         assert heard == found, f"the check of the quarantine out of memory reported {self.heard}, expected {found}"
 
@@ -291,7 +298,7 @@ class BackendMachine(MemoryRules):
         """An allocation that runs out of memory asks the on_out_of_memory callbacks, and one
         that says it freed memory earns another try (here the injected failure is gone by then);
         buffers in quarantine are released first, and then no callback is asked."""
-        if self.quarantine:
+        if self.quarantine or self.reusable:
             return  # alloc_drains_the_quarantine
         self.gpu.inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")  # type: ignore[attr-defined]
         self.reclaim_answer, self.reclaimed = True, []

@@ -24,6 +24,7 @@ class MemoryRules(MachineModel):
     def alloc(self, kind: str, n: int) -> None:
         fn = {"device": self.gpu.alloc, "managed": self.gpu.alloc_managed, "arena": self.gpu.alloc_arena}[kind]
         buf = fn(n)
+        self._allocated(buf)
         assert buf.nbytes == n and buf.kind == kind and buf.ptr % 256 == 0 and buf.ptr != 0
         assert buf.index not in self._all(), "a creation index was handed out twice"
         assert buf.site.rpartition(":")[2].isdigit(), f"the call site {buf.site!r} is not file:line"
@@ -48,6 +49,7 @@ class MemoryRules(MachineModel):
         if self._quarantines(buf):  # into the quarantine; past its bound, the whole batch is checked
             self.quarantine[buf.index] = (buf, self._zone_bytes(buf))
             self.qdirty.update(dirty)
+            self._trim(self.quarantine_bound)  # kept blocks give way to the quarantine
             held = sum(nbytes for _, nbytes in self.quarantine.values())
             drained = held > self.quarantine_bound or len(self.quarantine) > QUARANTINE_MAX_BUFFERS
             expected = self._quarantine_checked() if drained else {}
@@ -137,7 +139,7 @@ class MemoryRules(MachineModel):
     @rule()
     def sweep(self) -> None:
         expected = len(self.live)
-        found = self._quarantine_checked()  # the sweep checks and releases the quarantine first
+        found = self._quarantine_checked(give_back=True)  # the sweep checks and releases the quarantine first
         self.heard.clear()
         if found and self.gpu.settings.redzone_action == "raise":
             try:
@@ -240,6 +242,7 @@ class MemoryRules(MachineModel):
         is still refused, whatever its address now holds, and the new allocation is untouched."""
         stale = data.draw(st.sampled_from([b for b in self.stale if b.kind in _REALLOC]), label="stale buffer")
         fresh = getattr(self.gpu, _REALLOC[stale.kind])(stale.nbytes)
+        self._allocated(fresh)
         contents = Contents(fresh.nbytes)
         (self.arena if fresh.kind == "arena" else self.live)[fresh.index] = (fresh, contents)
         self.gpu.memset(fresh, 0xA5)

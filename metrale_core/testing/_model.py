@@ -107,6 +107,8 @@ class MachineModel(RuleBasedStateMachine):
         self.quarantine_bound = rz.redzone_quarantine_bytes
         self.quarantine: dict[int, tuple[DeviceBuffer, int]] = {}  # freed zoned buffers by index, with their bytes
         self.qdirty: dict[tuple[int, str], int] = {}  # their changed zones, as ``dirty``
+        #: Checked freed blocks kept for reuse: raw bytes (one layout each) -> how many, oldest layout first.
+        self.reusable: dict[int, int] = {}
         self.graph_checks = self._graph_checks()
         self.sub: Arena = self.gpu.create_arena(ARENA_BYTES)
         self.pieces: Pool = {}  # live pieces of self.sub, by index
@@ -143,7 +145,7 @@ class MachineModel(RuleBasedStateMachine):
         device whose ``close()`` keeps its memory would keep it for each of them.)"""
         del self.gpu
         self.live, self.arena, self.pieces, self.stale, self.dirty = {}, {}, {}, [], {}
-        self.quarantine, self.qdirty, self.heard = {}, {}, []
+        self.quarantine, self.qdirty, self.heard, self.reusable = {}, {}, [], {}
         self.fill = self.write_u8 = None
         MachineModel.programs += 1
         if MachineModel.programs % COLLECT_EVERY == 0:
@@ -222,17 +224,47 @@ class MachineModel(RuleBasedStateMachine):
 
     def _zone_bytes(self, buf: DeviceBuffer) -> int:
         """What a zoned buffer holds of the device: itself, its trailing zone and its leading one."""
+        return self._zone_bytes_of(buf.nbytes)
+
+    def _zone_bytes_of(self, n: int) -> int:
         lead = -(-self.redzone // 256) * 256 if self.redzone_lead else 0
-        return buf.nbytes + self.redzone + lead
+        return n + self.redzone + lead
 
     def _quarantines(self, buf: DeviceBuffer) -> bool:
         """Whether ``free(buf)`` puts it in the quarantine (rather than checking and releasing it at once)."""
         return self._zoned(buf) and self.quarantine_bound > 0
 
-    def _quarantine_checked(self) -> dict[tuple[int, str], int]:
-        """The quarantine was checked and released: what the model expects that check to have found."""
-        found, self.qdirty, self.quarantine = self.qdirty, {}, {}
+    def _quarantine_checked(self, *, give_back: bool = False) -> dict[tuple[int, str], int]:
+        """The quarantine was checked and let go: what the model expects that check to have found. The
+        blocks found intact are kept for reuse, within the bound (``give_back``: none are kept)."""
+        found, self.qdirty, entries, self.quarantine = self.qdirty, {}, self.quarantine, {}
+        bad = {index for index, _ in found}
+        for index, (_, nbytes) in entries.items():
+            if index not in bad:
+                self.reusable[nbytes] = self.reusable.get(nbytes, 0) + 1
+        self._trim(0 if give_back else self.quarantine_bound)
         return found
+
+    def _trim(self, bound: int) -> None:
+        """Blocks kept for reuse give way, oldest layout first, until they and the quarantine fit ``bound``."""
+        held = sum(nbytes for _, nbytes in self.quarantine.values())
+        while self.reusable and sum(n * k for n, k in self.reusable.items()) + held > bound:
+            nbytes = next(iter(self.reusable))
+            self._take_reusable(nbytes)
+
+    def _allocated(self, buf: DeviceBuffer) -> None:
+        """A new allocation: a zoned one takes a kept block of its layout if there is one."""
+        if self._zoned(buf) and self._zone_bytes(buf) in self.reusable:
+            self._take_reusable(self._zone_bytes(buf))
+
+    def _take_reusable(self, nbytes: int) -> None:
+        self.reusable[nbytes] -= 1
+        if not self.reusable[nbytes]:
+            del self.reusable[nbytes]
+
+    def _reuses(self, kind: str, n: int) -> bool:
+        """Whether an allocation of ``kind`` and ``n`` bytes (zoned if the next index is) would take a kept block."""
+        return kind == "device" and self.redzone > 0 and (n + self._zone_bytes_of(0)) in self.reusable
 
     def _forget(self, buf: DeviceBuffer) -> None:
         self.live.pop(buf.index, None)
@@ -260,6 +292,9 @@ class MachineModel(RuleBasedStateMachine):
         assert (stats.redzone_quarantined, stats.redzone_quarantined_bytes) == (len(self.quarantine), held), (
             stats.redzone_quarantined, stats.redzone_quarantined_bytes, len(self.quarantine), held)
         assert stats.redzone_sample == self.redzone_sample
+        kept = (sum(self.reusable.values()), sum(n * k for n, k in self.reusable.items()))
+        assert (stats.redzone_reusable, stats.redzone_reusable_bytes) == kept, (
+            stats.redzone_reusable, stats.redzone_reusable_bytes, kept)
 
     @invariant()
     def ledger_matches_model(self) -> None:
