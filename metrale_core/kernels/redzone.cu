@@ -104,11 +104,13 @@ __device__ static bool zone_changed(const unsigned char* p, unsigned long long l
 
 // The in-graph check, captured as a graph's last node: its parameters never change.
 // desc (device): table address, zone count, table version, fill byte (u64 each).
-// state (device, zeroed once): u32 blocks finished, u32 bad zones accumulated, u64 verdict sequence
-//   number. Each warp checks one zone at a time; the blocks that take part are as many as hold a warp
-//   per zone, at most the grid, at least one (the others return at once); the last of them to finish,
-//   by the counter, writes the verdict and sets the counter back to 0. (The count is read once per
-//   launch: metrale never writes the table while a check may run, and launches of one executable graph
+// state (device, zeroed once): u64 arrivals (low 32 bits: blocks finished; high 32 bits: bad zones they
+//   found), u64 verdict sequence number. Each warp checks one zone at a time; the blocks that take part
+//   are as many as hold a warp per zone, at most the grid, at least one (the others return at once).
+//   Each adds its arrival and its bad zones in one atomic, so the last to arrive knows the total from
+//   that atomic's result; it writes the verdict and sets the arrivals back to 0. The sequence number
+//   and the version are read as a block starts, behind the zones' loads. (Both hold still while a check
+//   runs: metrale never writes the table while a check may run, and launches of one executable graph
 //   never overlap.)
 // slot (mapped host memory): u64 bad zones, u64 version scanned, then (after a system fence) u64
 //   sequence number. Any grid; a block of whole warps (metrale launches (1024) x (256)).
@@ -129,11 +131,13 @@ extern "C" __global__ void redzone_verdict(const unsigned long long* desc, unsig
     }
     const unsigned long long* table = reinterpret_cast<const unsigned long long*>(desc[0]);
     unsigned char fill = static_cast<unsigned char>(desc[3]);
-    unsigned int* counter = reinterpret_cast<unsigned int*>(state);
-    unsigned int* bad = counter + 1;
     __shared__ unsigned int block_bad;
+    unsigned long long seq = 0u;
+    unsigned long long version = 0u;
     if (threadIdx.x == 0) {
         block_bad = 0u;
+        seq = *reinterpret_cast<volatile unsigned long long*>(state + 1);
+        version = desc[2];
     }
     __syncthreads();
     unsigned int lane = threadIdx.x & 31u;
@@ -151,23 +155,18 @@ extern "C" __global__ void redzone_verdict(const unsigned long long* desc, unsig
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (block_bad) {
-            atomicAdd(bad, block_bad);
-        }
-        __threadfence();
-        unsigned int done = atomicAdd(counter, 1u) + 1u;
-        if (done == blocks) {  // the last block of this launch
-            __threadfence();
-            unsigned int total = atomicExch(bad, 0u);
-            atomicExch(counter, 0u);
-            volatile unsigned long long* seq_word = state + 1;
-            unsigned long long seq = *seq_word + 1u;
-            *seq_word = seq;
+        unsigned long long mine = 1ull | (static_cast<unsigned long long>(block_bad) << 32);
+        unsigned long long before = atomicAdd(state, mine);
+        if ((before & 0xffffffffull) + 1u == blocks) {  // the last block of this launch
+            unsigned long long total = (before >> 32) + block_bad;
+            volatile unsigned long long* words = state;
+            words[0] = 0u;
+            words[1] = seq + 1u;
             volatile unsigned long long* out = slot;
             out[0] = total;
-            out[1] = desc[2];
+            out[1] = version;
             __threadfence_system();
-            out[2] = seq;
+            out[2] = seq + 1u;
         }
     }
 }
