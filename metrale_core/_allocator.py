@@ -32,7 +32,7 @@ from ._holdings import Holdings, positive_size
 from ._ledger import call_site, describe_sites, largest_sites, next_index
 from ._pressure import StatsCounter
 from ._redzone import Layout
-from ._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
+from ._types import WORD_LIMIT, AllocKind, format_bytes
 
 if TYPE_CHECKING:
     from ._monitor import MemoryMonitor
@@ -95,19 +95,15 @@ class Allocator:
         ctx = self.ctx
         index = next_index()
         site = call_site(ctx.internal)
-        layout = self._guard.layout(n, index) if kind == "device" else Layout(n, 0, 0)
-        if layout.raw_bytes >= WORD_LIMIT:
-            raise InvalidArgumentError(
-                f"{what}: {n} bytes and their red zones ({layout.raw_bytes} bytes in all) do not fit 64 bits "
-                f"(CUDA's size_t): ask for less"
-            )
-        zoned = bool(layout.lead or layout.trail)
-        reused = self._guard.reuse(layout) if zoned else None
-        raw_ptr = self._raw_alloc(layout.raw_bytes, n, kind, what) if reused is None else reused
-        buf = DeviceBuffer._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
-        if zoned:
+        layout = self._guard.layout(n, index) if kind == "device" else None
+        if layout is None:
+            raw_ptr = self._raw_alloc(n, n, kind, what)
+            buf = DeviceBuffer._make(raw_ptr, n, kind, index, site, ctx.ref)
+        else:
+            raw_ptr, filled = self._zoned_alloc(layout, n, what)
+            buf = DeviceBuffer._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
             try:
-                self._guard.guard(buf, layout, filled=reused is not None)
+                self._guard.guard(buf, layout, filled=filled)
             except MetraleError:
                 self._release_quietly(raw_ptr, kind)
                 raise
@@ -115,15 +111,15 @@ class Allocator:
         with ctx.lock:  # the commit: the backend is open now, or nothing of this allocation remains
             committed = not ctx.closed
             if committed:
-                if zoned:
+                if layout is not None:
                     holdings.raw_base[index] = raw_ptr
                 if kind == "arena":
                     holdings.arena_blocks[index] = buf
                 else:
-                    holdings.ledger.add(AllocRecord(buf.ptr, n, kind, index, site))
+                    holdings.ledger.add(buf)
                 self._stats.allocated(kind, n)
         if not committed:
-            if zoned:
+            if layout is not None:
                 self._guard.forget(index)
             self._release_quietly(raw_ptr, kind)
             raise ctx.closed_error()
@@ -133,6 +129,19 @@ class Allocator:
                 index, what, n, site, "".join(traceback.format_list(_user_stack())),
             )
         return buf
+
+    def _zoned_alloc(self, layout: Layout, n: int, what: str) -> tuple[int, bool]:
+        """The raw memory of a zoned device allocation, and whether its zones are filled already: a
+        checked block kept for reuse, or a new one from the driver (``False``)."""
+        if layout.raw_bytes >= WORD_LIMIT:
+            raise InvalidArgumentError(
+                f"{what}: {n} bytes and their red zones ({layout.raw_bytes} bytes in all) do not fit 64 bits "
+                f"(CUDA's size_t): ask for less"
+            )
+        reused = self._guard.reuse(layout)
+        if reused is not None:
+            return reused, True
+        return self._raw_alloc(layout.raw_bytes, n, "device", what), False
 
     def _raw_alloc(self, raw_bytes: int, n: int, kind: AllocKind, what: str) -> int:
         """The raw allocation, with reclaim-and-retry: when it runs out of memory, the red-zone
@@ -287,10 +296,14 @@ class Allocator:
             )
         self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever the release says
         self._released(buf)
-        with self._holdings.lock:
-            raw_ptr = self._holdings.raw_base.pop(buf.index, buf.ptr)
         kind: AllocKind = "managed" if record.kind == "managed" else "device"
-        self._guard.free_checked(buf, raw_ptr, kind)
+        raw_base = self._holdings.raw_base
+        if buf.index in raw_base:  # zoned (a racing free of the same buffer found no record above)
+            with self._holdings.lock:
+                raw_ptr = raw_base.pop(buf.index)
+            self._guard.free_checked(buf, raw_ptr, kind)
+        else:
+            self._raw.free(buf.ptr, kind)
 
     def free_host(self, hb: HostBuffer, what: str) -> None:
         """Release a pinned host buffer of this backend (by identity: the driver hands addresses out again)."""

@@ -50,10 +50,11 @@ class _Flight:
     """How many threads are inside a barred call now: past its check, maybe inside its driver call
     (under ``_LOCK``)."""
 
-    __slots__ = ("threads",)
+    __slots__ = ("threads", "waiters")
 
     def __init__(self) -> None:
         self.threads = 0
+        self.waiters = 0  # captures waiting in Capture.start for the barred calls to return
 
 
 _FLIGHT = _Flight()
@@ -104,11 +105,15 @@ class Capture:
         with _LOCK:
             own = 1 if _MINE.inside else 0
             deadline = time.monotonic() + BARRED_WAIT_S
-            while _FLIGHT.threads > own:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                _IDLE.wait(left)
+            _FLIGHT.waiters += 1
+            try:
+                while _FLIGHT.threads > own:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    _IDLE.wait(left)
+            finally:
+                _FLIGHT.waiters -= 1
             _ACTIVE[id(self)] = self
             self.active = True
 
@@ -191,8 +196,10 @@ def call_left() -> None:
 def _barred_call_done() -> None:
     with _LOCK:
         _MINE.inside = False
-        _FLIGHT.threads -= 1
-        _IDLE.notify_all()  # every decrement: a waiting capture's own flag may be the one left
+        flight = _FLIGHT
+        flight.threads -= 1
+        if flight.waiters:  # every decrement while a capture waits: its own flag may be the one left
+            _IDLE.notify_all()
 
 
 def suspend_calls() -> tuple[int, bool]:

@@ -167,8 +167,8 @@ class DeviceContext:
     """What the parts of one open backend share. Thread-safe."""
 
     __slots__ = (
-        "__weakref__", "_closed", "_depth", "_fault", "_fault_code", "_gate", "_inside", "_target", "_target_ref",
-        "exports", "facade", "internal", "lock", "name", "ordinal", "raw", "recent", "ref", "settings",
+        "__weakref__", "_closed", "_depth", "_fault", "_fault_code", "_gate", "_gate_lock", "_inside", "_target",
+        "_target_ref", "exports", "facade", "internal", "lock", "name", "ordinal", "raw", "recent", "ref", "settings",
     )
 
     def __init__(
@@ -196,7 +196,8 @@ class DeviceContext:
         self._fault: str | None = None
         self._fault_code: tuple[int | None, str | None] = (None, None)
         self._closed = False
-        self._gate = threading.Condition(threading.Lock())
+        self._gate_lock = threading.Lock()  # the gate's counts; taken bare on the hot path (a C-level lock)
+        self._gate = threading.Condition(self._gate_lock)  # for close(), waiting for calls to leave
         self._inside = 0
         self._depth = _Depth()
 
@@ -279,7 +280,7 @@ class DeviceContext:
 
     def enter(self, *, faulted_ok: bool = False) -> None:
         """Count a call in; refused once closed (and after a fault unless ``faulted_ok``)."""
-        with self._gate:
+        with self._gate_lock:
             if self._closed:
                 raise self.closed_error()
             self._inside += 1
@@ -293,7 +294,7 @@ class DeviceContext:
         """Count a call out."""
         self._depth.depth -= 1
         call_left()  # leaving the outermost call ends its barred call: its driver calls are over
-        with self._gate:
+        with self._gate_lock:
             self._inside -= 1
             if self._closed:
                 self._gate.notify_all()

@@ -20,8 +20,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from types import FrameType
 from typing import Literal
 
+from ._buffer import DeviceBuffer
 from ._types import AllocRecord, format_bytes
 
 __all__ = ["Ledger", "LedgerEvent", "LedgerProbe", "call_site", "format_bytes", "largest_sites", "next_index"]
@@ -49,14 +51,35 @@ next_index: Callable[[], int] = (
 _USER_MODULES = ("metrale_core._selftest", "metrale_core.testing")
 
 
+#: Per set of internal packages: per code object, whether its frames are internal (not call sites).
+#: Code objects live as long as their functions; the maps grow with the code a program runs, once.
+_INTERNAL_CODE: dict[frozenset[str], dict[object, bool]] = {}
+
+
+def _is_internal(frame: FrameType, internal: frozenset[str]) -> bool:
+    module = frame.f_globals.get("__name__", "")
+    return module.partition(".")[0] in internal and not module.startswith(_USER_MODULES)
+
+
 def call_site(internal: frozenset[str], depth: int = 2) -> str:
-    """``"file:line"`` of the first frame whose top-level package is not in ``internal``."""
-    frame = sys._getframe(depth)
+    """``"file:line"`` of the first frame whose top-level package is not in ``internal``.
+
+    Whether a frame is internal is decided once per code object (a dict lookup afterwards); a
+    plain dict read and write is atomic under the GIL, and on a free-threaded build two threads
+    that race compute the same answer.
+    """
+    known = _INTERNAL_CODE.get(internal)
+    if known is None:
+        known = _INTERNAL_CODE.setdefault(internal, {})
+    frame: FrameType | None = sys._getframe(depth)
     while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.partition(".")[0] not in internal or module.startswith(_USER_MODULES):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        frame = frame.f_back  # type: ignore[assignment]
+        code = frame.f_code
+        inside = known.get(code)
+        if inside is None:
+            inside = known[code] = _is_internal(frame, internal)
+        if not inside:
+            return f"{code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
     return "<unknown>:0"
 
 
@@ -90,9 +113,17 @@ class LedgerEvent:
     record: AllocRecord
 
 
+def _record(buf: DeviceBuffer) -> AllocRecord:
+    return AllocRecord(buf.ptr, buf.nbytes, buf.kind, buf.index, buf.site)
+
+
 class Ledger:
     """The live allocations of one backend, keyed by creation index (an allocation's identity:
     never an address, which the driver hands out again). Thread-safe.
+
+    It keeps the buffer each allocation handed out (the same fields as its record, and immutable)
+    and makes :class:`~metrale_core.AllocRecord` objects only when asked for them, so an ``alloc``
+    and a ``free`` each cost one dictionary operation under the lock.
 
     With ``history`` above zero it also keeps the last ``history`` events, oldest
     dropped first (:meth:`events`, :attr:`dropped`).
@@ -102,7 +133,7 @@ class Ledger:
 
     def __init__(self, history: int = 0) -> None:
         self._lock = threading.Lock()
-        self._records: dict[int, AllocRecord] = {}
+        self._records: dict[int, DeviceBuffer] = {}
         self.history = history
         self._events: collections.deque[LedgerEvent] | None = (
             collections.deque(maxlen=history) if history else None
@@ -118,21 +149,23 @@ class Ledger:
             self.dropped += 1
         events.append(LedgerEvent(time.monotonic() - self._start, op, record))
 
-    def add(self, record: AllocRecord) -> None:
+    def add(self, buf: DeviceBuffer) -> None:
+        """Put the allocation ``buf`` handed out on the ledger."""
         with self._lock:
-            self._records[record.index] = record
+            self._records[buf.index] = buf
             if self._events is not None:
-                self._log("alloc", record)
+                self._log("alloc", _record(buf))
 
-    def take(self, index: int, ptr: int, nbytes: int) -> AllocRecord | None:
-        """Take allocation ``index`` off, if it is on the ledger at ``ptr`` with ``nbytes``."""
+    def take(self, index: int, ptr: int, nbytes: int) -> DeviceBuffer | None:
+        """Take allocation ``index`` off, if it is on the ledger at ``ptr`` with ``nbytes``; the buffer
+        it handed out (its record's fields)."""
         with self._lock:
             rec = self._records.get(index)
             if rec is None or rec.ptr != ptr or rec.nbytes != nbytes:
                 return None
             del self._records[index]
             if self._events is not None:
-                self._log("free", rec)
+                self._log("free", _record(rec))
             return rec
 
     def holds(self, index: int, ptr: int, nbytes: int) -> bool:
@@ -143,7 +176,7 @@ class Ledger:
     def drain(self) -> list[AllocRecord]:
         """Take every record off (a sweep)."""
         with self._lock:
-            records = list(self._records.values())
+            records = [_record(buf) for buf in self._records.values()]
             self._records.clear()
             if self._events is not None:
                 for rec in records:
@@ -152,7 +185,8 @@ class Ledger:
 
     def snapshot(self) -> list[AllocRecord]:
         with self._lock:
-            return sorted(self._records.values(), key=lambda r: r.index)
+            bufs = sorted(self._records.values(), key=lambda r: r.index)
+        return [_record(buf) for buf in bufs]
 
     def events(self) -> list[LedgerEvent]:
         """The kept history, oldest first (empty when history is off)."""

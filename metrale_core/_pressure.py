@@ -81,7 +81,7 @@ class StatsCounter:
     """The mutable counters behind :class:`MemoryStats`. Thread-safe."""
 
     __slots__ = (
-        "_current", "_lock", "_peak", "_peak_total", "allocs", "arena_allocs", "frees", "graph_launches",
+        "_current", "_lock", "_peak", "_peak_total", "_total", "allocs", "arena_allocs", "frees", "graph_launches",
         "oom_count", "oom_retries", "quarantined_bytes", "quarantined_count", "redzone_sample", "redzone_scans",
         "reusable_bytes", "reusable_count",
     )
@@ -91,6 +91,7 @@ class StatsCounter:
         self._current = dict.fromkeys(KINDS, 0)
         self._peak = dict.fromkeys(KINDS, 0)
         self._peak_total = 0
+        self._total = 0  # the sum of _current
         self.allocs = 0
         self.frees = 0
         # Plain integers bumped without the lock: a lost count under a race is harmless for a statistic,
@@ -121,15 +122,17 @@ class StatsCounter:
     def allocated(self, kind: str, nbytes: int) -> None:
         with self._lock:
             self.allocs += 1
-            now = self._current[kind] = self._current[kind] + nbytes
+            current = self._current
+            now = current[kind] = current[kind] + nbytes
             self._peak[kind] = max(self._peak[kind], now)
-            total = sum(self._current.values())
+            total = self._total = self._total + nbytes
             self._peak_total = max(self._peak_total, total)
 
     def released(self, kind: str, nbytes: int) -> None:
         with self._lock:
             self.frees += 1
             self._current[kind] -= nbytes
+            self._total -= nbytes
 
     def reset_peak(self) -> None:
         with self._lock:

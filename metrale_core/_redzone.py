@@ -70,10 +70,10 @@ class RedZones:
         #: Moves on every change to the set of live zones.
         self.version = 0
 
-    def layout(self, nbytes: int, index: int) -> Layout:
-        """The raw size and the zones for an ``alloc`` of ``nbytes`` with ``index``."""
+    def layout(self, nbytes: int, index: int) -> Layout | None:
+        """The raw size and the zones for an ``alloc`` of ``nbytes`` with ``index``; ``None`` for none."""
         if self.size == 0 or index < self.min_idx or index % self.sample:
-            return Layout(raw_bytes=nbytes, lead=0, trail=0)
+            return None
         # The leading band is rounded up so the user's pointer stays aligned.
         lead = _round_up(self.size) if self.lead else 0
         return Layout(raw_bytes=lead + nbytes + self.size, lead=lead, trail=self.size)

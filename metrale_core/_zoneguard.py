@@ -199,7 +199,8 @@ class ZoneGuard:
 
     # -- fills ------------------------------------------------------------------------------
 
-    def layout(self, nbytes: int, index: int) -> Layout:
+    def layout(self, nbytes: int, index: int) -> Layout | None:
+        """The zones of a new device allocation (``None``: it gets none)."""
         return self.zones.layout(nbytes, index)
 
     def reuse(self, layout: Layout) -> int | None:
