@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 
 from ._arena import Arena
 from ._buffer import DeviceBuffer
-from ._capture import forbid_during_capture
+from ._capture import call_entered, call_left, forbid_during_capture
 from ._context import DeviceContext, invalid_argument
 from ._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
 from ._handles import HostBuffer
 from ._holdings import Holdings, positive_size
-from ._ledger import call_site, describe_sites, largest_sites, next_index
+from ._ledger import Ledger, call_site, describe_sites, largest_sites, next_index
 from ._pressure import StatsCounter
 from ._redzone import Layout
 from ._types import WORD_LIMIT, AllocKind, format_bytes
@@ -362,6 +362,50 @@ class Allocator:
             self._raw.free(block.ptr, "arena")
         finally:
             self.ctx.leave()
+
+    # -- where the time of a pair goes (metrale bench) ----------------------------------------------
+
+    def cost_probes(self, nbytes: int) -> dict[str, Callable[[], object]]:
+        """One callable per step of an unzoned ``alloc`` + ``free`` of ``nbytes``, each doing what that
+        step does for a pair, for ``metrale bench --only breakdown``. The ledger and the stats steps run
+        on private instances of their own (the backend's are left alone); the others on this backend."""
+        ctx, raw, target = self.ctx, self._raw, self.ctx.target
+        internal = ctx.internal
+        ledger, stats = Ledger(), StatsCounter()
+        sample = DeviceBuffer._make(1 << 40, nbytes, "device", -1, "probe:0", ctx.ref)
+
+        def gate() -> None:
+            for _ in range(2):
+                ctx.enter()
+                ctx.leave()
+
+        def capture_rule() -> None:
+            for _ in range(2):
+                call_entered()
+                forbid_during_capture("probe")
+                call_left()
+
+        def handle_and_site() -> None:
+            DeviceBuffer._make(1 << 40, nbytes, "device", next_index(), call_site(internal, 1), ctx.ref)
+
+        def ledger_pair() -> None:
+            ledger.add(sample)
+            ledger.take(-1, sample.ptr, nbytes)
+
+        def stats_pair() -> None:
+            stats.allocated("device", nbytes)
+            stats.released("device", nbytes)
+
+        return {
+            "the plugin's raw alloc + free": lambda: target.free(target.alloc(nbytes, "device"), "device"),
+            "the same through the core's guard": lambda: raw.free(raw.alloc(nbytes, "device"), "device"),
+            "the gate (enter + leave, twice)": gate,
+            "the capture rule (check + end, twice)": capture_rule,
+            "index, call site and handle": handle_and_site,
+            "ledger (on + off)": ledger_pair,
+            "stats (allocated + released)": stats_pair,
+            "release observers": lambda: self._released(sample),
+        }
 
     # -- sweep and close ------------------------------------------------------------------------
 

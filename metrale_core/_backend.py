@@ -149,6 +149,10 @@ class GpuBackend:
         """Device memory, on the ledger until ``free`` or ``sweep_unreleased`` takes it off."""
         return self._memory.alloc(nbytes, "device", "alloc")
 
+    def _cost_probes(self, nbytes: int) -> dict[str, Callable[[], object]]:
+        """The steps of an ``alloc`` + ``free`` pair, one callable each (``metrale bench --only breakdown``)."""
+        return self._memory.cost_probes(nbytes)
+
     @gated
     def alloc_managed(self, nbytes: int) -> DeviceBuffer:
         """Managed (unified) memory, on the ledger likewise."""

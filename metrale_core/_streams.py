@@ -33,7 +33,7 @@ _H = TypeVar("_H", bound=_Handle)
 class StreamFront:
     """Streams, events, graphs and the work on them, for one backend (the ``HandleOwner`` of those handles)."""
 
-    __slots__ = ("_guard", "_handles", "_holdings", "_raw", "_stats", "ctx", "default")
+    __slots__ = ("_execs", "_guard", "_handles", "_holdings", "_raw", "_stats", "ctx", "default")
 
     def __init__(self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter) -> None:
         self.ctx = ctx
@@ -41,6 +41,7 @@ class StreamFront:
         self._holdings = holdings
         self._stats = stats
         self._handles: dict[int, _Handle] = {}
+        self._execs = 0  # how many of them are executable graphs (a free looks for its buffer in those)
         #: This backend's own non-blocking stream, used wherever ``stream=None``.
         self.default = Stream(self, self._raw.stream_create(), default=True)
         self._guard: ZoneGuard | None = None
@@ -70,6 +71,8 @@ class StreamFront:
                 self.ctx.quietly(f"destroy {type(handle).__name__}", getattr(self._raw, handle._destroy_op), handle.raw)
                 raise self.ctx.closed_error()
             self._handles[id(handle)] = handle
+            if isinstance(handle, GraphExec):
+                self._execs += 1
         return handle
 
     def release(self, handle: _Handle) -> None:
@@ -83,7 +86,8 @@ class StreamFront:
             if not handle._mark_closed():
                 return
             with ctx.lock:
-                self._handles.pop(id(handle), None)
+                if self._handles.pop(id(handle), None) is not None and isinstance(handle, GraphExec):
+                    self._execs -= 1
             check = getattr(handle, "check", None)
             if check is not None:
                 self.guard.drop_check(check)
@@ -131,6 +135,8 @@ class StreamFront:
 
     def warn_if_graphed(self, buf: DeviceBuffer) -> None:
         """An allocator release observer: warn when live executable graphs still use ``buf``."""
+        if not self._execs:  # read without the lock: an executable graph made meanwhile cannot hold buf yet
+            return
         with self.ctx.lock:
             users = [h for h in self._handles.values() if isinstance(h, GraphExec) and buf in h.buffers]
         if users:
@@ -317,6 +323,7 @@ class StreamFront:
         with ctx.lock:
             handles = list(self._handles.values())
             self._handles.clear()
+            self._execs = 0
         for kind in (GraphExec, Graph, Event, Stream):
             for handle in handles:
                 if isinstance(handle, kind) and handle._mark_closed():

@@ -14,7 +14,7 @@ from .. import Baseline, GpuBackend, MetraleSettings, open_backend
 from .._errors import InvalidArgumentError, MetraleError
 from .context import Bench, Progress
 from .launches import measure_eager, measure_graph, measure_safety
-from .memory import measure_alloc, measure_copies, measure_pools
+from .memory import measure_alloc, measure_breakdown, measure_copies, measure_pools
 from .model import BenchReport, Result
 from .zones import measure_zones
 
@@ -33,6 +33,7 @@ class Measurement:
 #: Every measurement, in the order they run.
 MEASUREMENTS: Final[tuple[Measurement, ...]] = (
     Measurement("alloc", "ledgered alloc + free against the raw pair", measure_alloc),
+    Measurement("breakdown", "where the time of a ledgered alloc + free goes, step by step", measure_breakdown),
     Measurement("pools", "the arena against CuPy's and PyTorch's pools", measure_pools),
     Measurement("copy", "D2D and pinned copies against the raw driver's", measure_copies),
     Measurement("eager", "eager memset and launch against the raw calls", measure_eager),

@@ -54,7 +54,7 @@ from metrale_core import (
 
 from . import _driver as _d
 from ._baseline import DriverBaseline
-from ._driver import call, call1, call_ready, call_teardown, check, drv, invoke
+from ._driver import call, call1, call_ready, call_sized, call_teardown, check, drv, invoke
 
 __all__ = ["CudaDevice"]
 
@@ -71,6 +71,51 @@ class _ThreadState(threading.local):
 
 
 _THREAD: Final = _ThreadState()
+
+
+class _ArgSlots:
+    """Where a kernel's arguments go for ``cuLaunchKernel``: one buffer with an 8-byte-aligned slot per
+    argument and the array of pointers to the slots, built once per kernel per thread and reused at
+    every launch (the driver copies the arguments at the call, so the next launch may overwrite them)."""
+
+    __slots__ = ("address", "offsets", "pointers", "sizes", "storage", "view")
+
+    def __init__(self, sizes: tuple[int, ...]) -> None:
+        offsets, end = [], 0
+        for size in sizes:
+            offsets.append(end)
+            end += -(-size // 8) * 8
+        self.sizes = sizes
+        self.offsets = tuple(offsets)
+        self.storage = ctypes.create_string_buffer(max(end, 8))
+        self.view = memoryview(self.storage).cast("B")
+        base = ctypes.addressof(self.storage)
+        self.pointers = (ctypes.c_void_p * max(len(sizes), 1))(*(base + offset for offset in offsets))
+        self.address: int | None = ctypes.addressof(self.pointers) if sizes else None
+
+    def fill(self, args: Sequence[LaunchArg]) -> bool:
+        """Write ``args`` into their slots; ``False`` (nothing to trust) where their sizes differ."""
+        if len(args) != len(self.sizes):
+            return False
+        view = self.view
+        for arg, offset, size in zip(args, self.offsets, self.sizes, strict=True):
+            data = arg.data
+            if len(data) != size:
+                return False
+            view[offset : offset + size] = data
+        return True
+
+
+class _Packing(threading.local):
+    """Per thread: the argument slots of each kernel it launched (by the function handle's identity;
+    a slot's sizes are checked at every launch, so a handle whose identity was reused only costs a
+    rebuild)."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, _ArgSlots] = {}
+
+
+_PACKING: Final = _Packing()
 
 #: Host objects that a device closed while they were still held (the core could
 #: not wait for it: a capture was running in the process), kept for the rest of
@@ -379,16 +424,10 @@ class CudaDevice(RawDevice):
     @_bound_checked
     def alloc(self, nbytes: int, kind: AllocKind) -> int:
         """``cuMemAlloc`` (``"device"``, ``"arena"``) or ``cuMemAllocManaged`` (``"managed"``)."""
-        if kind == "managed":
-            ptr = call1(
-                drv.cuMemAllocManaged,
-                f"cuMemAllocManaged of {nbytes} bytes",
-                nbytes,
-                _d.MEM_ATTACH_GLOBAL,
-                requested=nbytes,
-            )
-        elif kind in ("device", "arena"):
-            ptr = call1(drv.cuMemAlloc, f"cuMemAlloc of {nbytes} bytes", nbytes, requested=nbytes)
+        if kind in ("device", "arena"):
+            ptr = call_sized(drv.cuMemAlloc, "cuMemAlloc", nbytes)
+        elif kind == "managed":
+            ptr = call_sized(drv.cuMemAllocManaged, "cuMemAllocManaged", nbytes, _d.MEM_ATTACH_GLOBAL)
         else:
             raise InvalidArgumentError(f"alloc: unknown allocation kind {kind!r}")
         return int(ptr)
@@ -638,15 +677,13 @@ class CudaDevice(RawDevice):
         stream: object,
         args: Sequence[LaunchArg],
     ) -> None:
-        """``cuLaunchKernel`` with each argument's packed bytes (the driver copies them at the call)."""
-        # every argument in one buffer, each at an 8-byte-aligned offset, and the array of pointers to them
-        blob = b"".join(a.data.ljust(-(-len(a.data) // 8) * 8, b"\0") for a in args)
-        storage = ctypes.create_string_buffer(blob, max(len(blob), 1))
-        base, offsets, offset = ctypes.addressof(storage), [], 0
-        for a in args:
-            offsets.append(base + offset)
-            offset += -(-len(a.data) // 8) * 8
-        pointers = (ctypes.c_void_p * max(len(offsets), 1))(*offsets)
+        """``cuLaunchKernel`` with each argument's packed bytes, written into the kernel's slots kept for
+        this thread (:class:`_ArgSlots`; the driver copies them at the call)."""
+        cache = _PACKING.slots
+        slots = cache.get(id(function))
+        if slots is None or not slots.fill(args):
+            slots = cache[id(function)] = _ArgSlots(tuple(len(a.data) for a in args))
+            slots.fill(args)
         call(
             drv.cuLaunchKernel,
             "cuLaunchKernel",
@@ -655,6 +692,6 @@ class CudaDevice(RawDevice):
             block[0], block[1], block[2],
             shared_mem,
             cast(_Stream, stream).handle,
-            ctypes.addressof(pointers) if offsets else None,
+            slots.address,
             0,  # extra: void_ptr, NULL
         )

@@ -41,6 +41,7 @@ __all__ = [
     "call",
     "call1",
     "call_ready",
+    "call_sized",
     "call_teardown",
     "check",
     "drv",
@@ -122,7 +123,20 @@ def call(fn: Callable[..., Any], what: str, *args: object) -> None:
         out = fn(*args)
     except Exception as exc:
         raise foreign_error(exc, what) from exc
-    check(out[0], what)
+    if out[0]:
+        check(out[0], what)
+
+
+def call_sized(fn: Callable[..., Any], name: str, nbytes: int, *args: object) -> Any:
+    """Call an allocation ``fn(nbytes, *args)`` that returns ``(CUresult, value)``; check it, return the
+    value. Its description (``"<name> of <nbytes> bytes"``) is formatted only for an error."""
+    try:
+        err, value = fn(nbytes, *args)
+    except Exception as exc:
+        raise foreign_error(exc, f"{name} of {nbytes} bytes") from exc
+    if err:
+        check(err, f"{name} of {nbytes} bytes", requested=nbytes)
+    return value
 
 
 def call1(fn: Callable[..., Any], what: str, *args: object, requested: int = 0) -> Any:
