@@ -81,7 +81,7 @@ def test_peers_without_a_gpu_are_skipped_and_said_so() -> None:
 
 
 def test_unknown_measurements_are_refused_before_anything_runs() -> None:
-    with pytest.raises(InvalidArgumentError, match=r"no measurement named nope; choose from alloc, breakdown, pools, copy"):
+    with pytest.raises(InvalidArgumentError, match=r"no measurement named nope; choose from alloc, breakdown, pools"):
         run_bench(MetraleSettings(backend="fake"), only="alloc,nope")
     with pytest.raises(InvalidArgumentError, match="no measurement named at all"):
         run_bench(MetraleSettings(backend="fake"), only=" , ")
