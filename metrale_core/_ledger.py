@@ -48,7 +48,7 @@ next_index: Callable[[], int] = (
 
 
 #: Modules (and packages) of metrale's own that call the API as a user does: their frames are call sites.
-_USER_MODULES = ("metrale_core._selftest", "metrale_core.testing")
+_USER_MODULES = ("metrale_core._selftest", "metrale_core.testing", "metrale_core._bench")
 
 
 #: Per set of internal packages: per code object, whether its frames are internal (not call sites).
