@@ -20,6 +20,17 @@ range handed out so far. Freed ranges are never merged,
 with each other or with live ones, so the gap after every allocation stays unmapped. A half with no
 fresh range left (after 42 TiB of ranges or more) gives a freed range of the smallest larger size class
 (reuse on), or is out of memory.
+
+An allocation's bytes are a numpy array of zeros, as ever: memory never written reads as zeros. An
+array of device memory no view was ever taken of (:meth:`AddressSpace.place_zeros`, never read or
+written since) is still all zeros when the allocation is freed, and nothing but the space references
+it: the space keeps it, with its record, for the next allocation of exactly its size, which then
+needs no fresh ``numpy.zeros``. The arrays kept are bounded by the space's ``keep_bytes`` (the fake
+device's capacity, at most :data:`KEEP_BYTES`), each counting the span its allocation had (its bytes
+and a gap of :data:`GAP` at least, so that tiny ones are bounded too); past it the sizes kept first
+are let go first, and ``close()`` lets every one go. An array a view was taken of (a copy, a memset, a
+kernel, an export) goes with its allocation, as before, and pinned host memory (its view is its
+owner's at once) is never kept.
 """
 
 from __future__ import annotations
@@ -36,23 +47,28 @@ import numpy as np
 from metrale_core.plugin import error_for_code, format_bytes
 
 __all__ = [
-    "ALIGN", "GAP", "AddressSpace", "Allocation", "Window", "check_importable", "check_pinnable", "give_back",
-    "host_memory_bytes", "span", "take_window", "zeros",
+    "ALIGN", "GAP", "KEEP_BYTES", "AddressSpace", "Allocation", "Window", "check_importable", "check_pinnable",
+    "give_back", "host_memory_bytes", "span", "take_window", "zeros",
 ]
 
 ALIGN: Final = 256  # every allocation starts at a multiple of this
 GAP: Final = 4096  # unmapped bytes at least between allocations, as a real address space has
+KEEP_BYTES: Final = 256 << 20  # the most bytes of freed, never-touched arrays a space keeps for reuse
 
 _FIRST: Final = 0x5500_0000_0000  # the first window's base
 _HALF: Final = 0x2A00_0000_0000  # 42 TiB: a window's half at least (the first device's memory at 0x7F00_0000_0000)
 _MAX_HALF: Final = 1 << 59
 _TOP: Final = 1 << 63  # every address stays below: it fits a signed 64-bit kernel argument
 _TiB: Final = 1 << 40
+_SPAN_ADD: Final = GAP + ALIGN - 1  # span(n) == (n + _SPAN_ADD) & _SPAN_MASK
+_SPAN_MASK: Final = -ALIGN
+_NO_KINDS: Final = frozenset[str]()
+_KEPT_SIZES: Final = 1024  # sizes kept at once before the emptied ones are forgotten
 
 
 def span(nbytes: int) -> int:
     """The addresses an allocation of ``nbytes`` takes, its gap included: its size class."""
-    return (nbytes + GAP + ALIGN - 1) // ALIGN * ALIGN
+    return (nbytes + _SPAN_ADD) & _SPAN_MASK
 
 
 @functools.cache
@@ -164,87 +180,169 @@ def give_back(window: Window) -> None:
     _WINDOWS.give_back(window)
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, eq=False)
 class Allocation:
-    """Live memory at ``base``: ``size`` bytes of ``kind`` (an ``AllocKind``, ``"host"`` or ``"external"``)."""
+    """Live memory at ``base``: ``size`` bytes of ``kind`` (an ``AllocKind``, ``"host"`` or ``"external"``).
+
+    ``span`` is the range it takes (its size class, or a larger one's); ``zeroed`` says that ``data`` is
+    the space's own array of zeros and no view of it was ever handed out (so it is zeros still)."""
 
     base: int
     size: int
     kind: str
     data: np.ndarray
+    span: int = 0
+    zeroed: bool = False
 
 
 class AddressSpace:
     """The addresses ``[lo, hi)`` and the allocations in them, found by any address inside.
 
+    ``keep_bytes``: the most bytes of freed, never-touched arrays of zeros it keeps for the next
+    allocation of their size (:meth:`place_zeros`); ``0`` keeps none.
+
     Not thread-safe: the device calls it under its lock.
     """
 
-    def __init__(self, lo: int, hi: int, *, reuse: bool, what: str) -> None:
+    def __init__(self, lo: int, hi: int, *, reuse: bool, what: str, keep_bytes: int = 0) -> None:
         self._lo, self._hi, self._next = lo, hi, lo
         self._reuse = reuse
         self._what = what
-        self._bases: list[int] = []  # live bases, sorted
+        # The bases of the ranges handed out, sorted: the live ones and (reuse on) the freed ones, which
+        # hold no allocation. Ranges never overlap, so the last base at or below an address starts the
+        # only range that can hold it. A fresh range lies above all: it is appended.
+        self._bases: list[int] = []
         self._allocs: dict[int, Allocation] = {}
-        self._spans: dict[int, int] = {}  # live base -> the span of its range
-        self._freed: dict[int, list[int]] = {}  # span -> freed bases, most recently freed last
+        self._freed: dict[int, list[int]] = {}  # span -> freed bases, most recently freed last (may be empty)
+        self._keep_bytes = keep_bytes
+        self._kept: dict[int, list[Allocation]] = {}  # size -> freed records, zeros still (may be empty)
+        self._room = keep_bytes  # keep_bytes less the spans of the records kept
 
     @property
     def window(self) -> tuple[int, int]:
         """``[lo, hi)``: every address this space hands out lies inside."""
         return self._lo, self._hi
 
+    @property
+    def kept_bytes(self) -> int:
+        """What the freed arrays of zeros kept for the next allocations of their sizes count against
+        ``keep_bytes``: each the span its allocation had (its bytes, :data:`GAP` and more)."""
+        return self._keep_bytes - self._room
+
     def place(self, nbytes: int, kind: str, data: np.ndarray) -> int:
         """The base of a new allocation of ``data`` (``nbytes`` bytes); ``CUDA_ERROR_OUT_OF_MEMORY`` if no
         range is left."""
-        need = span(nbytes)
-        base, taken = self._range(need)
+        base, taken = self._range((nbytes + _SPAN_ADD) & _SPAN_MASK)
         if base is None:
-            raise error_for_code(
-                "CUDA_ERROR_OUT_OF_MEMORY",
-                f"fake {self._what} of {nbytes} bytes: the device's {self._what} addresses "
-                f"[{self._lo:#x}, {self._hi:#x}) are all handed out",
-                requested=nbytes,
-            )
-        self._allocs[base] = Allocation(base, nbytes, kind, data)
-        self._spans[base] = taken
-        bisect.insort(self._bases, base)
+            raise self._exhausted(nbytes)
+        self._allocs[base] = Allocation(base, nbytes, kind, data, taken)
         return base
+
+    def place_zeros(self, nbytes: int, kind: str, what: str) -> int:
+        """The base of a new allocation of ``nbytes`` zeroed bytes: a kept array of its size if there is
+        one, else a fresh one (``CUDA_ERROR_OUT_OF_MEMORY`` naming ``what`` where the host cannot give
+        it); out of memory as :meth:`place` if no range is left."""
+        kept = self._kept.get(nbytes)
+        if kept:
+            alloc = kept.pop()
+            self._room += alloc.span  # (what it was kept for)
+            alloc.kind = kind
+        else:
+            alloc = Allocation(0, nbytes, kind, zeros(nbytes, what), 0, True)
+        need = (nbytes + _SPAN_ADD) & _SPAN_MASK
+        freed = self._freed.get(need) if self._reuse else None
+        if freed:  # the usual case, inline: the most recently freed range of the size class
+            base = freed.pop()
+            alloc.span = need
+        else:
+            found, taken = self._range(need)
+            if found is None:
+                alloc.span = need
+                self._keep(alloc)  # (its array is zeros still)
+                raise self._exhausted(nbytes)
+            base, alloc.span = found, taken
+        alloc.base = base
+        self._allocs[base] = alloc
+        return base
+
+    def _exhausted(self, nbytes: int) -> Exception:
+        return error_for_code(
+            "CUDA_ERROR_OUT_OF_MEMORY",
+            f"fake {self._what} of {nbytes} bytes: the device's {self._what} addresses "
+            f"[{self._lo:#x}, {self._hi:#x}) are all handed out",
+            requested=nbytes,
+        )
 
     def _range(self, need: int) -> tuple[int | None, int]:
         """A range of ``need`` addresses at least: ``(base, its span)``, or ``(None, 0)``."""
         if self._reuse:
             freed = self._freed.get(need)
             if freed:  # as a caching driver does: the most recently freed range of the size class
-                base = freed.pop()
-                if not freed:
-                    del self._freed[need]
-                return base, need
+                return freed.pop(), need
         if self._next + need <= self._hi:
             base = self._next
             self._next += need
+            self._bases.append(base)  # above every range handed out so far: the list stays sorted
             return base, need
         # No fresh range left: a freed one of the smallest larger size class (it keeps its span).
-        larger = [s for s in self._freed if s >= need]
+        larger = [s for s, bases in self._freed.items() if s >= need and bases]
         if not larger:
             return None, 0
         best = min(larger)
-        freed = self._freed[best]
-        base = freed.pop()
-        if not freed:
-            del self._freed[best]
-        return base, best
+        return self._freed[best].pop(), best
 
     def remove(self, base: int) -> Allocation | None:
         """Take the allocation at ``base`` out (its range may come back); ``None`` if none starts there."""
-        alloc = self._allocs.pop(base, None)
-        if alloc is None:
+        return self.remove_unless(base, _NO_KINDS)
+
+    def remove_unless(self, base: int, kinds: frozenset[str]) -> Allocation | None:
+        """:meth:`remove` the allocation at ``base`` unless it is of one of ``kinds``; ``None`` (and
+        nothing changed) if none starts there or it is of one of them."""
+        allocs = self._allocs
+        alloc = allocs.get(base)
+        if alloc is None or alloc.kind in kinds:
             return None
-        del self._bases[bisect.bisect_left(self._bases, base)]
-        taken = self._spans.pop(base)
-        if self._reuse:
-            self._freed.setdefault(taken, []).append(base)
+        del allocs[base]
+        if self._reuse:  # its base stays among the bases: a freed range, holding nothing
+            freed = self._freed.get(alloc.span)
+            if freed is None:
+                self._freed[alloc.span] = [base]
+            else:
+                freed.append(base)
+        else:  # never handed out again
+            bases = self._bases
+            del bases[bisect.bisect_left(bases, base)]
+        if alloc.zeroed:
+            kept = self._kept.get(alloc.size)
+            room = self._room - alloc.span
+            if kept is not None and room >= 0:  # the usual case, inline
+                kept.append(alloc)
+                self._room = room
+            else:
+                self._keep(alloc)
         return alloc
+
+    def _keep(self, alloc: Allocation) -> None:
+        """Keep ``alloc``'s record and array of zeros for the next allocation of its size, within
+        ``keep_bytes`` (each counts its span), letting the arrays of the sizes kept first go first; an
+        empty one, or one that would not fit alone, goes itself."""
+        size, charge = alloc.size, alloc.span
+        if not size or charge > self._keep_bytes:
+            return
+        kept = self._kept
+        if charge > self._room:
+            for old, records in list(kept.items()):
+                while records and charge > self._room:
+                    self._room += records.pop(0).span
+                if not records:
+                    del kept[old]
+                if charge <= self._room:
+                    break
+        elif size not in kept and len(kept) >= _KEPT_SIZES:  # many sizes kept once: forget the empty ones
+            for old in [old for old, records in kept.items() if not records]:
+                del kept[old]
+        kept.setdefault(size, []).append(alloc)
+        self._room -= charge
 
     def get(self, base: int) -> Allocation | None:
         """The allocation starting at ``base``, else ``None``."""
@@ -254,8 +352,8 @@ class AddressSpace:
         """The allocation ``ptr`` lies inside (an empty one holds its own base), else ``None``."""
         i = bisect.bisect_right(self._bases, ptr) - 1
         if i >= 0:
-            alloc = self._allocs[self._bases[i]]
-            if ptr < alloc.base + alloc.size or ptr == alloc.base:
+            alloc = self._allocs.get(self._bases[i])
+            if alloc is not None and (ptr < alloc.base + alloc.size or ptr == alloc.base):
                 return alloc
         return None
 
@@ -263,8 +361,9 @@ class AddressSpace:
         """The bytes from ``ptr`` to the end of the allocation holding it (empty at its end), else ``None``."""
         i = bisect.bisect_right(self._bases, ptr) - 1
         if i >= 0:
-            alloc = self._allocs[self._bases[i]]
-            if ptr - alloc.base <= alloc.size:
+            alloc = self._allocs.get(self._bases[i])
+            if alloc is not None and ptr - alloc.base <= alloc.size:
+                alloc.zeroed = False  # a view goes out: its bytes may be written (or held) from now on
                 return alloc.data[ptr - alloc.base :]
         return None
 
@@ -282,8 +381,9 @@ class AddressSpace:
         return found
 
     def clear(self) -> None:
-        """Drop every allocation and every freed range; no address handed out comes back."""
+        """Drop every allocation, every freed range and every kept array; no address handed out comes back."""
         self._bases.clear()
         self._allocs.clear()
-        self._spans.clear()
         self._freed.clear()
+        self._kept.clear()
+        self._room = self._keep_bytes
