@@ -9,55 +9,63 @@ zones and capture rules hold the same on every backend::
         buf = gpu.alloc(1 << 20)
         gpu.memset(buf, 0)
         gpu.free(buf)
+
+``import metrale_core`` is cheap: each public name is imported from its module
+the first time it is used (PEP 562), so pydantic, pluggy and the backend's
+modules load with the first name that needs them (``open_backend``,
+``MetraleSettings``); ``from metrale_core import X`` works as ever.
 """
 
 from __future__ import annotations
 
-from ._arena import Arena
-from ._backend import GpuBackend
-from ._buffer import DeviceArray, DeviceBuffer
-from ._discovery import ENTRY_POINT_GROUP, available_backends, open_backend
-from ._errors import (
-    ArchitectureError,
-    ArenaFullError,
-    BackendClosedError,
-    BackendNotFoundError,
-    BackendUnavailableError,
-    CaptureError,
-    ConfigError,
-    DeviceFaultError,
-    DriverError,
-    InvalidArgumentError,
-    InvalidBufferError,
-    KernelNotFoundError,
-    MetraleError,
-    OutOfMemoryError,
-    RedZoneError,
-    SnapshotError,
-    cuda_code,
-    error_for_code,
-)
-from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
-from ._ledger import LedgerEvent, LedgerProbe
-from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
-from ._pressure import MemoryStats, OomWatchdog
-from ._ptx import Param, PtxImage, parse_ptx
-from ._raw import Baseline, CopyDirection, RawDevice
-from ._registration import BackendRegistration
-from ._registry import Kernel, KernelRegistry, RunMetrics
-from ._settings import MetraleSettings
-from ._types import (
-    AllocKind,
-    AllocRecord,
-    BackendInfo,
-    ForeignMemory,
-    KernelImplementation,
-    LaunchArg,
-    MemoryInfo,
-    RedZoneViolation,
-    kernel_implementation,
-)
-from .hookspec import hookimpl
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING is (type checkers take it as True), without importing typing
+
+if TYPE_CHECKING:
+    from ._arena import Arena
+    from ._backend import GpuBackend
+    from ._buffer import DeviceArray, DeviceBuffer
+    from ._discovery import ENTRY_POINT_GROUP, available_backends, open_backend
+    from ._errors import (
+        ArchitectureError,
+        ArenaFullError,
+        BackendClosedError,
+        BackendNotFoundError,
+        BackendUnavailableError,
+        CaptureError,
+        ConfigError,
+        DeviceFaultError,
+        DriverError,
+        InvalidArgumentError,
+        InvalidBufferError,
+        KernelNotFoundError,
+        MetraleError,
+        OutOfMemoryError,
+        RedZoneError,
+        SnapshotError,
+        cuda_code,
+        error_for_code,
+    )
+    from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
+    from ._ledger import LedgerEvent, LedgerProbe
+    from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
+    from ._pressure import MemoryStats, OomWatchdog
+    from ._ptx import Param, PtxImage, parse_ptx
+    from ._raw import Baseline, CopyDirection, RawDevice
+    from ._registration import BackendRegistration
+    from ._registry import Kernel, KernelRegistry, RunMetrics
+    from ._settings import MetraleSettings
+    from ._types import (
+        AllocKind,
+        AllocRecord,
+        BackendInfo,
+        ForeignMemory,
+        KernelImplementation,
+        LaunchArg,
+        MemoryInfo,
+        RedZoneViolation,
+        kernel_implementation,
+    )
+    from .hookspec import hookimpl
 
 __version__ = "0.1.0"
 
@@ -122,3 +130,82 @@ __all__ = [
     "parse_ptx",
     "read_mem_available",
 ]
+
+#: The module each public name is defined in. A name is imported from it on first use (PEP 562), so
+#: ``import metrale_core`` costs little: pydantic, pluggy and the backend load with the first name that needs them.
+_WHERE: dict[str, str] = {
+    "Arena": "_arena",
+    "GpuBackend": "_backend",
+    "DeviceArray": "_buffer",
+    "DeviceBuffer": "_buffer",
+    "ENTRY_POINT_GROUP": "_settings",
+    "available_backends": "_discovery",
+    "open_backend": "_discovery",
+    "ArchitectureError": "_errors",
+    "ArenaFullError": "_errors",
+    "BackendClosedError": "_errors",
+    "BackendNotFoundError": "_errors",
+    "BackendUnavailableError": "_errors",
+    "CaptureError": "_errors",
+    "ConfigError": "_errors",
+    "DeviceFaultError": "_errors",
+    "DriverError": "_errors",
+    "InvalidArgumentError": "_errors",
+    "InvalidBufferError": "_errors",
+    "KernelNotFoundError": "_errors",
+    "MetraleError": "_errors",
+    "OutOfMemoryError": "_errors",
+    "RedZoneError": "_errors",
+    "SnapshotError": "_errors",
+    "cuda_code": "_errors",
+    "error_for_code": "_errors",
+    "Event": "_handles",
+    "Graph": "_handles",
+    "GraphExec": "_handles",
+    "HostBuffer": "_handles",
+    "Stream": "_handles",
+    "LedgerEvent": "_ledger",
+    "LedgerProbe": "_ledger",
+    "effective_free_bytes": "_meminfo",
+    "parse_mem_available": "_meminfo",
+    "read_mem_available": "_meminfo",
+    "MemoryStats": "_pressure",
+    "OomWatchdog": "_pressure",
+    "Param": "_ptx",
+    "PtxImage": "_ptx",
+    "parse_ptx": "_ptx",
+    "Baseline": "_raw",
+    "CopyDirection": "_raw",
+    "RawDevice": "_raw",
+    "BackendRegistration": "_registration",
+    "Kernel": "_registry",
+    "KernelRegistry": "_registry",
+    "RunMetrics": "_registry",
+    "MetraleSettings": "_settings",
+    "AllocKind": "_types",
+    "AllocRecord": "_types",
+    "BackendInfo": "_types",
+    "ForeignMemory": "_types",
+    "KernelImplementation": "_types",
+    "LaunchArg": "_types",
+    "MemoryInfo": "_types",
+    "RedZoneViolation": "_types",
+    "kernel_implementation": "_types",
+    "hookimpl": "hookspec",
+}
+
+if not TYPE_CHECKING:  # mypy sees the imports above; a name missing from them is an error there, as it should be
+
+    def __getattr__(name: str) -> object:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(f".{module}", __name__), name)
+        globals()[name] = value  # later lookups find it without this hook
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

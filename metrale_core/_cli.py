@@ -1,24 +1,26 @@
 """The ``metrale`` command line: ``backends``, ``info``, ``selftest``, ``preflight``, ``conformance``, ``report``,
-``bench``."""
+``bench``.
+
+Start-up is kept short: a command imports what it uses when it runs (``--help`` imports neither pydantic
+nor a backend), and a subcommand's own arguments are declared only when that subcommand is parsed or its
+help is shown.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
-from ._bench import MEASUREMENTS, pick, run_bench
-from ._conformance import DEFAULT_BUDGET_S, DEFAULT_EXAMPLES, DEFAULT_STEPS
-from ._discovery import available_backends, open_backend
-from ._errors import ConfigError, MetraleError
-from ._ledger import format_bytes
-from ._ptx import PtxImage, parse_ptx
-from ._report import MemorySnapshot, chrome_trace, format_time, live_by_site, load_snapshot, plot_png
-from ._selftest import Check, run_selftest
-from ._settings import MetraleSettings
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING is (type checkers take it as True), without importing typing
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ._ptx import PtxImage
+    from ._report import MemorySnapshot
+    from ._selftest import Check
+    from ._settings import MetraleSettings
 
 __all__ = ["main"]
 
@@ -31,6 +33,8 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def _backends(settings: MetraleSettings) -> int:
+    from ._discovery import available_backends
+
     rows = [("name", "available", "distribution", "reason")]
     for info in available_backends(settings).values():
         rows.append((info.name, "yes" if info.available else "no", info.distribution or "?", info.reason or ""))
@@ -39,6 +43,9 @@ def _backends(settings: MetraleSettings) -> int:
 
 
 def _info(settings: MetraleSettings) -> int:
+    from ._discovery import open_backend
+    from ._types import format_bytes
+
     with open_backend(settings=settings) as gpu:
         mem = gpu.memory_info()
         print(f"backend         {gpu.name} (asked for: {settings.backend})")
@@ -55,6 +62,10 @@ def _info(settings: MetraleSettings) -> int:
 
 
 def _selftest(settings: MetraleSettings, snapshot: str | None = None) -> int:
+    from pathlib import Path
+
+    from ._selftest import run_selftest
+
     def report(check: Check) -> None:
         mark = "ok  " if check.ok else "FAIL"
         print(f"[{mark}] {check.name}: {check.detail}", flush=True)
@@ -66,6 +77,11 @@ def _selftest(settings: MetraleSettings, snapshot: str | None = None) -> int:
 
 
 def _preflight(settings: MetraleSettings, paths: Sequence[str]) -> int:
+    from pathlib import Path
+
+    from ._discovery import open_backend
+    from ._ptx import parse_ptx
+
     images: dict[str, PtxImage] = {}
     stems = [Path(p).stem for p in paths]
     for path in paths:
@@ -105,6 +121,9 @@ def _conformance(settings: MetraleSettings, args: argparse.Namespace) -> int:
 
 
 def _report_summary(snapshot: MemorySnapshot, top: int) -> None:
+    from ._report import format_time, live_by_site
+    from ._types import format_bytes
+
     timeline = live_by_site(snapshot, top)
     print(f"snapshot   {snapshot.source} (saved {snapshot.created})")
     print(f"device     {snapshot.backend} on {snapshot.device} (ordinal {snapshot.ordinal})")
@@ -141,6 +160,11 @@ def _report_summary(snapshot: MemorySnapshot, top: int) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ._report import chrome_trace, load_snapshot, plot_png
+
     snapshot = load_snapshot(Path(args.snapshot))
     if args.trace is None and args.png is None:
         _report_summary(snapshot, args.top)
@@ -161,6 +185,11 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _bench(settings: MetraleSettings, args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ._bench import MEASUREMENTS, pick, run_bench
+
     if args.list:
         print(_table([("measurement", "what it times")] + [(m.name, m.title) for m in MEASUREMENTS]))
         return 0
@@ -198,50 +227,104 @@ def _positive(text: str) -> int:
     return value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``metrale`` console script."""
-    parser = argparse.ArgumentParser(prog="metrale", description="metrale: a backend-neutral GPU runtime")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages of metrale")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("backends", help="list every discovered backend and whether it can run here")
-    sub.add_parser("info", help="the chosen backend, its device and memory")
-    selftest = sub.add_parser("selftest", help="run a representative workload and check every step")
-    selftest.add_argument(
+class _Command(argparse.ArgumentParser):
+    """A subcommand's parser: ``declare`` adds its arguments the first time it parses or shows its help,
+    so ``metrale --help`` and every other command skip the imports that its defaults need."""
+
+    def __init__(self, *args: Any, declare: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._declare = declare
+
+    def _declared(self) -> None:
+        declare, self._declare = self._declare, None
+        if declare is not None:
+            declare(self)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._declared()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._declared()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._declared()
+        return super().format_help()
+
+
+def _selftest_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--snapshot", metavar="PATH", help="keep the ledger's history and save a memory snapshot here (metrale report)"
     )
-    pre = sub.add_parser("preflight", help="check PTX files against the device's architecture, loading nothing")
-    pre.add_argument("paths", nargs="+", metavar="PATH", help="PTX files (the module name is the file's stem)")
-    conf = sub.add_parser(
-        "conformance", help="run the conformance state machine and the bad-input table against a backend"
-    )
-    conf.add_argument("name", help="the backend's name, as `metrale backends` lists it")
-    conf.add_argument(
+
+
+def _preflight_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="PTX files (the module name is the file's stem)")
+
+
+def _conformance_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._conformance import DEFAULT_BUDGET_S, DEFAULT_EXAMPLES, DEFAULT_STEPS
+
+    parser.add_argument("name", help="the backend's name, as `metrale backends` lists it")
+    parser.add_argument(
         "--examples", type=_positive, default=DEFAULT_EXAMPLES, metavar="N",
         help=f"programs the state machine runs before it shrinks a failure (default {DEFAULT_EXAMPLES})",
     )
-    conf.add_argument("--steps", type=_positive, default=DEFAULT_STEPS, metavar="N",
-                      help=f"steps per program (default {DEFAULT_STEPS})")
-    conf.add_argument("--seed", type=int, default=None, help="random programs from this seed (default: derandomized)")
-    conf.add_argument(
+    parser.add_argument("--steps", type=_positive, default=DEFAULT_STEPS, metavar="N",
+                        help=f"steps per program (default {DEFAULT_STEPS})")
+    parser.add_argument("--seed", type=int, default=None, help="random programs from this seed (default: derandomized)")
+    parser.add_argument(
         "--budget", type=_seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
         help=f"time the state machine may take, shrinking included; no program starts after it "
         f"(default {DEFAULT_BUDGET_S:g}; 0: no limit)",
     )
-    rep = sub.add_parser(
-        "report", help="a saved memory snapshot as a Perfetto timeline or a plot of live memory by call site"
-    )
-    rep.add_argument("snapshot", metavar="SNAPSHOT", help="a file written by backend.save_snapshot(path)")
-    rep.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace-event timeline (Perfetto, chrome://tracing)")
-    rep.add_argument("--png", metavar="OUT.png", help="write a stacked plot of live memory (needs matplotlib)")
-    rep.add_argument("--top", type=_positive, default=8, metavar="N", help="call sites shown on their own (default 8)")
-    bench = sub.add_parser(
-        "bench", help="time metrale's operations next to the raw driver, CuPy and PyTorch; print medians and ratios"
-    )
-    bench.add_argument("--only", metavar="NAMES", help="comma-separated measurements to run (see --list)")
-    bench.add_argument("--json", metavar="PATH", help="also write the results, versions and device as JSON")
-    bench.add_argument("--quick", action="store_true", help="a few small rounds: a smoke run, figures mean little")
-    bench.add_argument("--list", action="store_true", help="list the measurements and exit")
-    args = parser.parse_args(argv)
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("snapshot", metavar="SNAPSHOT", help="a file written by backend.save_snapshot(path)")
+    parser.add_argument("--trace", metavar="OUT.json",
+                        help="write a Chrome trace-event timeline (Perfetto, chrome://tracing)")
+    parser.add_argument("--png", metavar="OUT.png", help="write a stacked plot of live memory (needs matplotlib)")
+    parser.add_argument("--top", type=_positive, default=8, metavar="N",
+                        help="call sites shown on their own (default 8)")
+
+
+def _bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--only", metavar="NAMES", help="comma-separated measurements to run (see --list)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results, versions and device as JSON")
+    parser.add_argument("--quick", action="store_true", help="a few small rounds: a smoke run, figures mean little")
+    parser.add_argument("--list", action="store_true", help="list the measurements and exit")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="metrale", description="metrale: a backend-neutral GPU runtime")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages of metrale")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Command)
+    sub.add_parser("backends", help="list every discovered backend and whether it can run here")
+    sub.add_parser("info", help="the chosen backend, its device and memory")
+    sub.add_parser("selftest", help="run a representative workload and check every step", declare=_selftest_arguments)
+    sub.add_parser("preflight", help="check PTX files against the device's architecture, loading nothing",
+                   declare=_preflight_arguments)
+    sub.add_parser("conformance", help="run the conformance state machine and the bad-input table against a backend",
+                   declare=_conformance_arguments)
+    sub.add_parser("report", help="a saved memory snapshot as a Perfetto timeline or a plot of live memory by call "
+                   "site", declare=_report_arguments)
+    sub.add_parser("bench", help="time metrale's operations next to the raw driver, CuPy and PyTorch; print medians "
+                   "and ratios", declare=_bench_arguments)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``metrale`` console script."""
+    args = _parser().parse_args(argv)
+    import logging
+
+    from ._errors import ConfigError, MetraleError
+    from ._settings import MetraleSettings
+
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -4,6 +4,11 @@ Each entry point is loaded on its own and registered with one pluggy
 ``PluginManager("metrale")``, and each plugin's hook is called on its own,
 so a plugin that fails to import, raises, or returns nonsense is listed as
 unavailable with a reason naming its distribution, and the others stand.
+
+The entry points are scanned once per state of ``sys.path`` (shared with the
+settings, which find the plugins' settings models through the same group).
+``open_backend(name)`` probes only the backend it opens; ``auto`` and
+``available_backends()`` probe every one.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from ._errors import (
 )
 from ._raw import RawDevice
 from ._registration import BackendRegistration
-from ._settings import ENTRY_POINT_GROUP, MetraleSettings
+from ._settings import ENTRY_POINT_GROUP, MetraleSettings, backend_entry_points
 from ._types import BackendInfo, KernelImplementation, RedZoneViolation, as_index
 
 __all__ = ["ENTRY_POINT_GROUP", "available_backends", "open_backend"]
@@ -49,10 +54,12 @@ def _discover(settings: MetraleSettings) -> dict[str, _Found]:
     return _discover_with_plugins(settings)[0]
 
 
-def _discover_with_plugins(settings: MetraleSettings) -> tuple[dict[str, _Found], pluggy.PluginManager]:
-    by_name: dict[str, list[importlib.metadata.EntryPoint]] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        by_name.setdefault(ep.name, []).append(ep)
+def _discover_with_plugins(
+    settings: MetraleSettings, only_probe: str | None = None,
+) -> tuple[dict[str, _Found], pluggy.PluginManager]:
+    """Every backend, loaded and registered; ``only_probe`` names the one backend whose availability probe
+    runs (the one a named open opens), the others are listed as not probed. ``None`` probes every one."""
+    by_name = backend_entry_points()
 
     pm = pluggy.PluginManager(hookspec.PROJECT_NAME)
     pm.add_hookspecs(hookspec)
@@ -109,10 +116,13 @@ def _discover_with_plugins(settings: MetraleSettings) -> tuple[dict[str, _Found]
         if problem is not None:
             unavailable(name, dist, f"the BackendRegistration of {dist} {problem}")
             continue
-        try:
-            reason = registration.probe(settings)
-        except Exception as exc:
-            reason = f"its availability probe raised {type(exc).__name__}: {exc}"
+        if only_probe is not None and name != only_probe:
+            reason: str | None = "not probed: another backend was asked for"
+        else:
+            try:
+                reason = registration.probe(settings)
+            except Exception as exc:
+                reason = f"its availability probe raised {type(exc).__name__}: {exc}"
         info = BackendInfo(name, reason is None, None if reason is None else _one_line(reason), dist,
                            registration.description)
         found[name] = _Found(info, registration, package)
@@ -182,7 +192,7 @@ def _one_line(text: str) -> str:
 
 
 def available_backends(settings: MetraleSettings | None = None) -> dict[str, BackendInfo]:
-    """Every discovered backend, whether or not it can run here."""
+    """Every discovered backend, whether or not it can run here (each one's availability probe runs)."""
     return {name: f.info for name, f in _discover(settings or MetraleSettings()).items()}
 
 
@@ -197,13 +207,20 @@ def open_backend(
     ``name=None`` takes ``settings.backend``; ``"auto"`` picks, of the
     backends available here, the one whose registration declares the highest
     ``preference`` (of equals, the name first in alphabetical order).
+
+    A backend asked for by name is the only one whose availability probe
+    runs (another backend's probe may load its driver: ``open_backend("fake")``
+    never imports ``cuda.bindings``); ``"auto"`` probes every one. Every
+    installed plugin is still loaded, and its kernel implementations and
+    red-zone hooks apply, whichever backend is opened.
     """
     settings = settings or MetraleSettings()
     index = as_index(ordinal)
     if index is None or index < 0:
         raise InvalidArgumentError(f"open_backend: ordinal must be a non-negative integer, got {ordinal!r}")
     requested = settings.backend if name is None else name
-    found, plugins = _discover_with_plugins(settings)
+    # a named open probes only that backend (a probe may load a driver); auto compares them all
+    found, plugins = _discover_with_plugins(settings, None if requested == "auto" else requested)
     if requested == "auto":
         requested = _choose_auto(found)
     entry = found.get(requested)

@@ -27,7 +27,10 @@ class BackendRegistration:
         :class:`~metrale_core.MetraleError`) when the device cannot be opened.
     :param probe: says whether the backend can run here: ``None`` when it can,
         else the reason in words a user can act on. It must be cheap and must
-        never raise; a probe that raises counts as unavailable.
+        never raise; a probe that raises counts as unavailable. It runs for
+        :func:`~metrale_core.available_backends` (``metrale backends``), for
+        ``auto``, and for an open by name only when this backend is the one
+        asked for.
     :param backend_class: the class of the backend object
         :func:`~metrale_core.open_backend` returns: :class:`~metrale_core.GpuBackend`
         or a subclass that adds methods of its own (the fake adds

@@ -12,7 +12,6 @@ model through :meth:`MetraleSettings.plugin`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.metadata
 import logging
 import os
@@ -53,6 +52,7 @@ __all__ = [
     "PluginModel",
     "PluginSettings",
     "Size",
+    "backend_entry_points",
     "installed_plugin_settings",
     "is_size",
 ]
@@ -203,8 +203,57 @@ class PluginModel:
         return f"{self.name}_{field}"
 
 
+class _EntryPoints:
+    """The entry points of ``metrale.backends`` by name, scanned once per state of ``sys.path``.
+
+    The state is each ``sys.path`` entry with its modification time, so a path added or removed, or a
+    distribution installed into or removed from a folder on it (pip adds and removes whole dist-info
+    folders), is seen by the next call; settings and discovery share one scan. An ``entry_points.txt``
+    edited in place inside a dist-info folder that stays is not seen until the path's state changes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: tuple[tuple[str, int | None], ...] | None = None
+        self._by_name: dict[str, tuple[importlib.metadata.EntryPoint, ...]] = {}
+
+    @staticmethod
+    def key() -> tuple[tuple[str, int | None], ...]:
+        """The state of ``sys.path`` a scan is good for."""
+        state = []
+        for entry in sys.path:
+            try:
+                mtime: int | None = os.stat(entry or os.getcwd()).st_mtime_ns
+            except (OSError, TypeError, ValueError):
+                mtime = None
+            state.append((entry or os.getcwd(), mtime))
+        return tuple(state)
+
+    def get(self) -> tuple[tuple[tuple[str, int | None], ...], dict[str, tuple[importlib.metadata.EntryPoint, ...]]]:
+        key = self.key()
+        with self._lock:
+            if key != self._key:
+                by_name: dict[str, list[importlib.metadata.EntryPoint]] = {}
+                for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                    by_name.setdefault(ep.name, []).append(ep)
+                self._by_name = {name: tuple(eps) for name, eps in by_name.items()}
+                self._key = key
+            return key, self._by_name
+
+
+_ENTRY_POINTS: Final = _EntryPoints()
+
+
+def backend_entry_points() -> dict[str, tuple[importlib.metadata.EntryPoint, ...]]:
+    """The installed entry points of ``metrale.backends``, by name (several where distributions clash).
+
+    Cached while ``sys.path`` and the folders on it stay as they were.
+    """
+    return dict(_ENTRY_POINTS.get()[1])
+
+
 class _InstalledModels:
-    """The plugins' settings models, found once per ``sys.path`` through the entry points.
+    """The plugins' settings models, found once per state of the entry points.
 
     Loading a plugin may construct settings (at its import); that inner
     construction sees no plugin models rather than looping.
@@ -213,28 +262,25 @@ class _InstalledModels:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._loading = False
-        self._key: tuple[str, ...] | None = None
+        self._key: tuple[tuple[str, int | None], ...] | None = None
         self._models: tuple[PluginModel, ...] = ()
 
     def get(self) -> tuple[PluginModel, ...]:
-        key = tuple(sys.path)
+        key, by_name = _ENTRY_POINTS.get()
         with self._lock:
             if self._loading:
                 return ()
             if key != self._key:
                 self._loading = True
                 try:
-                    self._models = _load_models()
+                    self._models = _load_models(by_name)
                 finally:
                     self._loading = False
                 self._key = key
             return self._models
 
 
-def _load_models() -> tuple[PluginModel, ...]:
-    by_name: dict[str, list[importlib.metadata.EntryPoint]] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        by_name.setdefault(ep.name, []).append(ep)
+def _load_models(by_name: Mapping[str, tuple[importlib.metadata.EntryPoint, ...]]) -> tuple[PluginModel, ...]:
     taken = set(MetraleSettings.model_fields)
     models: list[PluginModel] = []
     for name, eps in sorted(by_name.items()):
@@ -295,7 +341,7 @@ _INSTALLED: Final = _InstalledModels()
 
 
 def installed_plugin_settings() -> tuple[PluginModel, ...]:
-    """The settings models of the installed plugins, by name (cached while ``sys.path`` stays the same)."""
+    """The settings models of the installed plugins, by name (cached while the entry points stay the same)."""
     return _INSTALLED.get()
 
 
@@ -512,6 +558,8 @@ def _warn_unknown_variables(installed: Iterable[PluginModel]) -> None:
         known |= {p.env_prefix + field.upper() for field in p.model.model_fields}
     for variable in sorted(os.environ):
         if variable.startswith(ENV_PREFIX) and variable not in known:
+            import difflib  # only where there is a misspelt variable to name
+
             close = difflib.get_close_matches(variable, sorted(known), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             _log.warning("%s is not a metrale setting and is ignored%s", variable, hint)
@@ -551,6 +599,8 @@ def _reason(err: pydantic_core.ErrorDetails, field: FieldInfo | None, written: o
     if kind in ("bool_parsing", "bool_type"):
         return f"expected {_BOOLEANS}"
     if kind == "extra_forbidden":
+        import difflib
+
         close = difflib.get_close_matches(str(err["loc"][0]) if err["loc"] else "", sorted(known), n=1)
         return "no such setting" + (f" (did you mean {close[0]}?)" if close else "")
     if kind == "path_type":
