@@ -251,8 +251,10 @@ _ADVICE: Final[dict[str, str]] = {
     "CUDA_ERROR_INVALID_HANDLE": "the handle was destroyed or belongs to another context",
     "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": "this call is not allowed while a stream is "
     "capturing; do it before begin_capture or after end_capture",
-    "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED": "the capture was invalidated by a forbidden call; "
-    "call end_capture to discard it, then capture again",
+    "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED": "the capture was invalidated by a forbidden call (where metrale "
+    "refused none, one made outside metrale: in global mode any thread's allocation, free or synchronize bars "
+    "it, such as another library's free run by the garbage collector); call end_capture to discard it, then "
+    "capture again",
     "CUDA_ERROR_STREAM_CAPTURE_ISOLATION": "a capturing stream may only wait on events recorded "
     "in the same capture",
     "CUDA_ERROR_ILLEGAL_STATE": "the stream is in the wrong capture state for this call: begin_capture "

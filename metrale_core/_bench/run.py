@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import platform
 import time
 from collections.abc import Callable, Iterator
@@ -105,6 +106,9 @@ def run_bench(
         results = []
         for i, measurement in enumerate(chosen, 1):
             progress(f"[{i}/{len(chosen)}] {measurement.name}: {measurement.title}")
+            # The garbage of the measurements before (a peer's pool or graph) is freed now, not by a
+            # collection during this one's capture: a free made then would invalidate it (global mode).
+            gc.collect()
             started = time.perf_counter()
             results.append(measurement.run(bench))
             progress(f"      {measurement.name} done in {time.perf_counter() - started:.1f} s")
