@@ -386,7 +386,7 @@ class Allocator:
                 call_left()
 
         def handle_and_site() -> None:
-            DeviceBuffer._make(1 << 40, nbytes, "device", next_index(), call_site(internal, 1), ctx.ref)
+            DeviceBuffer._make(1 << 40, nbytes, "device", next_index(), call_site(internal), ctx.ref)
 
         def ledger_pair() -> None:
             ledger.add(sample)

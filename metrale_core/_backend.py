@@ -41,7 +41,7 @@ from ._buffer import DeviceBuffer
 from ._capture import forbid_during_capture
 from ._context import DeviceContext, gated, gated_read, invalid_argument
 from ._exports import ExportTable
-from ._handles import Event, Graph, HostBuffer, Stream
+from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
 from ._holdings import Holdings
 from ._kernels import KernelFront
 from ._ledger import LedgerProbe
@@ -152,6 +152,10 @@ class GpuBackend:
     def _cost_probes(self, nbytes: int) -> dict[str, Callable[[], object]]:
         """The steps of an ``alloc`` + ``free`` pair, one callable each (``metrale bench --only breakdown``)."""
         return self._memory.cost_probes(nbytes)
+
+    def _replay_probe(self, graph: GraphExec, stream: Stream) -> Callable[[], None]:
+        """The plugin's raw launch of ``graph`` on ``stream`` (``metrale bench``'s raw graph row)."""
+        return self._streams.replay_probe(graph, stream)
 
     @gated
     def alloc_managed(self, nbytes: int) -> DeviceBuffer:

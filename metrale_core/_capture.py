@@ -16,14 +16,21 @@ which discards what was recorded.
 
 from __future__ import annotations
 
+import functools
+import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ._errors import CaptureError, capture_error
 
 if TYPE_CHECKING:
     from ._buffer import DeviceBuffer
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 __all__ = [
     "Capture",
@@ -39,25 +46,12 @@ __all__ = [
     "may_wait",
 ]
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 _ACTIVE: dict[int, Capture] = {}
 
-#: Signalled when no thread is inside a barred call any more (under ``_LOCK``).
+#: Signalled, while a capture waits to begin, each time a thread leaves its barred call (under ``_LOCK``).
 _IDLE = threading.Condition(_LOCK)
 
-
-class _Flight:
-    """How many threads are inside a barred call now: past its check, maybe inside its driver call
-    (under ``_LOCK``)."""
-
-    __slots__ = ("threads", "waiters")
-
-    def __init__(self) -> None:
-        self.threads = 0
-        self.waiters = 0  # captures waiting in Capture.start for the barred calls to return
-
-
-_FLIGHT = _Flight()
 #: The longest a capture waits, before it begins, for other threads' barred calls to return (seconds).
 #: A barred call that began before the capture and reaches the driver after it would fail there (and
 #: invalidate the capture), so the capture waits for it; the bound keeps a call that waits a long time
@@ -65,15 +59,47 @@ _FLIGHT = _Flight()
 BARRED_WAIT_S = 2.0
 
 
-class _Barred(threading.local):
-    """Per thread: whether it is inside a barred call (its check passed, its metrale call not returned),
-    and how many metrale calls it is inside, of every backend (the flag goes with the outermost)."""
+class _Flag:
+    """One thread's flag: whether it is inside a barred call (its check passed, its metrale call not
+    returned). Written only by its thread; read by a capture that waits to begin."""
 
-    inside = False
-    calls = 0
+    __slots__ = ("__weakref__", "inside")
+
+    def __init__(self) -> None:
+        self.inside = False
+
+
+class _Starting:
+    """How many captures are waiting in :meth:`Capture.start` now (changed under ``_LOCK``)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+_STARTING = _Starting()
+
+#: Every live thread's flag (a thread's goes with it).
+_FLAGS: weakref.WeakSet[_Flag] = weakref.WeakSet()
+
+
+class _Barred(threading.local):
+    """Per thread: its :class:`_Flag`, and how many metrale calls it is inside, of every backend (the
+    flag goes with the outermost)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.flag = _Flag()
+        with _LOCK:
+            _FLAGS.add(self.flag)
 
 
 _MINE = _Barred()
+
+
+def _others_inside(own: _Flag) -> bool:
+    return any(flag.inside for flag in list(_FLAGS) if flag is not own)
 
 
 class Capture:
@@ -101,20 +127,26 @@ class Capture:
     def start(self) -> None:
         """Enter the process-wide record, before the driver's capture begins: first wait (up to
         :data:`BARRED_WAIT_S`) for the barred calls other threads are inside to return, so none
-        of them reaches the driver while the capture runs; from then on they are refused."""
+        of them reaches the driver while the capture runs; from then on they are refused.
+
+        The check of a barred call and this wait need no common lock (see
+        :func:`forbid_during_capture`): the call sets its thread's flag and then reads whether a
+        capture is starting; the capture says it is starting and then reads the flags. Whichever
+        order the two steps of each take, one of them sees the other: the call takes the locked
+        path, or the capture waits for it."""
         with _LOCK:
-            own = 1 if _MINE.inside else 0
+            own = _MINE.flag
             deadline = time.monotonic() + BARRED_WAIT_S
-            _FLIGHT.waiters += 1
+            _STARTING.count += 1
             try:
-                while _FLIGHT.threads > own:
+                while _others_inside(own):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     _IDLE.wait(left)
+                _ACTIVE[id(self)] = self
             finally:
-                _FLIGHT.waiters -= 1
-            _ACTIVE[id(self)] = self
+                _STARTING.count -= 1
             self.active = True
 
     def finish(self) -> None:
@@ -147,14 +179,21 @@ def forbid_during_capture(what: str) -> None:
     returns (:func:`call_left`, which the device context's gate calls): a capture that begins
     meanwhile on another thread waits for it (:meth:`Capture.start`), so the check and the
     driver call it guards are one step, as CUDA's own rule is.
+
+    No lock while no capture runs or starts: the thread's own flag is set first, then the record
+    read (a store and a load of the GIL's sequentially consistent kind; a free-threaded build
+    takes ``_LOCK`` around it instead, see :func:`_serialized`).
     """
+    flag = _MINE.flag
+    was = flag.inside
+    flag.inside = True
+    if not _ACTIVE and not _STARTING.count:
+        return
     with _LOCK:
-        if not _ACTIVE:
-            if not _MINE.inside:
-                _MINE.inside = True
-                _FLIGHT.threads += 1
+        if not _ACTIVE:  # a capture is starting: it waits for this call
             return
         captures = list(_ACTIVE.values())
+        _restore(flag, was)
     for capture in captures:
         capture.invalidate(f"{what} was called during the capture")
     raise capture_error(
@@ -169,13 +208,24 @@ def may_wait() -> bool:
     """For a wait metrale chooses to make (a check's): ``True``, and the calling thread inside a
     barred call as with :func:`forbid_during_capture`, when no capture is in progress; else
     ``False``, invalidating nothing (the wait is left for later)."""
-    with _LOCK:
-        if _ACTIVE:
-            return False
-        if not _MINE.inside:
-            _MINE.inside = True
-            _FLIGHT.threads += 1
+    flag = _MINE.flag
+    was = flag.inside
+    flag.inside = True
+    if not _ACTIVE and not _STARTING.count:
         return True
+    with _LOCK:
+        if not _ACTIVE:
+            return True
+        _restore(flag, was)
+        return False
+
+
+def _restore(flag: _Flag, was: bool) -> None:
+    """Under ``_LOCK``: a refused check puts its thread's flag back as it was."""
+    if not was:
+        flag.inside = False
+        if _STARTING.count:
+            _IDLE.notify_all()
 
 
 def call_entered() -> None:
@@ -189,16 +239,14 @@ def call_left() -> None:
     mine.calls -= 1
     if mine.calls <= 0:
         mine.calls = 0
-        if mine.inside:
-            _barred_call_done()
+        if mine.flag.inside:
+            _barred_call_done(mine.flag)
 
 
-def _barred_call_done() -> None:
-    with _LOCK:
-        _MINE.inside = False
-        flight = _FLIGHT
-        flight.threads -= 1
-        if flight.waiters:  # every decrement while a capture waits: its own flag may be the one left
+def _barred_call_done(flag: _Flag) -> None:
+    flag.inside = False  # cleared first, then a starting capture told (it may be waiting for this one)
+    if _STARTING.count:
+        with _LOCK:
             _IDLE.notify_all()
 
 
@@ -206,10 +254,10 @@ def suspend_calls() -> tuple[int, bool]:
     """Before user code (a callback, an observer, a producer's export): the thread is outside every
     metrale call and every barred call while it runs; :func:`resume_calls` puts it back."""
     mine = _MINE
-    saved = (mine.calls, mine.inside)
+    saved = (mine.calls, mine.flag.inside)
     mine.calls = 0
-    if mine.inside:
-        _barred_call_done()
+    if mine.flag.inside:
+        _barred_call_done(mine.flag)
     return saved
 
 
@@ -219,10 +267,28 @@ def resume_calls(saved: tuple[int, bool]) -> None:
     calls, inside = saved
     mine = _MINE
     mine.calls = calls
-    if inside and not mine.inside:
+    if inside:
+        mine.flag.inside = True
+
+
+def _serialized(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn`` under ``_LOCK``: on a free-threaded build, where the flag's store and the record's load
+    in :func:`forbid_during_capture` need the lock to be seen in order by a starting capture."""
+
+    @functools.wraps(fn)
+    def serialized(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with _LOCK:
-            mine.inside = True
-            _FLIGHT.threads += 1
+            return fn(*args, **kwargs)
+
+    return serialized
+
+
+if not getattr(sys, "_is_gil_enabled", lambda: True)():  # pragma: no cover - free-threaded builds only
+    forbid_during_capture = _serialized(forbid_during_capture)
+    may_wait = _serialized(may_wait)
+    call_left = _serialized(call_left)
+    suspend_calls = _serialized(suspend_calls)
+    resume_calls = _serialized(resume_calls)
 
 
 def invalidated_error(capture: Capture, what: str) -> CaptureError:

@@ -27,6 +27,7 @@ import collections
 import contextlib
 import functools
 import logging
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -157,17 +158,36 @@ class _ClosedExports:
         pass
 
 
-class _Depth(threading.local):
-    """Per thread: how many calls of this context the thread is inside."""
+class _Cell:
+    """How many calls of one context one thread is inside. Written only by its thread (on a
+    free-threaded build under the gate's lock); read by ``close()`` on another."""
 
-    depth = 0
+    __slots__ = ("__weakref__", "depth")
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+class _Depth(threading.local):
+    """Per thread: its :class:`_Cell` of this context (made at the thread's first call, and added to
+    the context's cells under the gate's lock)."""
+
+    def __init__(self, cells: weakref.WeakSet[_Cell], lock: threading.Lock) -> None:
+        self.cell = _Cell()
+        with lock:
+            cells.add(self.cell)
+
+
+#: Whether the gate counts without a lock: under the GIL, a cell's store and the ``closed`` flag's load
+#: are seen in order by ``close()`` on another thread; a free-threaded build takes the lock instead.
+_LOCK_FREE: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class DeviceContext:
     """What the parts of one open backend share. Thread-safe."""
 
     __slots__ = (
-        "__weakref__", "_closed", "_depth", "_fault", "_fault_code", "_gate", "_gate_lock", "_inside", "_target",
+        "__weakref__", "_cells", "_closed", "_depth", "_fault", "_fault_code", "_gate", "_gate_lock", "_target",
         "_target_ref", "exports", "facade", "internal", "lock", "name", "ordinal", "raw", "recent", "ref", "settings",
     )
 
@@ -198,8 +218,8 @@ class DeviceContext:
         self._closed = False
         self._gate_lock = threading.Lock()  # the gate's counts; taken bare on the hot path (a C-level lock)
         self._gate = threading.Condition(self._gate_lock)  # for close(), waiting for calls to leave
-        self._inside = 0
-        self._depth = _Depth()
+        self._cells: weakref.WeakSet[_Cell] = weakref.WeakSet()  # every thread's (a thread's goes with it)
+        self._depth = _Depth(self._cells, self._gate_lock)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -279,12 +299,22 @@ class DeviceContext:
     # -- the gate ---------------------------------------------------------------------------
 
     def enter(self, *, faulted_ok: bool = False) -> None:
-        """Count a call in; refused once closed (and after a fault unless ``faulted_ok``)."""
-        with self._gate_lock:
-            if self._closed:
-                raise self.closed_error()
-            self._inside += 1
-        self._depth.depth += 1
+        """Count a call in; refused once closed (and after a fault unless ``faulted_ok``).
+
+        No lock: the thread's own count goes up first, then ``closed`` is read; :meth:`shut` sets
+        ``closed`` first, then reads the counts, so either this call is refused or ``close()``
+        waits for it."""
+        cell = self._depth.cell
+        if _LOCK_FREE:
+            cell.depth += 1
+            closed = self._closed
+        else:  # pragma: no cover - free-threaded builds only
+            with self._gate_lock:
+                cell.depth += 1
+                closed = self._closed
+        if closed:
+            self._count_out(cell)
+            raise self.closed_error()
         call_entered()
         if self._fault is not None and not faulted_ok:
             self.leave()
@@ -292,47 +322,56 @@ class DeviceContext:
 
     def leave(self) -> None:
         """Count a call out."""
-        self._depth.depth -= 1
         call_left()  # leaving the outermost call ends its barred call: its driver calls are over
-        with self._gate_lock:
-            self._inside -= 1
-            if self._closed:
+        self._count_out(self._depth.cell)
+
+    def _count_out(self, cell: _Cell) -> None:
+        if _LOCK_FREE:
+            cell.depth -= 1
+        else:  # pragma: no cover - free-threaded builds only
+            with self._gate_lock:
+                cell.depth -= 1
+        if self._closed:  # a close() may be waiting for this call
+            with self._gate:
                 self._gate.notify_all()
+
+    def _others_inside(self, own: _Cell) -> int:
+        """Under the gate's lock: how many calls other threads are inside."""
+        return sum(cell.depth for cell in list(self._cells) if cell is not own)
 
     @contextlib.contextmanager
     def outside(self) -> Iterator[None]:
         """Run user code (a callback, an observer) as if this thread were outside the gate: a ``close()``
         on another thread does not wait for it. Counted in again after it (whether or not the backend
         closed meanwhile; the caller checks :attr:`closed` before it commits anything)."""
-        depth = self._depth.depth
+        cell = self._depth.cell
+        depth = cell.depth
         with self._gate:
-            self._inside -= depth
+            cell.depth = 0
             if self._closed:
                 self._gate.notify_all()
-        self._depth.depth = 0
         calls = suspend_calls()  # user code is in no barred call: captures on other threads need not wait for it
         try:
             yield
         finally:
             resume_calls(calls)
-            self._depth.depth = depth
             with self._gate:
-                self._inside += depth
+                cell.depth = depth
 
     def shut(self) -> bool:
         """Refuse every call from now on and wait for those inside (not this thread's own) to leave.
 
         ``False`` when it was already shut (``close()`` is idempotent).
         """
-        own = self._depth.depth
+        own = self._depth.cell
         with self._gate:
             if self._closed:
                 return False
             self._closed = True
-            if not self._gate.wait_for(lambda: self._inside <= own, timeout=_CLOSE_WAIT_S):
+            if not self._gate.wait_for(lambda: self._others_inside(own) == 0, timeout=_CLOSE_WAIT_S):
                 _log.warning(
                     "close of %s:%d: %d call(s) of other threads still running after %.0f s; tearing down anyway",
-                    self.name, self.ordinal, self._inside - own, _CLOSE_WAIT_S,
+                    self.name, self.ordinal, self._others_inside(own), _CLOSE_WAIT_S,
                 )
         return True
 

@@ -61,17 +61,19 @@ def _is_internal(frame: FrameType, internal: frozenset[str]) -> bool:
     return module.partition(".")[0] in internal and not module.startswith(_USER_MODULES)
 
 
-def call_site(internal: frozenset[str], depth: int = 2) -> str:
+def call_site(internal: frozenset[str]) -> str:
     """``"file:line"`` of the first frame whose top-level package is not in ``internal``.
 
     Whether a frame is internal is decided once per code object (a dict lookup afterwards); a
     plain dict read and write is atomic under the GIL, and on a free-threaded build two threads
-    that race compute the same answer.
+    that race compute the same answer. The walk starts at the innermost Python frame, this
+    function's own where it is Python: compiled modules (``dev.py accelerate``) have no frames, so
+    no fixed depth of frames is known to be metrale's.
     """
     known = _INTERNAL_CODE.get(internal)
     if known is None:
         known = _INTERNAL_CODE.setdefault(internal, {})
-    frame: FrameType | None = sys._getframe(depth)
+    frame: FrameType | None = sys._getframe(0)
     while frame is not None:
         code = frame.f_code
         inside = known.get(code)

@@ -133,6 +133,12 @@ class StreamFront:
         self._stats.graph_launches += 1
         guard.after_graph_launch(target, is_live, check)
 
+    def replay_probe(self, graph: GraphExec, stream: Stream) -> Callable[[], None]:
+        """The plugin's raw launch of ``graph`` on ``stream``, nothing of the core around it, for the raw
+        row of ``metrale bench``'s graph measurement (the caller keeps both open while it runs)."""
+        launch, raw, raw_stream = self._raw.graph_launch, graph.raw, stream.raw
+        return lambda: launch(raw, raw_stream)
+
     def warn_if_graphed(self, buf: DeviceBuffer) -> None:
         """An allocator release observer: warn when live executable graphs still use ``buf``."""
         if not self._execs:  # read without the lock: an executable graph made meanwhile cannot hold buf yet

@@ -123,9 +123,15 @@ def measure_graph(b: Bench) -> Result:
                 times.append(start.elapsed_ms(end) * 1e3)
             return statistics.median(times[1:])
 
-        ops: dict[str, Callable[[], object]] = {"metrale graph replay": replay, f"metrale {k} eager launches": eager}
+        raw_label = f"raw graph launch ({gpu.name}'s plugin, same graph)"
+        ops: dict[str, Callable[[], object]] = {
+            "metrale graph replay": replay,
+            raw_label: gpu._replay_probe(exe, stream),
+            f"metrale {k} eager launches": eager,
+        }
         settle: dict[str, Callable[[], object]] = {label: stream.synchronize for label in ops}
         sources = {label: "metrale" for label in ops}
+        sources[raw_label] = "raw"
         torch, torch_source = find_torch(gpu, b.cuda_memory)
         if torch is not None:
             torch_replay, torch_device, torch_sync = torch_graph(torch, gpu.ordinal, k, n, rounds)

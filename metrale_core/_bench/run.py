@@ -6,9 +6,11 @@ import dataclasses
 import datetime
 import gc
 import platform
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Final
 
 from .. import Baseline, GpuBackend, MetraleSettings, open_backend
@@ -72,10 +74,46 @@ def _baseline(gpu: GpuBackend) -> Iterator[tuple[Baseline | None, str]]:
         baseline.close()
 
 
+#: The packages whose modules ``dev.py accelerate`` may compile.
+_PACKAGES: Final = frozenset({"metrale_core", "metrale_cuda", "metrale_fake"})
+
+
+def compiled_modules() -> list[str]:
+    """The loaded modules of metrale's packages that run compiled (``dev.py accelerate``), not from their ``.py``."""
+    names = []
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] not in _PACKAGES:
+            continue
+        path = getattr(module, "__file__", None) or ""
+        if path and not path.endswith((".py", ".pyc")):
+            names.append(name)
+    return sorted(names)
+
+
+def _stale(names: list[str]) -> list[str]:
+    """Those of ``names`` whose ``.py`` changed after the module was compiled (the source would run
+    otherwise: a stale build measures old code)."""
+    stale = []
+    for name in names:
+        built = Path(sys.modules[name].__file__ or "")
+        source = built.with_name(built.name.partition(".")[0] + ".py")
+        if source.exists() and source.stat().st_mtime > built.stat().st_mtime:
+            stale.append(name)
+    return stale
+
+
+def _code(names: list[str]) -> str:
+    if not names:
+        return "pure Python"
+    stale = _stale(names)
+    note = f"; STALE, older than their source: {', '.join(stale)} (run dev.py accelerate again)" if stale else ""
+    return f"{len(names)} modules compiled (dev.py accelerate){note}"
+
+
 def _versions(baseline: Baseline | None) -> dict[str, str]:
     from .. import __version__
 
-    versions = {"metrale": __version__, "python": platform.python_version()}
+    versions = {"metrale": __version__, "code": _code(compiled_modules()), "python": platform.python_version()}
     if baseline is not None:
         versions.update(baseline.versions)
     for module, name in (("numpy", "numpy"), ("cupy", "cupy"), ("torch", "torch")):

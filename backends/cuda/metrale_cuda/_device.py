@@ -54,7 +54,18 @@ from metrale_core import (
 
 from . import _driver as _d
 from ._baseline import DriverBaseline
-from ._driver import call, call1, call_ready, call_sized, call_teardown, check, drv, invoke
+from ._driver import (
+    call,
+    call1,
+    call_ready,
+    call_sized,
+    call_teardown,
+    check,
+    drv,
+    foreign_error,
+    invoke,
+    teardown_failed,
+)
 
 __all__ = ["CudaDevice"]
 
@@ -421,10 +432,13 @@ class CudaDevice(RawDevice):
 
     # -- memory ---------------------------------------------------------------
 
-    @_bound_checked
     def alloc(self, nbytes: int, kind: AllocKind) -> int:
-        """``cuMemAlloc`` (``"device"``, ``"arena"``) or ``cuMemAllocManaged`` (``"managed"``)."""
-        if kind in ("device", "arena"):
+        """``cuMemAlloc`` (``"device"``, ``"arena"``) or ``cuMemAllocManaged`` (``"managed"``).
+
+        Bound as :func:`_bound_checked` binds (it creates in "the current context"), written out
+        here because it is the hot path: one wrapper frame less."""
+        self._bind_checked()
+        if kind in {"device", "arena"}:
             ptr = call_sized(drv.cuMemAlloc, "cuMemAlloc", nbytes)
         elif kind == "managed":
             ptr = call_sized(drv.cuMemAllocManaged, "cuMemAllocManaged", nbytes, _d.MEM_ATTACH_GLOBAL)
@@ -432,10 +446,20 @@ class CudaDevice(RawDevice):
             raise InvalidArgumentError(f"alloc: unknown allocation kind {kind!r}")
         return int(ptr)
 
-    @_bound_checked
     def free(self, ptr: int, kind: AllocKind) -> None:
-        """``cuMemFree`` (every kind)."""
-        call_teardown(drv.cuMemFree, "cuMemFree", ptr)
+        """``cuMemFree`` (every kind).
+
+        Bound as :func:`_bound` binds, not asking the driver: a free names its memory by address,
+        which unified addressing maps to the allocation's own context whichever is current (a
+        context switched by foreign code cannot make it land elsewhere)."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        try:
+            (err,) = drv.cuMemFree(ptr)
+        except Exception as exc:
+            raise foreign_error(exc, "cuMemFree") from exc
+        if err:
+            teardown_failed(err, "cuMemFree")
 
     @_bound_checked
     def alloc_host(self, nbytes: int) -> tuple[int, memoryview]:

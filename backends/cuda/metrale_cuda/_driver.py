@@ -48,6 +48,7 @@ __all__ = [
     "foreign_error",
     "init_driver",
     "invoke",
+    "teardown_failed",
 ]
 
 _log = logging.getLogger("metrale.cuda")
@@ -155,8 +156,14 @@ def call_teardown(fn: Callable[..., Any], what: str, *args: object) -> None:
         out = fn(*args)
     except Exception as exc:
         raise foreign_error(exc, what) from exc
-    err = out[0]
-    if err and int(err) in TEARDOWN_NOOPS:
+    if out[0]:
+        teardown_failed(out[0], what)
+
+
+def teardown_failed(err: Any, what: str) -> None:
+    """A destroy or free returned ``err`` (not success): a result in :data:`TEARDOWN_NOOPS` is logged
+    and not a failure; anything else raises."""
+    if int(err) in TEARDOWN_NOOPS:
         _log.debug("%s: %s at teardown, nothing left to release", what, _driver_error_name(int(err)))
         return
     check(err, what)
