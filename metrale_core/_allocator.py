@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from ._arena import Arena
 from ._buffer import DeviceBuffer
 from ._capture import call_entered, call_left, forbid_during_capture
-from ._context import DeviceContext, invalid_argument
+from ._context import DeviceContext, invalid_argument, raw_error
 from ._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
 from ._handles import HostBuffer
 from ._holdings import Holdings, positive_size
@@ -63,7 +63,9 @@ class _Reclaiming(threading.local):
 class Allocator:
     """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
 
-    __slots__ = ("_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_raw", "_reclaiming", "_stats", "ctx")
+    __slots__ = (
+        "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_raw", "_reclaiming", "_stats", "_zoned", "ctx",
+    )
 
     def __init__(
         self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter, guard: ZoneGuard, monitor: MemoryMonitor
@@ -77,6 +79,8 @@ class Allocator:
         self._callbacks: list[Callable[[int], object]] = []
         self._observers: list[Callable[[DeviceBuffer], None]] = []
         self._reclaiming = _Reclaiming()
+        #: Whether device allocations may get red zones at all (the setting is fixed for the backend's life).
+        self._zoned = guard.zones.size > 0
 
     def on_release(self, observer: Callable[[DeviceBuffer], None]) -> None:
         """Call ``observer(buf)`` as a buffer is released (to warn of graphs and exports still using it)."""
@@ -91,13 +95,19 @@ class Allocator:
     def alloc(self, nbytes: object, kind: AllocKind, what: str) -> DeviceBuffer:
         """Device memory of ``kind``; on the ledger unless it is arena memory."""
         forbid_during_capture(what)
-        n = positive_size(nbytes, what)
+        # the size rule (positive_size) with its common case written out: a hot path
+        n = nbytes if type(nbytes) is int and 0 < nbytes < WORD_LIMIT else positive_size(nbytes, what)
         ctx = self.ctx
         index = next_index()
         site = call_site(ctx.internal)
-        layout = self._guard.layout(n, index) if kind == "device" else None
+        layout = self._guard.layout(n, index) if kind == "device" and self._zoned else None
         if layout is None:
-            raw_ptr = self._raw_alloc(n, n, kind, what)
+            try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors
+                raw_ptr = ctx.plugin.alloc(n, kind)
+            except OutOfMemoryError as exc:
+                raw_ptr = self._raw_alloc(n, n, kind, what, exc)  # reclaim-and-retry
+            except Exception as exc:
+                raise raw_error(ctx, ctx.name, "alloc", exc) from (None if isinstance(exc, MetraleError) else exc)
             buf = DeviceBuffer._make(raw_ptr, n, kind, index, site, ctx.ref)
         else:
             raw_ptr, filled = self._zoned_alloc(layout, n, what)
@@ -143,17 +153,22 @@ class Allocator:
             return reused, True
         return self._raw_alloc(layout.raw_bytes, n, "device", what), False
 
-    def _raw_alloc(self, raw_bytes: int, n: int, kind: AllocKind, what: str) -> int:
+    def _raw_alloc(
+        self, raw_bytes: int, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError | None = None
+    ) -> int:
         """The raw allocation, with reclaim-and-retry: when it runs out of memory, the red-zone
         quarantine is checked and released, with the zoned blocks kept for reuse, first (one more try),
         then the ``on_out_of_memory``
         callbacks are asked to free some, and a callback that says it did earns another try (at
-        most ``oom_retries``)."""
+        most ``oom_retries``). ``failed``: the caller's own first try already ran out of memory."""
         retries = 0
         drained = False
         while True:
             try:
-                return self._raw.alloc(raw_bytes, kind)
+                if failed is None:
+                    return self._raw.alloc(raw_bytes, kind)
+                first, failed = failed, None  # the caller's first try ran out of memory: on to the remedies
+                raise first
             except OutOfMemoryError as exc:
                 if not drained and self._guard.held_bytes:  # freed memory the red zones hold back first
                     drained = True
@@ -265,6 +280,25 @@ class Allocator:
     def free(self, buf: object) -> None:
         """Free a ``DeviceBuffer`` on the ledger (record off first, then the memory), or a ``HostBuffer``."""
         forbid_during_capture("free")
+        ctx = self.ctx
+        if type(buf) is DeviceBuffer and buf.kind == "device" and buf._owner is ctx.ref:  # the common case
+            holdings = self._holdings
+            record = holdings.ledger.take(buf.index, buf.ptr, buf.nbytes)
+            if record is not None:
+                self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever follows
+                for observer in self._observers:
+                    observer(buf)
+                kind: AllocKind = "managed" if record.kind == "managed" else "device"
+                if buf.index in holdings.raw_base:  # zoned
+                    with holdings.lock:
+                        raw_ptr = holdings.raw_base.pop(buf.index)
+                    self._guard.free_checked(buf, raw_ptr, kind)
+                    return
+                try:
+                    ctx.plugin.free(buf.ptr, kind)
+                except Exception as exc:
+                    raise raw_error(ctx, ctx.name, "free", exc) from (None if isinstance(exc, MetraleError) else exc)
+                return
         if isinstance(buf, HostBuffer):
             self.free_host(buf, "free")
             return
@@ -296,7 +330,7 @@ class Allocator:
             )
         self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever the release says
         self._released(buf)
-        kind: AllocKind = "managed" if record.kind == "managed" else "device"
+        kind = "managed" if record.kind == "managed" else "device"
         raw_base = self._holdings.raw_base
         if buf.index in raw_base:  # zoned (a racing free of the same buffer found no record above)
             with self._holdings.lock:
@@ -369,7 +403,7 @@ class Allocator:
         """One callable per step of an unzoned ``alloc`` + ``free`` of ``nbytes``, each doing what that
         step does for a pair, for ``metrale bench --only breakdown``. The ledger and the stats steps run
         on private instances of their own (the backend's are left alone); the others on this backend."""
-        ctx, raw, target = self.ctx, self._raw, self.ctx.target
+        ctx, target = self.ctx, self.ctx.target
         internal = ctx.internal
         ledger, stats = Ledger(), StatsCounter()
         sample = DeviceBuffer._make(1 << 40, nbytes, "device", -1, "probe:0", ctx.ref)
@@ -385,8 +419,21 @@ class Allocator:
                 forbid_during_capture("probe")
                 call_left()
 
-        def handle_and_site() -> None:
-            DeviceBuffer._make(1 << 40, nbytes, "device", next_index(), call_site(internal), ctx.ref)
+        def guarded() -> None:  # the raw calls as the hot path makes them: errors turned by raw_error
+            try:
+                ptr = target.alloc(nbytes, "device")
+            except Exception as exc:
+                raise raw_error(ctx, ctx.name, "alloc", exc) from None
+            try:
+                target.free(ptr, "device")
+            except Exception as exc:
+                raise raw_error(ctx, ctx.name, "free", exc) from None
+
+        def site() -> None:
+            call_site(internal)
+
+        def index_and_handle() -> None:
+            DeviceBuffer._make(1 << 40, nbytes, "device", next_index(), "probe:0", ctx.ref)
 
         def ledger_pair() -> None:
             ledger.add(sample)
@@ -398,10 +445,11 @@ class Allocator:
 
         return {
             "the plugin's raw alloc + free": lambda: target.free(target.alloc(nbytes, "device"), "device"),
-            "the same through the core's guard": lambda: raw.free(raw.alloc(nbytes, "device"), "device"),
+            "the same with the core's error handling": guarded,
             "the gate (enter + leave, twice)": gate,
             "the capture rule (check + end, twice)": capture_rule,
-            "index, call site and handle": handle_and_site,
+            "the call site": site,
+            "index and handle": index_and_handle,
             "ledger (on + off)": ledger_pair,
             "stats (allocated + released)": stats_pair,
             "release observers": lambda: self._released(sample),

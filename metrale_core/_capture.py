@@ -38,6 +38,9 @@ __all__ = [
     "active_captures",
     "call_entered",
     "call_left",
+    "capturing",
+    "leave_call",
+    "thread_calls",
     "resume_calls",
     "suspend_calls",
     "captured_event_error",
@@ -61,12 +64,14 @@ BARRED_WAIT_S = 2.0
 
 class _Flag:
     """One thread's flag: whether it is inside a barred call (its check passed, its metrale call not
-    returned). Written only by its thread; read by a capture that waits to begin."""
+    returned), and how many metrale calls it is inside, of every backend (the flag goes with the
+    outermost). Written only by its thread; ``inside`` is read by a capture that waits to begin."""
 
-    __slots__ = ("__weakref__", "inside")
+    __slots__ = ("__weakref__", "calls", "inside")
 
     def __init__(self) -> None:
         self.inside = False
+        self.calls = 0
 
 
 class _Starting:
@@ -85,11 +90,9 @@ _FLAGS: weakref.WeakSet[_Flag] = weakref.WeakSet()
 
 
 class _Barred(threading.local):
-    """Per thread: its :class:`_Flag`, and how many metrale calls it is inside, of every backend (the
-    flag goes with the outermost)."""
+    """Per thread: its :class:`_Flag`."""
 
     def __init__(self) -> None:
-        self.calls = 0
         self.flag = _Flag()
         with _LOCK:
             _FLAGS.add(self.flag)
@@ -172,6 +175,12 @@ def active_captures() -> list[Capture]:
         return list(_ACTIVE.values())
 
 
+def capturing() -> bool:
+    """Whether any capture is in progress in the process (a read without the lock, for a hot path's
+    choice of what to do, never for the capture rule itself: :func:`forbid_during_capture` is that)."""
+    return bool(_ACTIVE)
+
+
 def forbid_during_capture(what: str) -> None:
     """Raise ``CaptureError`` (and invalidate every capture) if any capture is in progress.
 
@@ -228,19 +237,30 @@ def _restore(flag: _Flag, was: bool) -> None:
             _IDLE.notify_all()
 
 
+def thread_calls() -> _Flag:
+    """The calling thread's flag, for a caller that keeps it per thread (the device context's gate):
+    entering a call is ``flag.calls += 1`` (:func:`call_entered`), leaving it is :func:`leave_call`,
+    or ``flag.calls -= 1`` where ``flag.calls > 1`` (not the outermost call: nothing else to do)."""
+    return _MINE.flag
+
+
 def call_entered() -> None:
     """The calling thread entered a metrale call (of any backend)."""
-    _MINE.calls += 1
+    _MINE.flag.calls += 1
 
 
 def call_left() -> None:
     """The calling thread left a metrale call; leaving its outermost one ends its barred call."""
-    mine = _MINE
-    mine.calls -= 1
-    if mine.calls <= 0:
-        mine.calls = 0
-        if mine.flag.inside:
-            _barred_call_done(mine.flag)
+    leave_call(_MINE.flag)
+
+
+def leave_call(flag: _Flag) -> None:
+    """The thread of ``flag`` (the calling one) left a metrale call: :func:`call_left` with the flag at hand."""
+    flag.calls -= 1
+    if flag.calls <= 0:
+        flag.calls = 0
+        if flag.inside:
+            _barred_call_done(flag)
 
 
 def _barred_call_done(flag: _Flag) -> None:
@@ -253,11 +273,11 @@ def _barred_call_done(flag: _Flag) -> None:
 def suspend_calls() -> tuple[int, bool]:
     """Before user code (a callback, an observer, a producer's export): the thread is outside every
     metrale call and every barred call while it runs; :func:`resume_calls` puts it back."""
-    mine = _MINE
-    saved = (mine.calls, mine.flag.inside)
-    mine.calls = 0
-    if mine.flag.inside:
-        _barred_call_done(mine.flag)
+    flag = _MINE.flag
+    saved = (flag.calls, flag.inside)
+    flag.calls = 0
+    if flag.inside:
+        _barred_call_done(flag)
     return saved
 
 
@@ -265,10 +285,10 @@ def resume_calls(saved: tuple[int, bool]) -> None:
     """After user code: back inside the calls :func:`suspend_calls` saved. A capture may have begun
     meanwhile: a barred call checks again before its next driver call."""
     calls, inside = saved
-    mine = _MINE
-    mine.calls = calls
+    flag = _MINE.flag
+    flag.calls = calls
     if inside:
-        mine.flag.inside = True
+        flag.inside = True
 
 
 def _serialized(fn: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -287,6 +307,7 @@ if not getattr(sys, "_is_gil_enabled", lambda: True)():  # pragma: no cover - fr
     forbid_during_capture = _serialized(forbid_during_capture)
     may_wait = _serialized(may_wait)
     call_left = _serialized(call_left)
+    leave_call = _serialized(leave_call)
     suspend_calls = _serialized(suspend_calls)
     resume_calls = _serialized(resume_calls)
 

@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, Final, NoReturn, ParamSpec, Protocol, TypeVar, cast
 
-from ._capture import abandon_captures, call_entered, call_left, resume_calls, suspend_calls
+from ._capture import abandon_captures, leave_call, resume_calls, suspend_calls, thread_calls
 from ._errors import BackendClosedError, DeviceFaultError, DriverError, InvalidArgumentError, MetraleError
 from ._raw import RawDevice
 from ._settings import MetraleSettings
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ._buffer import BufferOwner, DeviceArray, DeviceBuffer
     from ._types import ForeignMemory, LaunchArg
 
-__all__ = ["CORE_PACKAGES", "DeviceContext", "GuardedRaw", "Launch", "gated", "invalid_argument"]
+__all__ = ["CORE_PACKAGES", "DeviceContext", "GuardedRaw", "Launch", "gated", "invalid_argument", "raw_error"]
 
 _log = logging.getLogger("metrale")
 
@@ -93,18 +93,8 @@ class GuardedRaw:
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 return attr(*args, **kwargs)
-            except DeviceFaultError as exc:
-                context = ref()
-                if context is None:  # pragma: no cover - a part holds the context while it calls
-                    raise
-                raise context.faulted_by(exc) from None
-            except MetraleError:
-                raise
             except Exception as exc:
-                raise DriverError(
-                    f"the {who} backend's raw {name}() raised {type(exc).__name__}: {exc}; "
-                    f"this is a bug in that backend"
-                ) from exc
+                raise raw_error(ref(), who, name, exc) from (None if isinstance(exc, MetraleError) else exc)
 
         if self._target is target:  # not detached meanwhile (close() on another thread)
             self.__dict__[name] = call  # looked up once per name
@@ -118,6 +108,20 @@ class GuardedRaw:
         self._target = _Detached(closed)
         self._context = _dead_ref
         self._name = name
+
+
+def raw_error(context: DeviceContext | None, who: str, name: str, exc: Exception) -> Exception:
+    """What a raw call's exception becomes, decided here for every raw call (the guarded layer's and
+    the hot paths' that call the plugin directly, :attr:`DeviceContext.plugin`): a
+    ``DeviceFaultError`` latches the context's fault; any other ``MetraleError`` stays as it is; a
+    foreign exception (a plugin's bug) becomes a ``DriverError`` naming the call."""
+    if isinstance(exc, DeviceFaultError):
+        return exc if context is None else context.faulted_by(exc)
+    if isinstance(exc, MetraleError):
+        return exc
+    return DriverError(
+        f"the {who} backend's raw {name}() raised {type(exc).__name__}: {exc}; this is a bug in that backend"
+    )
 
 
 def _dead_ref() -> None:
@@ -170,10 +174,12 @@ class _Cell:
 
 class _Depth(threading.local):
     """Per thread: its :class:`_Cell` of this context (made at the thread's first call, and added to
-    the context's cells under the gate's lock)."""
+    the context's cells under the gate's lock), and its flag of the capture rule (``_capture``'s, of
+    every backend: the gate counts the thread's calls there too), so a call reads one thread-local."""
 
     def __init__(self, cells: weakref.WeakSet[_Cell], lock: threading.Lock) -> None:
         self.cell = _Cell()
+        self.calls = thread_calls()
         with lock:
             cells.add(self.cell)
 
@@ -188,7 +194,8 @@ class DeviceContext:
 
     __slots__ = (
         "__weakref__", "_cells", "_closed", "_depth", "_fault", "_fault_code", "_gate", "_gate_lock", "_target",
-        "_target_ref", "exports", "facade", "internal", "lock", "name", "ordinal", "raw", "recent", "ref", "settings",
+        "_target_ref", "exports", "facade", "internal", "lock", "name", "ordinal", "plugin", "raw", "recent", "ref",
+        "settings",
     )
 
     def __init__(
@@ -203,6 +210,10 @@ class DeviceContext:
         self.ref: Final = weakref.ref(self)
         #: The raw layer as every part calls it.
         self.raw: Final = cast(RawDevice, GuardedRaw(target, self))
+        #: The plugin's raw layer itself, for the hot paths (alloc, free, memset, launch, graph launch),
+        #: which call it inside the gate and turn its exceptions with :func:`raw_error`, as :attr:`raw`
+        #: does for every other call: a frame less per raw call. At :meth:`release` it refuses, as ``raw``.
+        self.plugin: RawDevice = target
         #: Top-level packages whose frames are not call sites.
         self.internal: Final = CORE_PACKAGES | internal
         #: For bookkeeping that spans parts (short sections; never held across a wait).
@@ -304,7 +315,8 @@ class DeviceContext:
         No lock: the thread's own count goes up first, then ``closed`` is read; :meth:`shut` sets
         ``closed`` first, then reads the counts, so either this call is refused or ``close()``
         waits for it."""
-        cell = self._depth.cell
+        depth = self._depth
+        cell = depth.cell
         if _LOCK_FREE:
             cell.depth += 1
             closed = self._closed
@@ -315,15 +327,20 @@ class DeviceContext:
         if closed:
             self._count_out(cell)
             raise self.closed_error()
-        call_entered()
+        depth.calls.calls += 1  # _capture.call_entered(), with the flag at hand
         if self._fault is not None and not faulted_ok:
             self.leave()
             self.check_open()
 
     def leave(self) -> None:
         """Count a call out."""
-        call_left()  # leaving the outermost call ends its barred call: its driver calls are over
-        self._count_out(self._depth.cell)
+        depth = self._depth
+        calls = depth.calls
+        if calls.calls > 1:  # not the thread's outermost metrale call: only the count changes
+            calls.calls -= 1
+        else:  # leaving the outermost call ends its barred call: its driver calls are over
+            leave_call(calls)
+        self._count_out(depth.cell)
 
     def _count_out(self, cell: _Cell) -> None:
         if _LOCK_FREE:
@@ -390,6 +407,7 @@ class DeviceContext:
         """
         closed = self.closed_message()
         cast(GuardedRaw, self.raw).detach(closed)
+        self.plugin = cast(RawDevice, _Detached(closed))
         target, self._target = self._target, None
         if target is not None:
             try:

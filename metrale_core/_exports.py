@@ -75,6 +75,8 @@ class ExportTable:
         """An allocator release observer: warn when other libraries still hold views of ``buf``."""
         if buf.kind not in ("device", "managed"):
             return
+        if not self._exported and not self._viewed:  # nothing exported: no lock (a free's common case)
+            return
         with self.ctx.lock:
             tensors = self._exported.pop(buf.index, 0)
             views = self._viewed.pop(buf.index, None)

@@ -353,11 +353,16 @@ class GraphExec(_Handle):
         #: Held: the modules of its kernels stay loaded while it lives.
         self.registries = registries
 
-    @gated
     def launch(self, stream: Stream | None = None) -> None:
         """Replay the graph on ``stream`` (the default stream when ``None``)."""
-        self._live()
-        self._owner.launch_graph(self, stream)
+        ctx = self._ctx
+        ctx.enter()  # what @gated does, written out: a hot path (the gate also checked the backend open)
+        try:
+            if self._closed:
+                self._live()  # raises, naming the handle
+            self._owner.launch_graph(self, stream)
+        finally:
+            ctx.leave()
 
     def close(self) -> None:
         """Release the executable graph."""

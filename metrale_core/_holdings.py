@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ._buffer import DeviceBuffer
 from ._context import DeviceContext, invalid_argument
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from ._arena import Arena
 
 __all__ = ["Holdings", "Wrapped"]
+
+#: The kinds of memory on the ledger.
+_LEDGERED: Final = frozenset({"device", "managed"})
 
 #: Memory of another library that ``wrap`` took in: the buffer, the object kept alive, and its release.
 Wrapped = tuple[DeviceBuffer, object, "Callable[[], None] | None"]
@@ -96,7 +99,7 @@ class Holdings:
         if buf._owner is not self._ctx.ref:
             return False
         kind = buf.kind
-        if kind in {"device", "managed"}:
+        if kind in _LEDGERED:
             return self.ledger.holds(buf.index, buf.ptr, buf.nbytes)
         if kind == "arena":
             block = self.arena_blocks.get(buf.index)
@@ -107,6 +110,14 @@ class Holdings:
             held = self.external.get(buf.index)
             return held is not None and held[0].ptr == buf.ptr and held[0].nbytes == buf.nbytes
         return False
+
+    def all_live(self, bufs: tuple[DeviceBuffer, ...]) -> bool:
+        """Whether every one of ``bufs`` is live here (:meth:`is_live` of each, the ledger's in one call)."""
+        ref = self._ctx.ref
+        for buf in bufs:
+            if buf._owner is not ref or (buf.kind not in _LEDGERED and not self.is_live(buf)):
+                return False
+        return self.ledger.holds_all(bufs)
 
     def require_live(self, buf: DeviceBuffer, what: str) -> None:
         if not self.is_live(buf):

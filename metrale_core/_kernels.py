@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from ._buffer import DeviceBuffer
-from ._capture import active_captures, forbid_during_capture
-from ._context import DeviceContext, Launch, describe_launch, invalid_argument
+from ._capture import capturing, forbid_during_capture
+from ._context import DeviceContext, Launch, describe_launch, invalid_argument, raw_error
 from ._errors import BackendClosedError, CaptureError, InvalidArgumentError, MetraleError
 from ._handles import Stream
 from ._holdings import Holdings, integer
@@ -127,12 +127,10 @@ class KernelFront:
         if b[0] * b[1] * b[2] > MAX_THREADS_PER_BLOCK:
             raise InvalidArgumentError(f"{what}: block {b} has more than {MAX_THREADS_PER_BLOCK} threads")
         shm = integer(shared_mem, what, "shared_mem")
-        require_live = self._holdings.require_live
-        packed = pack_args(kernel, args, what, lambda buf: require_live(buf, what))
+        packed = pack_args(kernel, args, what, self._live)
         streams = self._streams
-        target = streams.resolve(stream, what)
-        buffers = [a for a in args if isinstance(a, DeviceBuffer)]
-        outside_capture = target.capture is None and not active_captures()
+        target = streams.default if stream is None else streams.resolve(stream, what)
+        outside_capture = target.capture is None and not capturing()
         settings = ctx.settings
         timing = settings.kernel_timing and outside_capture
         raw = self._raw
@@ -143,10 +141,17 @@ class KernelFront:
         launched: Launch = (kernel.module, kernel.name, g, b, packed)
         ctx.recent.append(launched)  # formatted only when a fault is reported: launches are a hot path
         try:
-            if target.capture is not None:
-                target.capture.registries[id(kernel.registry)] = kernel.registry
             function = kernel.raw
-            streams.issue(target, what, buffers, lambda s: raw.launch(function, g, b, shm, s, packed))
+            if target.capture is None:  # the common case written out (a hot path): straight to the plugin
+                streams.guard.settle_for(target)
+                try:
+                    ctx.plugin.launch(function, g, b, shm, target.raw, packed)
+                except Exception as exc:
+                    raise raw_error(ctx, ctx.name, "launch", exc) from (None if isinstance(exc, MetraleError) else exc)
+            else:
+                target.capture.registries[id(kernel.registry)] = kernel.registry
+                buffers = [a for a in args if isinstance(a, DeviceBuffer)]
+                streams.issue(target, what, buffers, lambda s: raw.launch(function, g, b, shm, s, packed))
             key = (kernel.module, kernel.name)
             if timing:
                 raw.event_record(end, target.raw)
@@ -162,6 +167,10 @@ class KernelFront:
             raise type(exc)(
                 f"{what} of {describe_launch(launched)} failed: {exc.message}", code=exc.code, name=exc.name
             ) from exc
+
+    def _live(self, buf: DeviceBuffer) -> None:
+        """A launch's check of a buffer argument (for ``pack_args``)."""
+        self._holdings.require_live(buf, "launch")
 
     def run_metrics(self) -> RunMetrics:
         if self._metrics.pending:

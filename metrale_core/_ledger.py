@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import Literal
+from typing import Final, Literal
 
 from ._buffer import DeviceBuffer
 from ._types import AllocRecord, format_bytes
@@ -51,38 +51,75 @@ next_index: Callable[[], int] = (
 _USER_MODULES = ("metrale_core._selftest", "metrale_core.testing", "metrale_core._bench")
 
 
-#: Per set of internal packages: per code object, whether its frames are internal (not call sites).
-#: Code objects live as long as their functions; the maps grow with the code a program runs, once.
-_INTERNAL_CODE: dict[frozenset[str], dict[object, bool]] = {}
+#: Per set of internal packages: per module name, whether its frames are internal (not call sites).
+#: The maps grow with the modules a program runs, once. Keyed by the module's name (a string whose
+#: hash is cached), not by the code object, whose hash is computed from its contents at every lookup.
+_INTERNAL_MODULES: dict[frozenset[str], dict[str, bool]] = {}
 
 
-def _is_internal(frame: FrameType, internal: frozenset[str]) -> bool:
-    module = frame.f_globals.get("__name__", "")
+#: Per call (code object and instruction): its ``"file:line"``. ``f_lineno`` decodes the line table at
+#: each read (a quarter of a microsecond), so a site is formatted once.
+_SITES: dict[tuple[int, int], tuple[object, str]] = {}
+_SITES_MAX: Final = 4096
+
+
+def _is_internal(module: str, internal: frozenset[str]) -> bool:
     return module.partition(".")[0] in internal and not module.startswith(_USER_MODULES)
 
 
 def call_site(internal: frozenset[str]) -> str:
     """``"file:line"`` of the first frame whose top-level package is not in ``internal``.
 
-    Whether a frame is internal is decided once per code object (a dict lookup afterwards); a
-    plain dict read and write is atomic under the GIL, and on a free-threaded build two threads
-    that race compute the same answer. The walk starts at the innermost Python frame, this
-    function's own where it is Python: compiled modules (``dev.py accelerate``) have no frames, so
-    no fixed depth of frames is known to be metrale's.
+    Whether a module's frames are internal is decided once per module name (a dict lookup
+    afterwards); a plain dict read and write is atomic under the GIL, and on a free-threaded build
+    two threads that race compute the same answer. The walk starts at the innermost Python frame,
+    this function's own where it is Python: compiled modules (``dev.py accelerate``) have no frames,
+    so no fixed depth of frames is known to be metrale's. Where Python names a frame's module
+    without making a frame object (``sys._getframemodulename``, 3.12 and later), only the call
+    site's own frame object is made.
     """
-    known = _INTERNAL_CODE.get(internal)
+    known = _INTERNAL_MODULES.get(internal)
     if known is None:
-        known = _INTERNAL_CODE.setdefault(internal, {})
-    frame: FrameType | None = sys._getframe(0)
+        known = _INTERNAL_MODULES.setdefault(internal, {})
+    frame: FrameType | None
+    if _module_at is not None:
+        depth = 0
+        while True:
+            module = _module_at(depth)  # the function's __module__ (a frame's f_globals name, as a rule)
+            if type(module) is not str:  # past the outermost frame, or a function of no (or an odd) module
+                break
+            inside = known.get(module)
+            if inside is None:
+                inside = known[module] = _is_internal(module, internal)
+            if not inside:
+                return _site(sys._getframe(depth))
+            depth += 1
+    frame = sys._getframe(0)
     while frame is not None:
-        code = frame.f_code
-        inside = known.get(code)
+        module = frame.f_globals.get("__name__", "")
+        inside = known.get(module)
         if inside is None:
-            inside = known[code] = _is_internal(frame, internal)
+            inside = known[module] = _is_internal(module, internal)
         if not inside:
-            return f"{code.co_filename}:{frame.f_lineno}"
+            return _site(frame)
         frame = frame.f_back
     return "<unknown>:0"
+
+
+def _site(frame: FrameType) -> str:
+    """``"file:line"`` of ``frame``, formatted once per call (code object and instruction)."""
+    code = frame.f_code
+    key = (id(code), frame.f_lasti)  # the entry keeps its code alive: the id stays its own
+    hit = _SITES.get(key)
+    if hit is None:
+        if len(_SITES) >= _SITES_MAX:  # code made at run time (exec, generated tests): start again
+            _SITES.clear()
+        hit = _SITES[key] = (code, f"{code.co_filename}:{frame.f_lineno}")
+    return hit[1]
+
+
+#: ``sys._getframemodulename`` (Python 3.12 and later): a frame's module without a frame object.
+_module_at: Callable[[int], str | None] | None = getattr(sys, "_getframemodulename", None)
 
 
 def largest_sites(records: Iterable[AllocRecord], top: int = 5) -> list[tuple[str, int, int]]:
@@ -174,6 +211,16 @@ class Ledger:
         """Whether allocation ``index`` is on the ledger, at ``ptr`` with the ``nbytes`` recorded."""
         rec = self._records.get(index)
         return rec is not None and rec.ptr == ptr and rec.nbytes == nbytes
+
+    def holds_all(self, bufs: Iterable[DeviceBuffer]) -> bool:
+        """:meth:`holds` for each of ``bufs`` of a kind on the ledger (device, managed); others are skipped."""
+        records = self._records
+        for buf in bufs:
+            if buf.kind in ("device", "managed"):
+                rec = records.get(buf.index)
+                if rec is not buf and (rec is None or rec.ptr != buf.ptr or rec.nbytes != buf.nbytes):
+                    return False
+        return True
 
     def drain(self) -> list[AllocRecord]:
         """Take every record off (a sweep)."""

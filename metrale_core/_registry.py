@@ -164,7 +164,7 @@ def pack_args(kernel: Kernel, args: object, what: str, live: Callable[[DeviceBuf
     for param, value in zip(params, values, strict=True):
         if type(value) is DeviceBuffer and param.pointer_sized:  # the hot path: a buffer for a pointer
             live(value)
-            packed.append(LaunchArg(param, value.ptr.to_bytes(8, "little"), value.ptr))
+            packed.append(LaunchArg._make(param, value.ptr.to_bytes(8, "little"), value.ptr))
         else:
             packed.append(_pack(kernel, param, value, what, live))
     return packed
@@ -176,7 +176,7 @@ def _pack(kernel: Kernel, param: Param, value: object, what: str, live: Callable
 
     if param.count > 1:
         if isinstance(value, bytes | bytearray | memoryview) and len(memoryview(value).cast("B")) == param.nbytes:
-            return LaunchArg(param, bytes(value))
+            return LaunchArg._make(param, bytes(value))
         raise InvalidArgumentError(f"{where()} takes {param.nbytes} raw bytes, got {value!r}")
     if isinstance(value, DeviceBuffer) or (isinstance(value, int) and not isinstance(value, bool)):
         if not param.pointer_sized:
@@ -190,7 +190,7 @@ def _pack(kernel: Kernel, param: Param, value: object, what: str, live: Callable
             pointer = operator.index(value)
             if not 0 <= pointer < WORD_LIMIT:
                 raise InvalidArgumentError(f"{where()}: {pointer} is not a 64-bit device address")
-        return LaunchArg(param, pointer.to_bytes(8, "little"), pointer)
+        return LaunchArg._make(param, pointer.to_bytes(8, "little"), pointer)
     kind, size, data = _scalar(value)
     if kind is None:
         raise InvalidArgumentError(
@@ -200,7 +200,7 @@ def _pack(kernel: Kernel, param: Param, value: object, what: str, live: Callable
     compatible = param.kind == "b" or (param.kind == "f") == (kind == "f")
     if size != param.size or not compatible:
         raise InvalidArgumentError(f"{where()} does not take {value!r} ({kind}{size * 8}); pass a matching type")
-    return LaunchArg(param, data)
+    return LaunchArg._make(param, data)
 
 
 _CTYPES_KINDS: dict[type, str | None] = {}

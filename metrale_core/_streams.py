@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from ._buffer import DeviceBuffer
 from ._capture import Capture, active_captures, forbid_during_capture, invalidated_error
-from ._context import DeviceContext, invalid_argument
+from ._context import DeviceContext, invalid_argument, raw_error
 from ._errors import BackendClosedError, InvalidBufferError, MetraleError, capture_error
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
 from ._holdings import Holdings, positive_size
@@ -103,7 +103,27 @@ class StreamFront:
         self.guard.waited(self._holdings.is_live)
 
     def launch_graph(self, graph: GraphExec, stream: Stream | None) -> None:
-        is_live = self._holdings.is_live
+        holdings = self._holdings
+        is_live = holdings.is_live
+        if (  # the common case written out (a hot path): every operand live, no check, no capture
+            graph.check is None and holdings.all_live(graph.buffers)
+            and not any(registry.closed for registry in graph.registries)
+            and not any(hb.closed for hb in graph.host_buffers)
+            and (target := self.default if stream is None else self.resolve(stream, "GraphExec.launch")).capture
+            is None
+        ):
+            self.guard.settle_for(target)
+            ctx = self.ctx
+            try:
+                ctx.plugin.graph_launch(graph.raw, target.raw)
+            except Exception as exc:
+                raise raw_error(ctx, ctx.name, "graph_launch", exc) from (
+                    None if isinstance(exc, MetraleError) else exc
+                )
+            self._stats.graph_launches += 1
+            if ctx.settings.redzone_scan_graphs:
+                self.guard.after_graph_launch(target, is_live)
+            return
         for buf in graph.buffers:
             if not is_live(buf):
                 raise InvalidBufferError(
@@ -179,11 +199,28 @@ class StreamFront:
 
     def memset(self, dst: object, value: object, offset: object, nbytes: object, stream: Stream | None) -> None:
         what = "memset"
+        if (  # the common case written out (a hot path): a live buffer of this backend, plain ints, no capture
+            type(dst) is DeviceBuffer and type(value) is int and 0 <= value <= 255 and type(offset) is int
+            and (nbytes is None or type(nbytes) is int) and self._holdings.is_live(dst)
+        ):
+            size = dst.nbytes
+            count = size - offset if nbytes is None else nbytes
+            if (
+                offset >= 0 and count > 0 and offset + count <= size
+                and (target := self.default if stream is None else self.resolve(stream, what)).capture is None
+            ):
+                self.guard.settle_for(target)
+                ctx = self.ctx
+                try:
+                    ctx.plugin.memset(dst.ptr + offset, value, count, target.raw)
+                except Exception as exc:
+                    raise raw_error(ctx, ctx.name, "memset", exc) from (None if isinstance(exc, MetraleError) else exc)
+                return
         byte = as_index(value)
         if byte is None or not 0 <= byte <= 255:
             raise invalid_argument(what, "a byte value 0..255", value)
-        count = None if nbytes is None else positive_size(nbytes, what)
-        ptr, n, buf = self._holdings.span(dst, offset, count, what)
+        asked = None if nbytes is None else positive_size(nbytes, what)
+        ptr, n, buf = self._holdings.span(dst, offset, asked, what)
         target = self.resolve(stream, what)
         raw = self._raw
         self.issue(target, what, (buf,), lambda s: raw.memset(ptr, byte, n, s) if n else None)

@@ -56,7 +56,7 @@ extensions = [Extension(name[:-3].replace("/", "."), [os.path.join(folder, name)
 directives = {"annotation_typing": False, "binding": True, "embedsignature": True, "language_level": 3}
 setup(
     name="metrale-accelerate",
-    script_args=["build_ext", "--build-lib", folder, "--build-temp", build],
+    script_args=["build_ext", "-j", str(os.cpu_count() or 1), "--build-lib", folder, "--build-temp", build],
     ext_modules=cythonize(extensions, build_dir=build, quiet=True, nthreads=4, compiler_directives=directives),
 )
 """

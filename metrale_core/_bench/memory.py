@@ -88,12 +88,12 @@ def measure_breakdown(b: Bench) -> Result:
         medians = turns(ops, rounds=rounds, calls=calls)
         plain.free(keep)
     total = to_us(medians["metrale alloc + free 1 MiB"])
-    raw_label, guard_label = "the plugin's raw alloc + free", "the same through the core's guard"
+    raw_label, guard_label = "the plugin's raw alloc + free", "the same with the core's error handling"
     figures = [Figure("metrale alloc + free 1 MiB", "metrale", "us", total, note="the whole pair")]
     raw = to_us(medians[raw_label])
     figures.append(Figure(raw_label, "metrale", "us", raw, note=f"{raw / total:.0%} of the pair"))
     guard = to_us(medians[guard_label]) - raw
-    figures.append(_share("the core's guard around the raw calls", guard, total))
+    figures.append(_share("the core's handling of raw errors", guard, total))
     parts = raw + guard
     for label in list(probes)[2:]:
         us = to_us(medians[label])

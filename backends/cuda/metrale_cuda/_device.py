@@ -494,10 +494,16 @@ class CudaDevice(RawDevice):
         """``cuMemFreeHost``."""
         call_teardown(drv.cuMemFreeHost, "cuMemFreeHost", ptr)
 
-    @_bound
     def memset(self, ptr: int, value: int, nbytes: int, stream: object) -> None:
-        """``cuMemsetD8Async``."""
-        call(drv.cuMemsetD8Async, "cuMemsetD8Async", ptr, value, nbytes, cast(_Stream, stream).handle)
+        """``cuMemsetD8Async``. Bound as :func:`_bound` binds, written out: a hot path."""
+        if _THREAD.ctx != self._key:
+            self._bind()
+        try:
+            (err,) = drv.cuMemsetD8Async(ptr, value, nbytes, cast(_Stream, stream).handle)
+        except Exception as exc:
+            raise foreign_error(exc, "cuMemsetD8Async") from exc
+        if err:
+            check(err, "cuMemsetD8Async")
 
     @_bound
     def copy_htod(self, dst: int, src: memoryview, stream: object, *, pinned: bool) -> None:
@@ -648,12 +654,19 @@ class CudaDevice(RawDevice):
         g = cast(_Graph, graph)
         return _GraphExec(call1(_d.GRAPH_INSTANTIATE, "cuGraphInstantiate", g.handle, 0), g.keep)
 
-    @_bound
     def graph_launch(self, graph_exec: object, stream: object) -> None:
-        """``cuGraphLaunch``; the graph's host objects stay alive until the stream is idle."""
+        """``cuGraphLaunch``; the graph's host objects stay alive until the stream is idle. Bound as
+        :func:`_bound` binds, written out: a hot path."""
+        if _THREAD.ctx != self._key:
+            self._bind()
         e = cast(_GraphExec, graph_exec)
         s = cast(_Stream, stream)
-        call(drv.cuGraphLaunch, "cuGraphLaunch", e.handle, s.handle)
+        try:
+            (err,) = drv.cuGraphLaunch(e.handle, s.handle)
+        except Exception as exc:
+            raise foreign_error(exc, "cuGraphLaunch") from exc
+        if err:
+            check(err, "cuGraphLaunch")
         if e.keep:
             self._hold(s, e.keep)
 
@@ -691,7 +704,6 @@ class CudaDevice(RawDevice):
         """``cuModuleGetFunction``."""
         return call1(drv.cuModuleGetFunction, f"cuModuleGetFunction of {kernel!r}", module, kernel.encode())
 
-    @_bound
     def launch(
         self,
         function: object,
@@ -702,20 +714,26 @@ class CudaDevice(RawDevice):
         args: Sequence[LaunchArg],
     ) -> None:
         """``cuLaunchKernel`` with each argument's packed bytes, written into the kernel's slots kept for
-        this thread (:class:`_ArgSlots`; the driver copies them at the call)."""
+        this thread (:class:`_ArgSlots`; the driver copies them at the call). Bound as :func:`_bound`
+        binds, written out: a hot path."""
+        if _THREAD.ctx != self._key:
+            self._bind()
         cache = _PACKING.slots
         slots = cache.get(id(function))
         if slots is None or not slots.fill(args):
             slots = cache[id(function)] = _ArgSlots(tuple(len(a.data) for a in args))
             slots.fill(args)
-        call(
-            drv.cuLaunchKernel,
-            "cuLaunchKernel",
-            function,
-            grid[0], grid[1], grid[2],
-            block[0], block[1], block[2],
-            shared_mem,
-            cast(_Stream, stream).handle,
-            slots.address,
-            0,  # extra: void_ptr, NULL
-        )
+        try:
+            (err,) = drv.cuLaunchKernel(
+                function,
+                grid[0], grid[1], grid[2],
+                block[0], block[1], block[2],
+                shared_mem,
+                cast(_Stream, stream).handle,
+                slots.address,
+                0,  # extra: void_ptr, NULL
+            )
+        except Exception as exc:
+            raise foreign_error(exc, "cuLaunchKernel") from exc
+        if err:
+            check(err, "cuLaunchKernel")

@@ -313,7 +313,8 @@ class FakeDevice(RawDevice):
 
     def memset(self, ptr: int, value: int, nbytes: int, stream: object) -> None:
         with self._lock:
-            self._fault("memset", f"memset of {nbytes} bytes at {ptr:#x}")
+            if self._sticky is not None or self._faults.get("memset"):  # (the message is made only then)
+                self._fault("memset", f"memset of {nbytes} bytes at {ptr:#x}")
             target = self._resolve(ptr, nbytes, "memset")
 
             def work() -> None:
