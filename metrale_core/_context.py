@@ -163,23 +163,24 @@ class _ClosedExports:
 
 
 class _Cell:
-    """How many calls of one context one thread is inside. Written only by its thread (on a
-    free-threaded build under the gate's lock); read by ``close()`` on another."""
+    """How many calls of one context one thread is inside (``depth``), and that thread's flag of the
+    capture rule (``flag``: ``_capture``'s, of every backend; the gate counts the thread's calls there
+    too, so a call reads one thread-local). ``depth`` is written only by its thread (on a
+    free-threaded build under the gate's lock) and read by ``close()`` on another."""
 
-    __slots__ = ("__weakref__", "depth")
+    __slots__ = ("__weakref__", "depth", "flag")
 
     def __init__(self) -> None:
         self.depth = 0
+        self.flag = thread_calls()
 
 
 class _Depth(threading.local):
     """Per thread: its :class:`_Cell` of this context (made at the thread's first call, and added to
-    the context's cells under the gate's lock), and its flag of the capture rule (``_capture``'s, of
-    every backend: the gate counts the thread's calls there too), so a call reads one thread-local."""
+    the context's cells under the gate's lock)."""
 
     def __init__(self, cells: weakref.WeakSet[_Cell], lock: threading.Lock) -> None:
         self.cell = _Cell()
-        self.calls = thread_calls()
         with lock:
             cells.add(self.cell)
 
@@ -315,8 +316,7 @@ class DeviceContext:
         No lock: the thread's own count goes up first, then ``closed`` is read; :meth:`shut` sets
         ``closed`` first, then reads the counts, so either this call is refused or ``close()``
         waits for it."""
-        depth = self._depth
-        cell = depth.cell
+        cell = self._depth.cell
         if _LOCK_FREE:
             cell.depth += 1
             closed = self._closed
@@ -327,20 +327,29 @@ class DeviceContext:
         if closed:
             self._count_out(cell)
             raise self.closed_error()
-        depth.calls.calls += 1  # _capture.call_entered(), with the flag at hand
+        cell.flag.calls += 1  # _capture.call_entered(), with the flag at hand
         if self._fault is not None and not faulted_ok:
             self.leave()
             self.check_open()
 
     def leave(self) -> None:
         """Count a call out."""
-        depth = self._depth
-        calls = depth.calls
-        if calls.calls > 1:  # not the thread's outermost metrale call: only the count changes
-            calls.calls -= 1
-        else:  # leaving the outermost call ends its barred call: its driver calls are over
-            leave_call(calls)
-        self._count_out(depth.cell)
+        cell = self._depth.cell
+        flag = cell.flag
+        calls = flag.calls
+        if calls > 1:  # not the thread's outermost metrale call: only the count changes
+            flag.calls = calls - 1
+        elif flag.inside:  # leaving the outermost call ends its barred call: its driver calls are over
+            leave_call(flag)
+        else:  # the outermost call, in no barred call (flag.inside is only this thread's to set)
+            flag.calls = 0
+        if _LOCK_FREE:
+            cell.depth -= 1
+            if self._closed:  # a close() may be waiting for this call
+                with self._gate:
+                    self._gate.notify_all()
+        else:  # pragma: no cover - free-threaded builds only
+            self._count_out(cell)
 
     def _count_out(self, cell: _Cell) -> None:
         if _LOCK_FREE:

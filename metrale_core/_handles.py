@@ -56,7 +56,7 @@ class HostOwner(Protocol):
 
 
 class _Handle:
-    __slots__ = ("__weakref__", "_closed", "_ctx", "_raw")
+    __slots__ = ("__weakref__", "_closed", "_ctx", "raw")
 
     _what = "handle"
     #: The ``RawDevice`` method that destroys this kind of handle.
@@ -64,19 +64,16 @@ class _Handle:
 
     def __init__(self, ctx: DeviceContext, raw: object) -> None:
         self._ctx = ctx
-        self._raw = raw
+        #: The backend's raw handle (for the part that owns it and for diagnostics; a plain attribute, read on
+        #: the hot paths, never to be set).
+        self.raw = raw
         self._closed = False
 
     def _live(self) -> object:
         self._ctx.check_open()
         if self._closed:
             raise BackendClosedError(f"this {self._what} was closed; create a new one")
-        return self._raw
-
-    @property
-    def raw(self) -> object:
-        """The backend's raw handle (for the part that owns it and for diagnostics)."""
-        return self._raw
+        return self.raw
 
     @property
     def backend(self) -> Any:
@@ -327,7 +324,7 @@ class Graph(_Handle):
 class GraphExec(_Handle):
     """An instantiated graph: ``launch`` replays its work on a stream."""
 
-    __slots__ = ("_owner", "buffers", "check", "host_buffers", "registries")
+    __slots__ = ("_owner", "buffers", "check", "host_buffers", "live_at", "registries")
     _what = "executable graph"
     _destroy_op = "graph_exec_destroy"
 
@@ -352,6 +349,9 @@ class GraphExec(_Handle):
         self.host_buffers = host_buffers
         #: Held: the modules of its kernels stay loaded while it lives.
         self.registries = registries
+        #: For its owner: the ledger's ``taken`` count when every one of its buffers was last found on the
+        #: ledger (``-1``: never), so a launch while no record came off since checks none of them again.
+        self.live_at = -1
 
     def launch(self, stream: Stream | None = None) -> None:
         """Replay the graph on ``stream`` (the default stream when ``None``)."""

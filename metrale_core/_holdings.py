@@ -113,11 +113,10 @@ class Holdings:
 
     def all_live(self, bufs: tuple[DeviceBuffer, ...]) -> bool:
         """Whether every one of ``bufs`` is live here (:meth:`is_live` of each, the ledger's in one call)."""
-        ref = self._ctx.ref
-        for buf in bufs:
-            if buf._owner is not ref or (buf.kind not in _LEDGERED and not self.is_live(buf)):
-                return False
-        return self.ledger.holds_all(bufs)
+        held = self.ledger.holds_all(bufs, self._ctx.ref)
+        if held is None:  # some are not ledger memory (arena, external): each by its own rule
+            return all(self.is_live(buf) for buf in bufs)
+        return held
 
     def require_live(self, buf: DeviceBuffer, what: str) -> None:
         if not self.is_live(buf):

@@ -120,13 +120,13 @@ class KernelFront:
         ctx = self.ctx
         if not isinstance(kernel, Kernel) or not kernel.registry.owned_by(ctx):
             raise invalid_argument(what, "a Kernel of a registry of this backend", kernel)
-        if kernel.registry.closed:
+        if kernel.registry.unloaded:  # (inside the gate the backend is open: only the registry can be closed)
             raise BackendClosedError(f"{what}: the registry of {kernel.signature} was closed; load the modules again")
         g = _dims(grid, "grid", MAX_GRID)
         b = _dims(block, "block", MAX_BLOCK)
         if b[0] * b[1] * b[2] > MAX_THREADS_PER_BLOCK:
             raise InvalidArgumentError(f"{what}: block {b} has more than {MAX_THREADS_PER_BLOCK} threads")
-        shm = integer(shared_mem, what, "shared_mem")
+        shm = shared_mem if type(shared_mem) is int and shared_mem >= 0 else integer(shared_mem, what, "shared_mem")
         packed = pack_args(kernel, args, what, self._live)
         streams = self._streams
         target = streams.default if stream is None else streams.resolve(stream, what)
@@ -152,7 +152,7 @@ class KernelFront:
                 target.capture.registries[id(kernel.registry)] = kernel.registry
                 buffers = [a for a in args if isinstance(a, DeviceBuffer)]
                 streams.issue(target, what, buffers, lambda s: raw.launch(function, g, b, shm, s, packed))
-            key = (kernel.module, kernel.name)
+            key = kernel.key
             if timing:
                 raw.event_record(end, target.raw)
                 self._metrics.pending.append((key, start, end))
@@ -169,8 +169,10 @@ class KernelFront:
             ) from exc
 
     def _live(self, buf: DeviceBuffer) -> None:
-        """A launch's check of a buffer argument (for ``pack_args``)."""
-        self._holdings.require_live(buf, "launch")
+        """A launch's check of a buffer argument (for ``pack_args``): the very buffer the ledger handed out
+        passes at once; anything else goes through the whole rule (which names what is wrong)."""
+        if buf._owner is not self.ctx.ref or not self._holdings.ledger.has(buf):
+            self._holdings.require_live(buf, "launch")
 
     def run_metrics(self) -> RunMetrics:
         if self._metrics.pending:

@@ -168,7 +168,7 @@ class Ledger:
     dropped first (:meth:`events`, :attr:`dropped`).
     """
 
-    __slots__ = ("_events", "_lock", "_records", "_start", "dropped", "history")
+    __slots__ = ("_events", "_lock", "_records", "_start", "dropped", "history", "taken")
 
     def __init__(self, history: int = 0) -> None:
         self._lock = threading.Lock()
@@ -180,6 +180,9 @@ class Ledger:
         self._start = time.monotonic()
         #: Events that fell off the front of the bounded history.
         self.dropped = 0
+        #: How many times records came off (frees and sweeps): while it stays the same, every buffer found
+        #: on the ledger is still on it (what lets a graph's launch skip the check of its buffers).
+        self.taken = 0
 
     def _log(self, op: Literal["alloc", "free", "sweep"], record: AllocRecord) -> None:
         events = self._events
@@ -203,6 +206,7 @@ class Ledger:
             if rec is None or rec.ptr != ptr or rec.nbytes != nbytes:
                 return None
             del self._records[index]
+            self.taken += 1
             if self._events is not None:
                 self._log("free", _record(rec))
             return rec
@@ -212,14 +216,25 @@ class Ledger:
         rec = self._records.get(index)
         return rec is not None and rec.ptr == ptr and rec.nbytes == nbytes
 
-    def holds_all(self, bufs: Iterable[DeviceBuffer]) -> bool:
-        """:meth:`holds` for each of ``bufs`` of a kind on the ledger (device, managed); others are skipped."""
+    def has(self, buf: DeviceBuffer) -> bool:
+        """Whether ``buf`` is the very buffer the ledger handed out for its allocation, still on it (a copy
+        of it is not: :meth:`holds` says whether one matches)."""
+        return self._records.get(buf.index) is buf
+
+    def holds_all(self, bufs: Iterable[DeviceBuffer], owner: object) -> bool | None:
+        """Whether every one of ``bufs`` is ``owner``'s and on the ledger (:meth:`holds`); ``None`` where some
+        are not of a kind the ledger holds (arena, external memory), which it cannot say."""
         records = self._records
         for buf in bufs:
-            if buf.kind in ("device", "managed"):
-                rec = records.get(buf.index)
-                if rec is not buf and (rec is None or rec.ptr != buf.ptr or rec.nbytes != buf.nbytes):
-                    return False
+            if buf._owner is not owner:
+                return False
+            rec = records.get(buf.index)
+            if rec is buf:  # the very buffer the ledger handed out (the common case)
+                continue
+            if buf.kind not in ("device", "managed"):
+                return None
+            if rec is None or rec.ptr != buf.ptr or rec.nbytes != buf.nbytes:
+                return False
         return True
 
     def drain(self) -> list[AllocRecord]:
@@ -227,6 +242,7 @@ class Ledger:
         with self._lock:
             records = [_record(buf) for buf in self._records.values()]
             self._records.clear()
+            self.taken += 1
             if self._events is not None:
                 for rec in records:
                     self._log("sweep", rec)

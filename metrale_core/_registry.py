@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import operator
+import sys
 import threading
 import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ._buffer import DeviceBuffer
 from ._context import DeviceContext, gated
@@ -37,19 +38,24 @@ MAX_GRID: Final = ((1 << 31) - 1, 65535, 65535)
 class Kernel:
     """A kernel of a loaded module; pass it to ``backend.launch``. Obtained from a :class:`KernelRegistry`."""
 
-    __slots__ = ("_raw", "module", "name", "params", "registry")
+    __slots__ = ("_packs", "_plan", "key", "module", "name", "params", "raw", "registry")
 
     def __init__(self, registry: KernelRegistry, module: str, name: str, params: tuple[Param, ...], raw: object):
         self.registry = registry
         self.module = module
         self.name = name
         self.params = params
-        self._raw = raw
-
-    @property
-    def raw(self) -> object:
-        """The backend's raw handle of the kernel (what ``RawDevice.launch`` receives)."""
-        return self._raw
+        #: The backend's raw handle of the kernel (what ``RawDevice.launch`` receives; a plain attribute).
+        self.raw = raw
+        #: ``(module, name)``, as run metrics count it.
+        self.key = (module, name)
+        # For pack_args: each parameter with what its checks read (properties, read once here), and per
+        # parameter the packed arguments of the buffers passed there lately (a buffer is immutable: its
+        # packed pointer never changes; the buffer is held, so its id stays its own while kept).
+        self._plan = tuple(
+            (p, p.pointer_sized, p.count == 1, p.size, p.kind == "b", p.kind == "f") for p in params
+        )
+        self._packs: tuple[dict[int, tuple[DeviceBuffer, LaunchArg]], ...] = tuple({} for _ in params)
 
     @property
     def signature(self) -> str:
@@ -75,7 +81,10 @@ class KernelRegistry:
     backend closes, whichever comes first.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_ctx", "_finalizer", "_images", "_kernels", "_lock", "_metrics", "_modules")
+    __slots__ = (
+        "__weakref__", "_closed", "_ctx", "_finalizer", "_images", "_kernels", "_lock", "_metrics", "_modules",
+        "unloaded",
+    )
 
     def __init__(
         self, ctx: DeviceContext, metrics: RunMetrics, images: Mapping[str, PtxImage], modules: Mapping[str, object]
@@ -87,6 +96,9 @@ class KernelRegistry:
         self._kernels: dict[tuple[str, str], Kernel] = {}
         self._lock = threading.Lock()
         self._closed = False
+        #: Whether its modules were unloaded (by its ``close()``); a plain flag, for the graph launch's hot path
+        #: (:attr:`closed` also says whether the backend closed).
+        self.unloaded = False
         self._finalizer = weakref.finalize(self, _unload, ctx.raw, list(modules.values()))
 
     @property
@@ -133,6 +145,7 @@ class KernelRegistry:
         if self._closed:
             return
         self._closed = True
+        self.unloaded = True
         self._finalizer()
         with self._lock:
             self._kernels.clear()  # each held this registry: a cycle
@@ -161,13 +174,32 @@ def pack_args(kernel: Kernel, args: object, what: str, live: Callable[[DeviceBuf
             f"{what}: {kernel.signature} takes {len(params)} argument(s), got {len(values)}"
         )
     packed = []
-    for param, value in zip(params, values, strict=True):
-        if type(value) is DeviceBuffer and param.pointer_sized:  # the hot path: a buffer for a pointer
+    scalars = _SCALARS
+    for (param, pointer, single, size, any_kind, floating), value, packs in zip(
+        kernel._plan, values, kernel._packs, strict=True
+    ):
+        if type(value) is DeviceBuffer and pointer:  # the hot path: a buffer for a pointer
             live(value)
-            packed.append(LaunchArg._make(param, value.ptr.to_bytes(8, "little"), value.ptr))
-        else:
-            packed.append(_pack(kernel, param, value, what, live))
+            hit = packs.get(id(value))
+            if hit is not None and hit[0] is value:
+                packed.append(hit[1])
+                continue
+            arg = LaunchArg._make(param, value.ptr.to_bytes(8, "little"), value.ptr)
+            if len(packs) >= _PACKS_KEPT:
+                packs.clear()
+            packs[id(value)] = (value, arg)
+            packed.append(arg)
+            continue
+        known = scalars.get(type(value))  # a scalar of a type met before (what _pack would find, without its checks)
+        if known is not None and single and known[1] == size and (any_kind or floating == (known[0] == "f")):
+            packed.append(LaunchArg._make(param, known[2](value)))
+            continue
+        packed.append(_pack(kernel, param, value, what, live))
     return packed
+
+
+#: Per kernel parameter, how many buffers' packed arguments are kept (then the kept ones are dropped).
+_PACKS_KEPT: Final = 64
 
 
 def _pack(kernel: Kernel, param: Param, value: object, what: str, live: Callable[[DeviceBuffer], None]) -> LaunchArg:
@@ -205,6 +237,11 @@ def _pack(kernel: Kernel, param: Param, value: object, what: str, live: Callable
 
 _CTYPES_KINDS: dict[type, str | None] = {}
 
+#: Per exact type of scalar met so far (ctypes values; numpy scalars where the host is little-endian):
+#: ``(kind, size, to_bytes)``, so a launch packs a scalar of a known type with one lookup. A type's kind
+#: and size never change; a ctypes value's bytes are read at each launch (it is mutable).
+_SCALARS: dict[type, tuple[str, int, Callable[[Any], bytes]]] = {}
+
 
 def _scalar(value: object) -> tuple[str | None, int, bytes]:
     """``(kind, size, bytes)`` of a numpy scalar or ctypes value, kind ``f`` for floats, ``i`` for integers."""
@@ -212,6 +249,9 @@ def _scalar(value: object) -> tuple[str | None, int, bytes]:
     if dtype is not None and hasattr(value, "tobytes") and getattr(value, "shape", None) == ():
         kind = "f" if dtype.kind == "f" else "i" if dtype.kind in "iub" else None
         little = value.astype(dtype.newbyteorder("<")) if dtype.byteorder == ">" else value  # type: ignore[attr-defined]
+        native = sys.byteorder == "little" and dtype.byteorder != ">"
+        if kind is not None and native and type(value).__module__ == "numpy":
+            _SCALARS.setdefault(type(value), (kind, int(dtype.itemsize), _numpy_bytes))
         return kind, int(dtype.itemsize), bytes(little.tobytes())
     if isinstance(value, ctypes._SimpleCData):
         cls = type(value)
@@ -222,8 +262,15 @@ def _scalar(value: object) -> tuple[str | None, int, bytes]:
             if isinstance(value, ctypes.c_char_p | ctypes.c_wchar_p | ctypes.c_void_p | ctypes.c_bool):
                 kind = "i" if isinstance(value, ctypes.c_void_p) else None
             _CTYPES_KINDS[cls] = kind
+            if kind is not None:
+                _SCALARS.setdefault(cls, (kind, ctypes.sizeof(cls), bytes))
         return kind, ctypes.sizeof(value), bytes(value)
     return None, 0, b""
+
+
+def _numpy_bytes(value: Any) -> bytes:
+    """A native (little-endian) numpy scalar's bytes."""
+    return bytes(value.tobytes())
 
 
 class RunMetrics:

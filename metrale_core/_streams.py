@@ -44,7 +44,7 @@ class StreamFront:
         self._execs = 0  # how many of them are executable graphs (a free looks for its buffer in those)
         #: This backend's own non-blocking stream, used wherever ``stream=None``.
         self.default = Stream(self, self._raw.stream_create(), default=True)
-        self._guard: ZoneGuard | None = None
+        self._guard: ZoneGuard  # set by attach(), before any use
 
     def attach(self, guard: ZoneGuard) -> None:
         """The zone guard (built on the default stream, so after this front): fills to settle, scans to run."""
@@ -52,7 +52,6 @@ class StreamFront:
 
     @property
     def guard(self) -> ZoneGuard:
-        assert self._guard is not None, "StreamFront.attach was not called"
         return self._guard
 
     # -- HandleOwner ------------------------------------------------------------------------
@@ -60,6 +59,8 @@ class StreamFront:
     def resolve(self, stream: Stream | None, what: str) -> Stream:
         if stream is None:
             return self.default
+        if type(stream) is Stream and stream._ctx is self.ctx and not stream._closed and not self.ctx.closed:
+            return stream  # the common case, without the calls of the checks below (a hot path)
         if not isinstance(stream, Stream) or stream._ctx is not self.ctx:
             raise invalid_argument(what, f"a Stream of this backend ({self.ctx.name}) or None", stream)
         stream._live()
@@ -105,14 +106,28 @@ class StreamFront:
     def launch_graph(self, graph: GraphExec, stream: Stream | None) -> None:
         holdings = self._holdings
         is_live = holdings.is_live
+        plain = graph.check is None
+        for registry in graph.registries:  # (loops, not any() over a generator: both are short)
+            if registry.unloaded:
+                plain = False
+        for hb in graph.host_buffers:
+            if hb.closed:
+                plain = False
+        if plain:
+            ledger = holdings.ledger
+            taken = ledger.taken  # read first: a record that comes off during the check shows at the next launch
+            if graph.live_at != taken:  # records came off since its buffers were last found live: look again
+                live = ledger.holds_all(graph.buffers, self.ctx.ref)
+                if live:
+                    graph.live_at = taken
+                else:
+                    plain = live is None and holdings.all_live(graph.buffers)  # None: arena or external memory
         if (  # the common case written out (a hot path): every operand live, no check, no capture
-            graph.check is None and holdings.all_live(graph.buffers)
-            and not any(registry.closed for registry in graph.registries)
-            and not any(hb.closed for hb in graph.host_buffers)
+            plain
             and (target := self.default if stream is None else self.resolve(stream, "GraphExec.launch")).capture
             is None
         ):
-            self.guard.settle_for(target)
+            self._guard.settle_for(target)
             ctx = self.ctx
             try:
                 ctx.plugin.graph_launch(graph.raw, target.raw)
@@ -209,7 +224,7 @@ class StreamFront:
                 offset >= 0 and count > 0 and offset + count <= size
                 and (target := self.default if stream is None else self.resolve(stream, what)).capture is None
             ):
-                self.guard.settle_for(target)
+                self._guard.settle_for(target)
                 ctx = self.ctx
                 try:
                     ctx.plugin.memset(dst.ptr + offset, value, count, target.raw)

@@ -3,23 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from metrale_core import MetraleSettings
 from metrale_core.plugin import BackendRegistration, KernelImplementation, PluginSettings, hookimpl
 
-from ._backend import FakeBackend
-from ._device import FakeDevice
-from ._kernels import SHIPPED
 from ._settings import FakeSettings
+
+if TYPE_CHECKING:
+    from ._device import FakeDevice
+
+# The device, the backend class and the kernels (numpy and all) are imported when the backend is
+# registered or opened, not when the plugin is loaded: building the settings loads every plugin.
 
 
 def _open(settings: MetraleSettings, ordinal: int) -> FakeDevice:
+    from ._device import FakeDevice
+
     return FakeDevice(settings, ordinal)
 
 
 @hookimpl
 def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
     """The fake backend: always available."""
+    from ._backend import FakeBackend
+
     return BackendRegistration(
         open=_open,
         backend_class=FakeBackend,
@@ -37,4 +45,6 @@ def metrale_settings() -> type[PluginSettings]:
 @hookimpl
 def metrale_kernel_implementations(settings: MetraleSettings) -> Iterable[KernelImplementation]:
     """The fake's implementations of the kernels metrale ships."""
+    from ._kernels import SHIPPED
+
     return SHIPPED

@@ -16,7 +16,23 @@ How many calls it keeps is a setting of its own, ``METRALE_TRACING_MAX_CALLS``
 
 from __future__ import annotations
 
-from ._device import TracingBackend, TracingDevice
-from ._settings import TracingSettings
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._device import TracingBackend, TracingDevice
+    from ._settings import TracingSettings
 
 __all__ = ["TracingBackend", "TracingDevice", "TracingSettings"]
+
+# Public names load on first use (PEP 562): loading the plugin for its settings imports no fake device.
+_WHERE = {"TracingBackend": "._device", "TracingDevice": "._device", "TracingSettings": "._settings"}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
