@@ -7,6 +7,7 @@
     python3 dev.py lint         # ruff and mypy --strict on the packages
     python3 dev.py docs         # build the documentation site (mkdocs build --strict) into site/
     python3 dev.py metrale ...  # any metrale command in the environment
+    python3 dev.py accelerate [--clean]   # optional: compile the hot-path modules with Cython (or remove them)
 
 Extra arguments after `test` go to pytest.
 """
@@ -61,7 +62,7 @@ def ensure_env() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"selftest", "test", "lint", "docs", "metrale"}:
+    if not argv or argv[0] not in {"selftest", "test", "lint", "docs", "metrale", "accelerate"}:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -70,6 +71,10 @@ def main(argv: list[str]) -> int:
         return run(BIN / "metrale", "selftest", *rest)
     if command == "metrale":
         return run(BIN / "metrale", *rest)
+    if command == "accelerate":
+        if "--clean" not in rest and run(PY, "-m", "pip", "install", "-q", "cython", "setuptools"):
+            sys.exit("dev.py: installing Cython failed (see above); metrale stays pure Python")
+        return run(PY, ROOT / "tools" / "accelerate.py", *rest)
     if command == "docs":
         return run(BIN / "mkdocs", "build", "--strict", *rest)
     if command == "lint":

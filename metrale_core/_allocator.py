@@ -20,7 +20,7 @@ import os
 import threading
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ._arena import Arena
 from ._buffer import DeviceBuffer
@@ -44,6 +44,10 @@ _log = logging.getLogger("metrale")
 
 
 _CORE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+#: Whether this module runs as Python (``dev.py accelerate`` compiles it): then ``alloc``'s own frame is
+#: metrale's, and the call site's walk starts past it.
+_OWN_FRAME: Final = 1 if __file__.endswith(".py") else 0
 
 
 def _user_stack() -> traceback.StackSummary:
@@ -99,7 +103,7 @@ class Allocator:
         n = nbytes if type(nbytes) is int and 0 < nbytes < WORD_LIMIT else positive_size(nbytes, what)
         ctx = self.ctx
         index = next_index()
-        site = call_site(ctx.internal)
+        site = call_site(ctx.internal, _OWN_FRAME)
         layout = self._guard.layout(n, index) if kind == "device" and self._zoned else None
         if layout is None:
             try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors

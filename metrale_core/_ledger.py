@@ -67,23 +67,29 @@ def _is_internal(module: str, internal: frozenset[str]) -> bool:
     return module.partition(".")[0] in internal and not module.startswith(_USER_MODULES)
 
 
-def call_site(internal: frozenset[str]) -> str:
+#: Whether this module runs as Python: then :func:`call_site` has a frame of its own, which the walk skips.
+_OWN_FRAME: Final = 1 if __file__.endswith(".py") else 0
+
+
+def call_site(internal: frozenset[str], skip: int = 0) -> str:
     """``"file:line"`` of the first frame whose top-level package is not in ``internal``.
 
     Whether a module's frames are internal is decided once per module name (a dict lookup
     afterwards); a plain dict read and write is atomic under the GIL, and on a free-threaded build
     two threads that race compute the same answer. The walk starts at the innermost Python frame,
     this function's own where it is Python: compiled modules (``dev.py accelerate``) have no frames,
-    so no fixed depth of frames is known to be metrale's. Where Python names a frame's module
-    without making a frame object (``sys._getframemodulename``, 3.12 and later), only the call
-    site's own frame object is made.
+    so no fixed depth of frames is known to be metrale's: a caller that runs as Python says so with
+    ``skip`` (1: its own frame is metrale's; never more than the frames it knows to be there), and
+    the walk starts past it. Where Python names a frame's module without making a frame object
+    (``sys._getframemodulename``, 3.12 and later), only the call site's own frame object is made.
     """
     known = _INTERNAL_MODULES.get(internal)
     if known is None:
         known = _INTERNAL_MODULES.setdefault(internal, {})
     frame: FrameType | None
+    start = _OWN_FRAME + skip
     if _module_at is not None:
-        depth = 0
+        depth = start
         while True:
             module = _module_at(depth)  # the function's __module__ (a frame's f_globals name, as a rule)
             if type(module) is not str:  # past the outermost frame, or a function of no (or an odd) module
@@ -94,7 +100,10 @@ def call_site(internal: frozenset[str]) -> str:
             if not inside:
                 return _site(sys._getframe(depth))
             depth += 1
-    frame = sys._getframe(0)
+    try:
+        frame = sys._getframe(start)
+    except ValueError:  # fewer frames than that (not from a caller that told the truth): from the top
+        frame = sys._getframe(0)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         inside = known.get(module)

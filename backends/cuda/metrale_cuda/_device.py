@@ -437,9 +437,21 @@ class CudaDevice(RawDevice):
 
         Bound as :func:`_bound_checked` binds (it creates in "the current context"), written out
         here because it is the hot path: one wrapper frame less."""
-        self._bind_checked()
+        try:  # _bind_checked's question, asked here: a frame less on the hot path
+            err, current = drv.cuCtxGetCurrent()
+        except Exception as exc:
+            raise foreign_error(exc, "cuCtxGetCurrent") from exc
+        if err or self._closed or int(current) != self._key:
+            self._bind_checked()  # (which raises for a failure or a closed device)
+        else:
+            _THREAD.ctx = self._key
         if kind in {"device", "arena"}:
-            ptr = call_sized(drv.cuMemAlloc, "cuMemAlloc", nbytes)
+            try:
+                err, ptr = drv.cuMemAlloc(nbytes)
+            except Exception as exc:
+                raise foreign_error(exc, f"cuMemAlloc of {nbytes} bytes") from exc
+            if err:
+                check(err, f"cuMemAlloc of {nbytes} bytes", requested=nbytes)
         elif kind == "managed":
             ptr = call_sized(drv.cuMemAllocManaged, "cuMemAllocManaged", nbytes, _d.MEM_ATTACH_GLOBAL)
         else:
