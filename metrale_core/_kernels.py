@@ -143,7 +143,9 @@ class KernelFront:
         try:
             function = kernel.raw
             if target.capture is None:  # the common case written out (a hot path): straight to the plugin
-                streams.guard.settle_for(target)
+                guard = streams.guard
+                if guard.fills:
+                    guard.settle_for(target)
                 try:
                     ctx.plugin.launch(function, g, b, shm, target.raw, packed)
                 except Exception as exc:

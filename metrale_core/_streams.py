@@ -33,7 +33,7 @@ _H = TypeVar("_H", bound=_Handle)
 class StreamFront:
     """Streams, events, graphs and the work on them, for one backend (the ``HandleOwner`` of those handles)."""
 
-    __slots__ = ("_execs", "_guard", "_handles", "_holdings", "_raw", "_stats", "ctx", "default")
+    __slots__ = ("_execs", "_guard", "_handles", "_holdings", "_raw", "_scan_graphs", "_stats", "ctx", "default")
 
     def __init__(self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter) -> None:
         self.ctx = ctx
@@ -42,6 +42,7 @@ class StreamFront:
         self._stats = stats
         self._handles: dict[int, _Handle] = {}
         self._execs = 0  # how many of them are executable graphs (a free looks for its buffer in those)
+        self._scan_graphs = ctx.settings.redzone_scan_graphs  # (settings are fixed for the backend's life)
         #: This backend's own non-blocking stream, used wherever ``stream=None``.
         self.default = Stream(self, self._raw.stream_create(), default=True)
         self._guard: ZoneGuard  # set by attach(), before any use
@@ -122,12 +123,18 @@ class StreamFront:
                     graph.live_at = taken
                 else:
                     plain = live is None and holdings.all_live(graph.buffers)  # None: arena or external memory
-        if (  # the common case written out (a hot path): every operand live, no check, no capture
-            plain
-            and (target := self.default if stream is None else self.resolve(stream, "GraphExec.launch")).capture
-            is None
-        ):
-            self._guard.settle_for(target)
+        if plain:
+            if stream is None:
+                target = self.default
+            elif type(stream) is Stream and stream._ctx is self.ctx and not stream._closed:  # (the gate: ctx open)
+                target = stream
+            else:
+                target = self.resolve(stream, "GraphExec.launch")
+            plain = target.capture is None
+        if plain:  # the common case written out (a hot path): every operand live, no check, no capture
+            guard = self._guard
+            if guard.fills:
+                guard.settle_for(target)
             ctx = self.ctx
             try:
                 ctx.plugin.graph_launch(graph.raw, target.raw)
@@ -136,8 +143,8 @@ class StreamFront:
                     None if isinstance(exc, MetraleError) else exc
                 )
             self._stats.graph_launches += 1
-            if ctx.settings.redzone_scan_graphs:
-                self.guard.after_graph_launch(target, is_live)
+            if self._scan_graphs:
+                guard.after_graph_launch(target, is_live)
             return
         for buf in graph.buffers:
             if not is_live(buf):
@@ -216,7 +223,8 @@ class StreamFront:
         what = "memset"
         if (  # the common case written out (a hot path): a live buffer of this backend, plain ints, no capture
             type(dst) is DeviceBuffer and type(value) is int and 0 <= value <= 255 and type(offset) is int
-            and (nbytes is None or type(nbytes) is int) and self._holdings.is_live(dst)
+            and (nbytes is None or type(nbytes) is int)
+            and ((dst._owner is self.ctx.ref and self._holdings.ledger.has(dst)) or self._holdings.is_live(dst))
         ):
             size = dst.nbytes
             count = size - offset if nbytes is None else nbytes
@@ -224,7 +232,9 @@ class StreamFront:
                 offset >= 0 and count > 0 and offset + count <= size
                 and (target := self.default if stream is None else self.resolve(stream, what)).capture is None
             ):
-                self._guard.settle_for(target)
+                guard = self._guard
+                if guard.fills:
+                    guard.settle_for(target)
                 ctx = self.ctx
                 try:
                     ctx.plugin.memset(dst.ptr + offset, value, count, target.raw)

@@ -169,7 +169,7 @@ class ZoneGuard:
     __slots__ = (
         "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_issued", "_fills_settled",
         "_observers", "_pool", "_quarantine", "_queued", "_queued_version", "_raw", "_reuse", "_scanner",
-        "_stats", "_table_version", "lock", "zones",
+        "_stats", "_table_version", "fills", "lock", "zones",
     )
 
     def __init__(self, ctx: DeviceContext, stats: StatsCounter, default: Stream) -> None:
@@ -180,6 +180,9 @@ class ZoneGuard:
         self._default = default.raw
         #: Where the live zones lie (and the table the device-side scan reads).
         self.zones = RedZones(ctx.settings)
+        #: Whether this guard ever queues fills (red zones are on): where not, work on any stream has no fill
+        #: to wait for, and the hot paths skip :meth:`settle_for`.
+        self.fills: Final = self.zones.size > 0
         #: One scan at a time; a free holds it while it reads and releases its zones.
         self.lock = threading.RLock()
         self._observers: list[Callable[[str, RedZoneViolation], object]] = []
