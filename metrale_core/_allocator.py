@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Final
 from ._arena import Arena
 from ._buffer import DeviceBuffer
 from ._capture import call_entered, call_left, forbid_during_capture
-from ._context import DeviceContext, invalid_argument, raw_error
+from ._context import DeviceContext, invalid_argument, raise_raw
 from ._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
 from ._handles import HostBuffer
 from ._holdings import Holdings, positive_size
@@ -68,7 +68,8 @@ class Allocator:
     """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
 
     __slots__ = (
-        "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_raw", "_reclaiming", "_stats", "_zoned", "ctx",
+        "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_raw", "_reclaiming", "_stats", "_trace_idx",
+        "_zoned", "ctx",
     )
 
     def __init__(
@@ -85,6 +86,7 @@ class Allocator:
         self._reclaiming = _Reclaiming()
         #: Whether device allocations may get red zones at all (the setting is fixed for the backend's life).
         self._zoned = guard.zones.size > 0
+        self._trace_idx = ctx.settings.redzone_trace_idx  # (fixed too)
 
     def on_release(self, observer: Callable[[DeviceBuffer], None]) -> None:
         """Call ``observer(buf)`` as a buffer is released (to warn of graphs and exports still using it)."""
@@ -111,7 +113,7 @@ class Allocator:
             except OutOfMemoryError as exc:
                 raw_ptr = self._raw_alloc(n, n, kind, what, exc)  # reclaim-and-retry
             except Exception as exc:
-                raise raw_error(ctx, ctx.name, "alloc", exc) from (None if isinstance(exc, MetraleError) else exc)
+                raise_raw(ctx, ctx.name, "alloc", exc)
             buf = DeviceBuffer._make(raw_ptr, n, kind, index, site, ctx.ref)
         else:
             raw_ptr, filled = self._zoned_alloc(layout, n, what)
@@ -137,7 +139,7 @@ class Allocator:
                 self._guard.forget(index)
             self._release_quietly(raw_ptr, kind)
             raise ctx.closed_error()
-        if ctx.settings.redzone_trace_idx == index:
+        if self._trace_idx == index:
             _log.warning(
                 "redzone_trace_idx=%d: %s of %d bytes allocated at %s; full stack:\n%s",
                 index, what, n, site, "".join(traceback.format_list(_user_stack())),
@@ -301,7 +303,7 @@ class Allocator:
                 try:
                     ctx.plugin.free(buf.ptr, kind)
                 except Exception as exc:
-                    raise raw_error(ctx, ctx.name, "free", exc) from (None if isinstance(exc, MetraleError) else exc)
+                    raise_raw(ctx, ctx.name, "free", exc)
                 return
         if isinstance(buf, HostBuffer):
             self.free_host(buf, "free")
@@ -423,15 +425,15 @@ class Allocator:
                 forbid_during_capture("probe")
                 call_left()
 
-        def guarded() -> None:  # the raw calls as the hot path makes them: errors turned by raw_error
+        def guarded() -> None:  # the raw calls as the hot path makes them: errors turned by raise_raw
             try:
                 ptr = target.alloc(nbytes, "device")
             except Exception as exc:
-                raise raw_error(ctx, ctx.name, "alloc", exc) from None
+                raise_raw(ctx, ctx.name, "alloc", exc)
             try:
                 target.free(ptr, "device")
             except Exception as exc:
-                raise raw_error(ctx, ctx.name, "free", exc) from None
+                raise_raw(ctx, ctx.name, "free", exc)
 
         def site() -> None:
             call_site(internal)

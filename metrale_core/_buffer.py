@@ -90,13 +90,20 @@ class DeviceBuffer:
         its ``__setattr__`` keeps the interpreter from specializing the stores); this builds the
         value in :class:`_Unfrozen`, a class of the same slots whose plain ``__init__`` stores them
         directly, and then gives it this class (allowed: the layouts are the same). Only for
-        ``DeviceBuffer`` itself: a subclass goes through its own ``__init__``.
+        ``DeviceBuffer`` itself: a subclass goes through its own ``__init__``; so does every buffer on a
+        free-threaded build, where assigning ``__class__`` stops every thread (:data:`CLASS_SWAP`).
         """
-        if cls is not DeviceBuffer:
+        if cls is not DeviceBuffer or not CLASS_SWAP:
             return cls(ptr, nbytes, kind, index, site, owner)
         buf: Any = _Unfrozen(ptr, nbytes, kind, index, site, owner)
         buf.__class__ = DeviceBuffer
         return buf  # type: ignore[no-any-return]
+
+
+#: Whether :meth:`DeviceBuffer._make` (and ``LaunchArg._make``) build through a twin class and a
+#: ``__class__`` assignment: under the GIL, a third of the dataclass's cost; on a free-threaded build
+#: the assignment stops the world (CPython 3.13+), so there the dataclass's own ``__init__`` runs.
+CLASS_SWAP: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class _Unfrozen:

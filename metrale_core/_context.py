@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ._buffer import BufferOwner, DeviceArray, DeviceBuffer
     from ._types import ForeignMemory, LaunchArg
 
-__all__ = ["CORE_PACKAGES", "DeviceContext", "GuardedRaw", "Launch", "gated", "invalid_argument", "raw_error"]
+__all__ = ["CORE_PACKAGES", "DeviceContext", "GuardedRaw", "Launch", "gated", "invalid_argument", "raise_raw"]
 
 _log = logging.getLogger("metrale")
 
@@ -94,7 +94,7 @@ class GuardedRaw:
             try:
                 return attr(*args, **kwargs)
             except Exception as exc:
-                raise raw_error(ref(), who, name, exc) from (None if isinstance(exc, MetraleError) else exc)
+                raise_raw(ref(), who, name, exc)
 
         if self._target is target:  # not detached meanwhile (close() on another thread)
             self.__dict__[name] = call  # looked up once per name
@@ -110,18 +110,21 @@ class GuardedRaw:
         self._name = name
 
 
-def raw_error(context: DeviceContext | None, who: str, name: str, exc: Exception) -> Exception:
-    """What a raw call's exception becomes, decided here for every raw call (the guarded layer's and
-    the hot paths' that call the plugin directly, :attr:`DeviceContext.plugin`): a
-    ``DeviceFaultError`` latches the context's fault; any other ``MetraleError`` stays as it is; a
-    foreign exception (a plugin's bug) becomes a ``DriverError`` naming the call."""
+def raise_raw(context: DeviceContext | None, who: str, name: str, exc: Exception) -> NoReturn:
+    """Raise what a raw call's exception becomes, decided here for every raw call (the guarded layer's
+    and the hot paths' that call the plugin directly, :attr:`DeviceContext.plugin`; call it in the
+    ``except`` block): a ``DeviceFaultError`` latches the context's fault; any other ``MetraleError``
+    goes on as it is (its cause kept); a foreign exception (a plugin's bug) becomes a ``DriverError``
+    naming the call, caused by it."""
     if isinstance(exc, DeviceFaultError):
-        return exc if context is None else context.faulted_by(exc)
+        if context is None:  # pragma: no cover - a part holds the context while it calls
+            raise exc
+        raise context.faulted_by(exc) from None
     if isinstance(exc, MetraleError):
-        return exc
-    return DriverError(
+        raise exc
+    raise DriverError(
         f"the {who} backend's raw {name}() raised {type(exc).__name__}: {exc}; this is a bug in that backend"
-    )
+    ) from exc
 
 
 def _dead_ref() -> None:
@@ -212,7 +215,7 @@ class DeviceContext:
         #: The raw layer as every part calls it.
         self.raw: Final = cast(RawDevice, GuardedRaw(target, self))
         #: The plugin's raw layer itself, for the hot paths (alloc, free, memset, launch, graph launch),
-        #: which call it inside the gate and turn its exceptions with :func:`raw_error`, as :attr:`raw`
+        #: which call it inside the gate and turn its exceptions with :func:`raise_raw`, as :attr:`raw`
         #: does for every other call: a frame less per raw call. At :meth:`release` it refuses, as ``raw``.
         self.plugin: RawDevice = target
         #: Top-level packages whose frames are not call sites.

@@ -16,7 +16,7 @@ from typing import Final
 
 from ._buffer import DeviceBuffer
 from ._capture import capturing, forbid_during_capture
-from ._context import DeviceContext, Launch, describe_launch, invalid_argument, raw_error
+from ._context import DeviceContext, Launch, describe_launch, invalid_argument, raise_raw
 from ._errors import BackendClosedError, CaptureError, InvalidArgumentError, MetraleError
 from ._handles import Stream
 from ._holdings import Holdings, integer
@@ -149,7 +149,7 @@ class KernelFront:
                 try:
                     ctx.plugin.launch(function, g, b, shm, target.raw, packed)
                 except Exception as exc:
-                    raise raw_error(ctx, ctx.name, "launch", exc) from (None if isinstance(exc, MetraleError) else exc)
+                    raise_raw(ctx, ctx.name, "launch", exc)
             else:
                 target.capture.registries[id(kernel.registry)] = kernel.registry
                 buffers = [a for a in args if isinstance(a, DeviceBuffer)]

@@ -80,32 +80,24 @@ def call_site(internal: frozenset[str], skip: int = 0) -> str:
     this function's own where it is Python: compiled modules (``dev.py accelerate``) have no frames,
     so no fixed depth of frames is known to be metrale's: a caller that runs as Python says so with
     ``skip`` (1: its own frame is metrale's; never more than the frames it knows to be there), and
-    the walk starts past it. Where Python names a frame's module without making a frame object
-    (``sys._getframemodulename``, 3.12 and later), only the call site's own frame object is made.
+    the walk starts past it, making fewer frame objects. A frame is judged by its globals' module
+    name (``sys._getframemodulename``, which would need no frame object, names the function's
+    ``__module__`` instead, which ``functools.wraps`` copies: a user's wrapper of a metrale method
+    would pass for metrale's).
     """
     known = _INTERNAL_MODULES.get(internal)
     if known is None:
         known = _INTERNAL_MODULES.setdefault(internal, {})
     frame: FrameType | None
     start = _OWN_FRAME + skip
-    if _module_at is not None:
-        depth = start
-        while True:
-            module = _module_at(depth)  # the function's __module__ (a frame's f_globals name, as a rule)
-            if type(module) is not str:  # past the outermost frame, or a function of no (or an odd) module
-                break
-            inside = known.get(module)
-            if inside is None:
-                inside = known[module] = _is_internal(module, internal)
-            if not inside:
-                return _site(sys._getframe(depth))
-            depth += 1
     try:
         frame = sys._getframe(start)
     except ValueError:  # fewer frames than that (not from a caller that told the truth): from the top
         frame = sys._getframe(0)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
+        if type(module) is not str:  # (globals can hold anything)
+            module = ""
         inside = known.get(module)
         if inside is None:
             inside = known[module] = _is_internal(module, internal)
@@ -125,10 +117,6 @@ def _site(frame: FrameType) -> str:
             _SITES.clear()
         hit = _SITES[key] = (code, f"{code.co_filename}:{frame.f_lineno}")
     return hit[1]
-
-
-#: ``sys._getframemodulename`` (Python 3.12 and later): a frame's module without a frame object.
-_module_at: Callable[[int], str | None] | None = getattr(sys, "_getframemodulename", None)
 
 
 def largest_sites(records: Iterable[AllocRecord], top: int = 5) -> list[tuple[str, int, int]]:

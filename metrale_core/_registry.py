@@ -250,7 +250,10 @@ def _scalar(value: object) -> tuple[str | None, int, bytes]:
         kind = "f" if dtype.kind == "f" else "i" if dtype.kind in "iub" else None
         little = value.astype(dtype.newbyteorder("<")) if dtype.byteorder == ">" else value  # type: ignore[attr-defined]
         native = sys.byteorder == "little" and dtype.byteorder != ">"
-        if kind is not None and native and type(value).__module__ == "numpy":
+        numpy = sys.modules.get("numpy")
+        # only a numpy scalar type (numpy.generic): a 0-d array's type is ndarray, whose arrays may be of any
+        # shape and dtype, so each is checked here in full
+        if kind is not None and native and numpy is not None and isinstance(value, numpy.generic):
             _SCALARS.setdefault(type(value), (kind, int(dtype.itemsize), _numpy_bytes))
         return kind, int(dtype.itemsize), bytes(little.tobytes())
     if isinstance(value, ctypes._SimpleCData):

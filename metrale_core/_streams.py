@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from ._buffer import DeviceBuffer
 from ._capture import Capture, active_captures, forbid_during_capture, invalidated_error
-from ._context import DeviceContext, invalid_argument, raw_error
+from ._context import DeviceContext, invalid_argument, raise_raw
 from ._errors import BackendClosedError, InvalidBufferError, MetraleError, capture_error
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
 from ._holdings import Holdings, positive_size
@@ -139,9 +139,7 @@ class StreamFront:
             try:
                 ctx.plugin.graph_launch(graph.raw, target.raw)
             except Exception as exc:
-                raise raw_error(ctx, ctx.name, "graph_launch", exc) from (
-                    None if isinstance(exc, MetraleError) else exc
-                )
+                raise_raw(ctx, ctx.name, "graph_launch", exc)
             self._stats.graph_launches += 1
             if self._scan_graphs:
                 guard.after_graph_launch(target, is_live)
@@ -239,7 +237,7 @@ class StreamFront:
                 try:
                     ctx.plugin.memset(dst.ptr + offset, value, count, target.raw)
                 except Exception as exc:
-                    raise raw_error(ctx, ctx.name, "memset", exc) from (None if isinstance(exc, MetraleError) else exc)
+                    raise_raw(ctx, ctx.name, "memset", exc)
                 return
         byte = as_index(value)
         if byte is None or not 0 <= byte <= 255:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any, Final, Literal, SupportsIndex, cast
 
@@ -157,6 +158,8 @@ class LaunchArg:
     def _make(cls, param: Param, data: bytes, pointer: int | None = None) -> LaunchArg:
         """``LaunchArg(...)`` at a third of the cost, for launches (as ``DeviceBuffer._make``: built in a
         class of the same slots with a plain ``__init__``, then given this class)."""
+        if not _CLASS_SWAP:  # a free-threaded build: the assignment would stop every thread
+            return cls(param, data, pointer)
         arg: Any = _UnfrozenArg(param, data, pointer)
         arg.__class__ = LaunchArg
         return arg  # type: ignore[no-any-return]
@@ -170,6 +173,10 @@ class LaunchArg:
         if self.param.kind == "f" and self.param.size in (4, 8):
             return repr(struct.unpack("<f" if self.param.size == 4 else "<d", self.data)[0])
         return str(int.from_bytes(self.data, "little", signed=self.param.kind == "s"))
+
+
+#: As ``_buffer.CLASS_SWAP`` (this module comes first in the import order): the twin-class build under the GIL only.
+_CLASS_SWAP: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class _UnfrozenArg:
