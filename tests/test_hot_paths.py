@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from conftest import SETTINGS
 from metrale_core import (
     DeviceBuffer,
     DriverError,
@@ -24,6 +25,7 @@ from metrale_core import (
     InvalidBufferError,
     KernelRegistry,
     OutOfMemoryError,
+    open_backend,
 )
 from metrale_core.kernels import shipped_modules
 
@@ -143,34 +145,31 @@ class _Broken(Exception):
     pass
 
 
-def test_a_plugin_error_keeps_its_cause_and_a_foreign_one_becomes_a_driver_error(
-    fake: GpuBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    plugin = fake._ctx.plugin
-    original = plugin.alloc
+def _fails_with_a_cause(nbytes: int, kind: str) -> int:
+    try:
+        raise _Broken("the plugin's own cause")
+    except _Broken as cause:
+        raise DriverError("the plugin's error") from cause
 
-    def fails_with_a_cause(nbytes: int, kind: str) -> int:
-        try:
-            raise _Broken("the plugin's own cause")
-        except _Broken as cause:
-            raise DriverError("the plugin's error") from cause
 
-    monkeypatch.setattr(plugin, "alloc", fails_with_a_cause)
-    records = fake.ledger_probe().records()
-    with pytest.raises(DriverError, match="the plugin's error") as info:
-        fake.alloc(64)
-    assert isinstance(info.value.__cause__, _Broken)
+def _fails_foreign(nbytes: int, kind: str) -> int:
+    raise KeyError("a plugin bug")
 
-    def fails_foreign(nbytes: int, kind: str) -> int:
-        raise KeyError("a plugin bug")
 
-    monkeypatch.setattr(plugin, "alloc", fails_foreign)
-    with pytest.raises(DriverError, match=r"raw alloc.*KeyError.*bug in that backend") as info:
-        fake.alloc(64)
-    assert isinstance(info.value.__cause__, KeyError)
-    assert fake.ledger_probe().records() == records, "a refused alloc changed the ledger"
-    monkeypatch.setattr(plugin, "alloc", original)
-    fake.free(fake.alloc(64))
+@pytest.mark.parametrize("redzone", [0, 256], ids=["fast path", "zoned path"])
+def test_a_plugin_error_keeps_its_cause_and_a_foreign_one_becomes_a_driver_error(redzone: int) -> None:
+    """Both ways to the plugin: straight (the hot path, no red zones) and through the guarded raw layer."""
+    for fails, expected, match in (
+        (_fails_with_a_cause, _Broken, "the plugin's error"),
+        (_fails_foreign, KeyError, r"raw alloc.*KeyError.*bug in that backend"),
+    ):
+        with open_backend("fake", settings=SETTINGS.updated(redzone=redzone)) as fake:
+            fake._ctx.plugin.alloc = fails  # type: ignore[method-assign]  # before the first alloc looks it up
+            records = fake.ledger_probe().records()
+            with pytest.raises(DriverError, match=match) as info:
+                fake.alloc(64)
+            assert isinstance(info.value.__cause__, expected)
+            assert fake.ledger_probe().records() == records, "a refused alloc changed the ledger"
 
 
 def test_an_out_of_memory_on_the_fast_path_still_asks_the_callbacks(fake: GpuBackend) -> None:
