@@ -726,8 +726,9 @@ class ZoneGuard:
         only: _QueuedScan | None = None,
     ) -> None:
         """Add to ``finished`` the violations found by the queued scans that are done (all of them,
-        waiting, when ``wait``), oldest first. A zone whose allocation was freed since is left out:
-        ``free`` read it and reported it itself."""
+        waiting, when ``wait``), oldest first. A zone still watched (live, or freed into the quarantine) is
+        kept; one whose allocation left since (freed at once, or released from the quarantine) is left out:
+        that ``free`` or drain read it and reported it itself."""
         with self.lock:
             for slot in sorted(self._queued, key=lambda slot: slot.seq):
                 if not slot.pending or (only is not None and slot is not only):

@@ -168,7 +168,8 @@ class MachineModel(RuleBasedStateMachine):
         """How graph launches are checked, by what ``redzone_checks`` says: ``"inside"`` (the verdict kernel
         in every graph: a bad verdict earns a full check, which releases the quarantine), ``"waiting"`` (a
         full check after every launch, waited for), ``"queued"`` (a scan queued behind every launch, judged
-        at the next wait: it reports live zones only, and releases nothing), or ``""`` (not checked)."""
+        at the next wait: it judges every watched zone, live and quarantined, as the other checks do, and
+        releases nothing), or ``""`` (not checked)."""
         if self.redzone == 0 or not self.gpu.settings.redzone_scan_graphs:
             return ""
         mode = self.gpu.redzone_checks
@@ -199,7 +200,7 @@ class MachineModel(RuleBasedStateMachine):
         settings = self.gpu.settings
         mode = self.graph_checks
         changed = {**self.dirty, **self.qdirty}
-        expected = {} if not mode else dict(self.dirty) if mode == "queued" else changed
+        expected = changed if mode else {}  # every mode judges the quarantined zones too
         drains = mode == "waiting" or (mode == "inside" and bool(changed))
         expect = bool(expected) and settings.redzone_action == "raise"
         try:
