@@ -2,9 +2,10 @@
 
 One small object per open backend, built first and released last. It holds the
 backend's name, ordinal and settings, the raw layer as the core calls it (every
-raw call watched, see :class:`GuardedRaw`), the fault latch, the closed state,
-the gate that makes ``close()`` safe against every other call from any thread,
-and the lock for bookkeeping that spans parts. Handles, registries and the
+raw call watched, see :class:`GuardedRaw`; the hot paths call the plugin itself,
+:attr:`DeviceContext.plugin`, under the same rule, :func:`raise_raw`), the fault
+latch, the closed state, the gate that makes ``close()`` safe against every other
+call from any thread, and the lock for bookkeeping that spans parts. Handles, registries and the
 collaborators hold the context, never the facade (:class:`~metrale_core.GpuBackend`).
 
 The gate: every public call enters it (:meth:`DeviceContext.enter`, the
