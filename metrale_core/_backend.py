@@ -157,6 +157,12 @@ class GpuBackend:
         """The steps of an ``alloc`` + ``free`` pair, one callable each (``metrale bench --only breakdown``)."""
         return self._memory.cost_probes(nbytes)
 
+    def _eager_probes(
+        self, buf: DeviceBuffer, nbytes: int, kernel: Kernel, grid: int, block: int, args: Sequence[object]
+    ) -> dict[str, Callable[[], object]]:
+        """The steps of an eager ``memset`` and ``launch`` (``metrale bench --only eager_breakdown``)."""
+        return {**self._streams.memset_probes(buf, nbytes), **self._kernels.launch_probes(kernel, grid, block, args)}
+
     def _replay_probe(self, graph: GraphExec, stream: Stream) -> Callable[[], None]:
         """The plugin's raw launch of ``graph`` on ``stream`` (``metrale bench``'s raw graph row)."""
         return self._streams.replay_probe(graph, stream)

@@ -9,9 +9,10 @@ metrics and the timing events of ``kernel_timing``.
 
 from __future__ import annotations
 
+import collections
 import reprlib
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from ._buffer import DeviceBuffer
@@ -169,6 +170,40 @@ class KernelFront:
             raise type(exc)(
                 f"{what} of {describe_launch(launched)} failed: {exc.message}", code=exc.code, name=exc.name
             ) from exc
+
+    def launch_probes(
+        self, kernel: Kernel, grid: int, block: int, args: Sequence[object]
+    ) -> dict[str, Callable[[], object]]:
+        """One callable per step of an eager ``launch`` of ``kernel`` on the default stream, each doing what
+        that step does (``metrale bench --only eager_breakdown``); the caller holds the arguments' buffers."""
+        ctx, plugin, raw_stream = self.ctx, self.ctx.plugin, self._streams.default.raw
+        packed = pack_args(kernel, args, "launch", self._live)
+        g, b = _dims(grid, "grid", MAX_GRID), _dims(block, "block", MAX_BLOCK)
+        metrics, function, key = self._metrics, kernel.raw, kernel.key
+        recent: collections.deque[Launch] = collections.deque(maxlen=8)  # (its own: the backend's is left alone)
+
+        def gate() -> None:
+            ctx.enter()
+            ctx.leave()
+
+        def shape() -> None:
+            kernel.registry.owned_by(ctx)
+            _dims(grid, "grid", MAX_GRID)
+            _dims(block, "block", MAX_BLOCK)
+
+        def record() -> None:
+            recent.append((kernel.module, kernel.name, g, b, packed))
+            metrics.launched(key)
+
+        return {
+            "launch: the plugin's raw launch (arguments packed)": lambda: plugin.launch(
+                function, g, b, 0, raw_stream, packed
+            ),
+            "launch: the gate (enter + leave)": gate,
+            "launch: the kernel, grid and block checks": shape,
+            "launch: the arguments checked and packed": lambda: pack_args(kernel, args, "launch", self._live),
+            "launch: kept for fault reports, counted": record,
+        }
 
     def _live(self, buf: DeviceBuffer) -> None:
         """A launch's check of a buffer argument (for ``pack_args``): the very buffer the ledger handed out

@@ -17,7 +17,7 @@ from metrale_core import InvalidArgumentError, MetraleSettings, open_backend
 from metrale_core._bench import MEASUREMENTS, run_bench
 
 #: The measurements that launch the shipped kernels (skipped on a backend that runs none).
-LAUNCHING = {"eager", "graph", "safety"}
+LAUNCHING = {"eager", "graph", "safety", "eager_breakdown"}
 
 
 @pytest.mark.parametrize("measurement", [

@@ -18,7 +18,7 @@ from .model import Figure, Goal, Result
 from .peers import find_torch, torch_graph
 from .timing import KIB, MIB, against_first, compare, format_size, to_us, turns
 
-__all__ = ["measure_eager", "measure_graph", "measure_safety"]
+__all__ = ["measure_eager", "measure_eager_breakdown", "measure_graph", "measure_safety"]
 
 _BLOCK: Final = 256
 
@@ -54,6 +54,48 @@ def measure_eager(b: Bench) -> Result:
         figures += [raw, mine]
     detail = f"host time per call ({n} float32 elements for the launch), median of {rounds} rounds of {calls}"
     return Result("eager", "eager memset and launch against the raw calls", detail, tuple(figures))
+
+
+def measure_eager_breakdown(b: Bench) -> Result:
+    """Where the host time of an eager memset and launch goes: each step timed alone, in turns with the
+    whole call (as ``breakdown`` does for the pair); the rest is what the steps cost together beyond
+    their parts (the calls between them, the bounds and stream checks)."""
+    gpu = b.gpu
+    rounds, calls, n = b.rounds(15), b.calls(256), 4096
+    kernel = b.vector_add()
+    count = ctypes.c_uint32(n)
+    grid = (n + _BLOCK - 1) // _BLOCK
+    stream = gpu.default_stream
+    with ExitStack() as stack:
+        bufs = _buffers(gpu, stack, 3, 4 * n)
+        args = (bufs[0], bufs[1], bufs[2], count)
+        ops: dict[str, Callable[[], object]] = {
+            "metrale memset 4 KiB": lambda: gpu.memset(bufs[0], 0, nbytes=4 * KIB),
+            "metrale launch vector_add": lambda: gpu.launch(kernel, grid, _BLOCK, args),
+        }
+        probes = gpu._eager_probes(bufs[0], 4 * KIB, kernel, grid, _BLOCK, args)
+        ops.update(probes)
+        b.say(f"  {len(ops)} steps, {rounds} rounds of {calls}")
+        medians = turns(ops, rounds=rounds, calls=calls, settle=dict.fromkeys(ops, stream.synchronize))
+        stream.synchronize()
+    figures: list[Figure] = []
+    for whole, prefix in (("metrale memset 4 KiB", "memset: "), ("metrale launch vector_add", "launch: ")):
+        total = to_us(medians[whole])
+        figures.append(Figure(whole, "metrale", "us", total, note="the whole call"))
+        parts = 0.0
+        for label in (label for label in probes if label.startswith(prefix)):
+            us = to_us(medians[label])
+            parts += us
+            figures.append(Figure(label, "metrale", "us", us, note=f"{us / total:.0%} of the call"))
+        rest = total - parts
+        label = f"{prefix}the rest (calls and checks between the steps)"
+        figures.append(
+            Figure(label, "metrale", "us", rest, note=f"{rest / total:.0%} of the call") if rest > 0
+            else Figure(label, "metrale", "us", 0.0, note=f"within noise (measured {rest:+.2f} us)")
+        )
+    detail = (f"host time of each step of an eager 4 KiB memset and a launch over {n} float32 elements, timed "
+              f"alone; median of {rounds} rounds of {calls}, in turns with the whole calls")
+    return Result("eager_breakdown", "where the time of an eager memset and launch goes", detail, tuple(figures))
 
 
 def _buffers(gpu: GpuBackend, stack: ExitStack, count: int, nbytes: int) -> list[Any]:

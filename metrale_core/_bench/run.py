@@ -16,7 +16,7 @@ from typing import Final
 from .. import Baseline, GpuBackend, MetraleSettings, open_backend
 from .._errors import InvalidArgumentError, MetraleError
 from .context import Bench, Progress
-from .launches import measure_eager, measure_graph, measure_safety
+from .launches import measure_eager, measure_eager_breakdown, measure_graph, measure_safety
 from .memory import measure_alloc, measure_breakdown, measure_copies, measure_pools
 from .model import BenchReport, Result
 from .zones import measure_zones
@@ -43,6 +43,9 @@ MEASUREMENTS: Final[tuple[Measurement, ...]] = (
     Measurement("graph", "a graph of 100 small kernels against eager launches and PyTorch", measure_graph),
     Measurement("safety", "checks off against fully on in an inference-style loop", measure_safety),
     Measurement("zones", "the red-zone scan and in-graph check kernels over many zones", measure_zones),
+    Measurement(
+        "eager_breakdown", "where the time of an eager memset and launch goes, step by step", measure_eager_breakdown
+    ),
 )
 
 
