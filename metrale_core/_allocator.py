@@ -286,48 +286,32 @@ class Allocator:
     def free(self, buf: object) -> None:
         """Free a ``DeviceBuffer`` on the ledger (record off first, then the memory), or a ``HostBuffer``."""
         forbid_during_capture("free")
-        ctx = self.ctx
-        if type(buf) is DeviceBuffer and buf.kind == "device" and buf._owner is ctx.ref:  # the common case
-            holdings = self._holdings
-            record = holdings.ledger.take(buf.index, buf.ptr, buf.nbytes)
-            if record is not None:
-                self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever follows
-                for observer in self._observers:
-                    observer(buf)
-                kind: AllocKind = "managed" if record.kind == "managed" else "device"
-                if buf.index in holdings.raw_base:  # zoned
-                    with holdings.lock:
-                        raw_ptr = holdings.raw_base.pop(buf.index)
-                    self._guard.free_checked(buf, raw_ptr, kind)
-                    return
-                try:
-                    ctx.plugin.free(buf.ptr, kind)
-                except Exception as exc:
-                    raise_raw(ctx, ctx.name, "free", exc)
+        if type(buf) is not DeviceBuffer or buf.kind != "device":  # (the common case skips these checks)
+            if isinstance(buf, HostBuffer):
+                self.free_host(buf, "free")
                 return
-        if isinstance(buf, HostBuffer):
-            self.free_host(buf, "free")
-            return
-        if not isinstance(buf, DeviceBuffer):
-            raise InvalidBufferError(f"free: expected a DeviceBuffer or HostBuffer, got {buf!r}")
-        if buf.kind == "arena":
-            with self._holdings.lock:
-                block = buf.index in self._holdings.arena_blocks
-            if block:
+            if not isinstance(buf, DeviceBuffer):
+                raise InvalidBufferError(f"free: expected a DeviceBuffer or HostBuffer, got {buf!r}")
+            if buf.kind == "arena":
+                with self._holdings.lock:
+                    block = buf.index in self._holdings.arena_blocks
+                if block:
+                    raise InvalidBufferError(
+                        f"free: allocation #{buf.index} is an arena block of alloc_arena(); release it with "
+                        f"free_arena()"
+                    )
                 raise InvalidBufferError(
-                    f"free: allocation #{buf.index} is an arena block of alloc_arena(); release it with free_arena()"
+                    f"free: allocation #{buf.index} is arena memory: a piece of an Arena is released with the "
+                    f"Arena's reset() or close(), all pieces at once, and an Arena made by create_arena() with "
+                    f"its close(); free() never takes arena memory"
                 )
-            raise InvalidBufferError(
-                f"free: allocation #{buf.index} is arena memory: a piece of an Arena is released with the "
-                f"Arena's reset() or close(), all pieces at once, and an Arena made by create_arena() with "
-                f"its close(); free() never takes arena memory"
-            )
-        if buf.kind == "external":
-            raise InvalidBufferError(
-                f"free: allocation #{buf.index} is another library's memory (from wrap()); metrale never frees "
-                f"it: let go of it with unwrap(), then free it where it came from"
-            )
-        record = None if buf._owner is not self.ctx.ref else self._holdings.ledger.take(buf.index, buf.ptr, buf.nbytes)
+            if buf.kind == "external":
+                raise InvalidBufferError(
+                    f"free: allocation #{buf.index} is another library's memory (from wrap()); metrale never "
+                    f"frees it: let go of it with unwrap(), then free it where it came from"
+                )
+        ctx, holdings = self.ctx, self._holdings
+        record = None if buf._owner is not ctx.ref else holdings.ledger.take(buf.index, buf.ptr, buf.nbytes)
         if record is None:
             raise InvalidBufferError(
                 f"free: allocation #{buf.index} ({buf.nbytes} bytes at {buf.ptr:#x}, from "
@@ -335,15 +319,18 @@ class Allocator:
                 f"from this backend. Free each buffer once"
             )
         self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever the release says
-        self._released(buf)
-        kind = "managed" if record.kind == "managed" else "device"
-        raw_base = self._holdings.raw_base
-        if buf.index in raw_base:  # zoned (a racing free of the same buffer found no record above)
-            with self._holdings.lock:
-                raw_ptr = raw_base.pop(buf.index)
+        for observer in self._observers:  # (_released, written out: a hot path)
+            observer(buf)
+        kind: AllocKind = "managed" if record.kind == "managed" else "device"
+        if buf.index in holdings.raw_base:  # zoned (a racing free of the same buffer found no record above)
+            with holdings.lock:
+                raw_ptr = holdings.raw_base.pop(buf.index)
             self._guard.free_checked(buf, raw_ptr, kind)
-        else:
-            self._raw.free(buf.ptr, kind)
+            return
+        try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors
+            ctx.plugin.free(buf.ptr, kind)
+        except Exception as exc:
+            raise_raw(ctx, ctx.name, "free", exc)
 
     def free_host(self, hb: HostBuffer, what: str) -> None:
         """Release a pinned host buffer of this backend (by identity: the driver hands addresses out again)."""

@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 
 from ._dlpack import DLPACK_CPU, DLPACK_CUDA, DTYPES, itemsize, make_capsule
 from ._errors import InvalidArgumentError
-from ._types import ForeignMemory, as_index
+from ._types import CLASS_SWAP, ForeignMemory, as_index
 
 __all__ = ["BufferOwner", "DeviceArray", "DeviceBuffer", "dtype_name"]
 
@@ -98,12 +98,6 @@ class DeviceBuffer:
         buf: Any = _Unfrozen(ptr, nbytes, kind, index, site, owner)
         buf.__class__ = DeviceBuffer
         return buf  # type: ignore[no-any-return]
-
-
-#: Whether :meth:`DeviceBuffer._make` (and ``LaunchArg._make``) build through a twin class and a
-#: ``__class__`` assignment: under the GIL, a third of the dataclass's cost; on a free-threaded build
-#: the assignment stops the world (CPython 3.13+), so there the dataclass's own ``__init__`` runs.
-CLASS_SWAP: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class _Unfrozen:

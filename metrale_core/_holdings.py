@@ -111,13 +111,6 @@ class Holdings:
             return held is not None and held[0].ptr == buf.ptr and held[0].nbytes == buf.nbytes
         return False
 
-    def all_live(self, bufs: tuple[DeviceBuffer, ...]) -> bool:
-        """Whether every one of ``bufs`` is live here (:meth:`is_live` of each, the ledger's in one call)."""
-        held = self.ledger.holds_all(bufs, self._ctx.ref)
-        if held is None:  # some are not ledger memory (arena, external): each by its own rule
-            return all(self.is_live(buf) for buf in bufs)
-        return held
-
     def require_live(self, buf: DeviceBuffer, what: str) -> None:
         if not self.is_live(buf):
             raise InvalidBufferError(

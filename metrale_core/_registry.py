@@ -82,8 +82,7 @@ class KernelRegistry:
     """
 
     __slots__ = (
-        "__weakref__", "_closed", "_ctx", "_finalizer", "_images", "_kernels", "_lock", "_metrics", "_modules",
-        "unloaded",
+        "__weakref__", "_ctx", "_finalizer", "_images", "_kernels", "_lock", "_metrics", "_modules", "unloaded",
     )
 
     def __init__(
@@ -95,8 +94,7 @@ class KernelRegistry:
         self._modules = dict(modules)
         self._kernels: dict[tuple[str, str], Kernel] = {}
         self._lock = threading.Lock()
-        self._closed = False
-        #: Whether its modules were unloaded (by its ``close()``); a plain flag, for the graph launch's hot path
+        #: Whether its modules were unloaded (by its ``close()``); a plain flag, for the launches' hot paths
         #: (:attr:`closed` also says whether the backend closed).
         self.unloaded = False
         self._finalizer = weakref.finalize(self, _unload, ctx.raw, list(modules.values()))
@@ -108,7 +106,7 @@ class KernelRegistry:
 
     @property
     def closed(self) -> bool:
-        return self._closed or self._ctx.closed
+        return self.unloaded or self._ctx.closed
 
     def owned_by(self, ctx: DeviceContext) -> bool:
         """Whether this registry belongs to the backend of ``ctx``."""
@@ -118,7 +116,7 @@ class KernelRegistry:
     def kernel(self, module: str, name: str) -> Kernel:
         """The kernel ``name`` of ``module``, looked up once and cached."""
         self._ctx.check_open()
-        if self._closed:
+        if self.unloaded:
             raise BackendClosedError("this kernel registry was closed; load the modules again")
         key = (module, name)
         with self._lock:
@@ -142,9 +140,8 @@ class KernelRegistry:
 
     def close(self) -> None:
         """Unload the modules; kernels from this registry can no longer launch."""
-        if self._closed:
+        if self.unloaded:
             return
-        self._closed = True
         self.unloaded = True
         self._finalizer()
         with self._lock:

@@ -121,15 +121,10 @@ class StreamFront:
                 live = ledger.holds_all(graph.buffers, self.ctx.ref)
                 if live:
                     graph.live_at = taken
-                else:
-                    plain = live is None and holdings.all_live(graph.buffers)  # None: arena or external memory
+                else:  # None: arena or external memory among them, each by its own rule
+                    plain = live is None and all(is_live(buf) for buf in graph.buffers)
         if plain:
-            if stream is None:
-                target = self.default
-            elif type(stream) is Stream and stream._ctx is self.ctx and not stream._closed:  # (the gate: ctx open)
-                target = stream
-            else:
-                target = self.resolve(stream, "GraphExec.launch")
+            target = self.resolve(stream, "GraphExec.launch")
             plain = target.capture is None
         if plain:  # the common case written out (a hot path): every operand live, no check, no capture
             guard = self._guard

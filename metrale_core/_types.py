@@ -158,7 +158,7 @@ class LaunchArg:
     def _make(cls, param: Param, data: bytes, pointer: int | None = None) -> LaunchArg:
         """``LaunchArg(...)`` at a third of the cost, for launches (as ``DeviceBuffer._make``: built in a
         class of the same slots with a plain ``__init__``, then given this class)."""
-        if not _CLASS_SWAP:  # a free-threaded build: the assignment would stop every thread
+        if not CLASS_SWAP:  # a free-threaded build: the assignment would stop every thread
             return cls(param, data, pointer)
         arg: Any = _UnfrozenArg(param, data, pointer)
         arg.__class__ = LaunchArg
@@ -175,8 +175,10 @@ class LaunchArg:
         return str(int.from_bytes(self.data, "little", signed=self.param.kind == "s"))
 
 
-#: As ``_buffer.CLASS_SWAP`` (this module comes first in the import order): the twin-class build under the GIL only.
-_CLASS_SWAP: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
+#: Whether ``LaunchArg._make`` and ``DeviceBuffer._make`` build through a twin class and a ``__class__``
+#: assignment: under the GIL, a third of the dataclass's cost; on a free-threaded build the assignment stops
+#: the world (CPython 3.13+), so there the dataclass's own ``__init__`` runs.
+CLASS_SWAP: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class _UnfrozenArg:

@@ -16,21 +16,21 @@ from .._errors import MetraleError
 from .context import Bench
 from .model import Figure, Goal, Result
 from .peers import find_torch, torch_graph
-from .timing import KIB, MIB, against_first, compare, format_size, to_us, turns
+from .timing import KIB, MIB, against_first, compare, format_size, share, to_us, turns
 
 __all__ = ["measure_eager", "measure_eager_breakdown", "measure_graph", "measure_safety"]
 
 _BLOCK: Final = 256
 
+#: The float32 elements of the eager measurements' launch (``eager`` and ``eager_breakdown``).
+_EAGER_N: Final = 4096
+
 
 def measure_eager(b: Bench) -> Result:
     """One small async memset and one small kernel launch: metrale's host cost over the raw call."""
     gpu = b.gpu
-    rounds, calls, n = b.rounds(15), b.calls(256), 4096
-    kernel = b.vector_add()
-    count = ctypes.c_uint32(n)
-    grid = (n + _BLOCK - 1) // _BLOCK
-    stream = gpu.default_stream
+    rounds, calls, n = b.rounds(15), b.calls(256), _EAGER_N
+    kernel, count, grid, stream = b.vector_add(), ctypes.c_uint32(n), (n + _BLOCK - 1) // _BLOCK, gpu.default_stream
     memset, launch = gpu.memset, gpu.launch
     with ExitStack() as stack:
         bufs = _buffers(gpu, stack, 3, 4 * n)
@@ -61,11 +61,8 @@ def measure_eager_breakdown(b: Bench) -> Result:
     whole call (as ``breakdown`` does for the pair); the rest is what the steps cost together beyond
     their parts (the calls between them, the bounds and stream checks)."""
     gpu = b.gpu
-    rounds, calls, n = b.rounds(15), b.calls(256), 4096
-    kernel = b.vector_add()
-    count = ctypes.c_uint32(n)
-    grid = (n + _BLOCK - 1) // _BLOCK
-    stream = gpu.default_stream
+    rounds, calls, n = b.rounds(15), b.calls(256), _EAGER_N
+    kernel, count, grid, stream = b.vector_add(), ctypes.c_uint32(n), (n + _BLOCK - 1) // _BLOCK, gpu.default_stream
     with ExitStack() as stack:
         bufs = _buffers(gpu, stack, 3, 4 * n)
         args = (bufs[0], bufs[1], bufs[2], count)
@@ -87,12 +84,7 @@ def measure_eager_breakdown(b: Bench) -> Result:
             us = to_us(medians[label])
             parts += us
             figures.append(Figure(label, "metrale", "us", us, note=f"{us / total:.0%} of the call"))
-        rest = total - parts
-        label = f"{prefix}the rest (calls and checks between the steps)"
-        figures.append(
-            Figure(label, "metrale", "us", rest, note=f"{rest / total:.0%} of the call") if rest > 0
-            else Figure(label, "metrale", "us", 0.0, note=f"within noise (measured {rest:+.2f} us)")
-        )
+        figures.append(share(f"{prefix}the rest (calls and checks between the steps)", total - parts, total, "call"))
     detail = (f"host time of each step of an eager 4 KiB memset and a launch over {n} float32 elements, timed "
               f"alone; median of {rounds} rounds of {calls}, in turns with the whole calls")
     return Result("eager_breakdown", "where the time of an eager memset and launch goes", detail, tuple(figures))

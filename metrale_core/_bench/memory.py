@@ -12,7 +12,7 @@ from .. import open_backend
 from .context import Bench
 from .model import Figure, Goal, Result
 from .peers import find_cupy, find_torch
-from .timing import GIB, KIB, MIB, against_first, compare, format_size, to_us, turns
+from .timing import GIB, KIB, MIB, against_first, compare, format_size, share, to_us, turns
 
 __all__ = ["measure_alloc", "measure_breakdown", "measure_copies", "measure_pools"]
 
@@ -65,13 +65,6 @@ def measure_alloc(b: Bench) -> Result:
     return Result("alloc", "ledgered allocation against the raw driver pair", detail, tuple(figures), b.goals(*goals))
 
 
-def _share(label: str, us: float, total: float) -> Figure:
-    """A difference of two medians as a step's figure; one below zero is noise, shown as 0 with what was measured."""
-    if us <= 0:
-        return Figure(label, "metrale", "us", 0.0, note=f"within noise (measured {us:+.2f} us)")
-    return Figure(label, "metrale", "us", us, note=f"{us / total:.0%} of the pair")
-
-
 def measure_breakdown(b: Bench) -> Result:
     """Where the host time of a ledgered 1 MiB alloc + free goes: each step timed alone, in turns with
     the whole pair; the rest is what the steps cost together beyond their parts (calls between them)."""
@@ -93,13 +86,13 @@ def measure_breakdown(b: Bench) -> Result:
     raw = to_us(medians[raw_label])
     figures.append(Figure(raw_label, "metrale", "us", raw, note=f"{raw / total:.0%} of the pair"))
     guard = to_us(medians[guard_label]) - raw
-    figures.append(_share("the core's handling of raw errors", guard, total))
+    figures.append(share("the core's handling of raw errors", guard, total))
     parts = raw + guard
     for label in list(probes)[2:]:
         us = to_us(medians[label])
         parts += us
         figures.append(Figure(label, "metrale", "us", us, note=f"{us / total:.0%} of the pair"))
-    figures.append(_share("the rest (calls and checks between the steps)", total - parts, total))
+    figures.append(share("the rest (calls and checks between the steps)", total - parts, total))
     detail = (f"host time of each step of a ledgered 1 MiB pair without red zones, timed alone; median of "
               f"{rounds} rounds of {calls}, in turns with the whole pair")
     return Result("breakdown", "where the time of a ledgered alloc + free goes", detail, tuple(figures), ())

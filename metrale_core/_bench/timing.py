@@ -11,7 +11,7 @@ from typing import Final
 
 from .model import Figure
 
-__all__ = ["GIB", "KIB", "MIB", "against_first", "compare", "format_size", "ratio_of", "to_us", "turns"]
+__all__ = ["GIB", "KIB", "MIB", "against_first", "compare", "format_size", "ratio_of", "share", "to_us", "turns"]
 
 KIB: Final = 1 << 10
 MIB: Final = 1 << 20
@@ -83,3 +83,11 @@ def against_first(labels: Sequence[str], medians: Mapping[str, float], sources: 
     first = Figure(labels[0], sources[labels[0]], "us", to_us(medians[labels[0]]))
     rest = [compare(Figure(label, sources[label], "us", to_us(medians[label])), first) for label in labels[1:]]
     return [first, *rest]
+
+
+def share(label: str, us: float, total: float, whole: str = "pair") -> Figure:
+    """A step of a breakdown as a figure: its share of the ``whole`` (the pair, the call). A difference of
+    two medians below zero is noise, shown as 0 with what was measured."""
+    if us <= 0:
+        return Figure(label, "metrale", "us", 0.0, note=f"within noise (measured {us:+.2f} us)")
+    return Figure(label, "metrale", "us", us, note=f"{us / total:.0%} of the {whole}")
