@@ -42,18 +42,22 @@ if TYPE_CHECKING:
         OutOfMemoryError,
         RedZoneError,
         SnapshotError,
+        TensorMapError,
         cuda_code,
         error_for_code,
     )
     from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
     from ._ledger import LedgerEvent, LedgerProbe
     from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
+    from ._ntile import NTile, n_tile
     from ._pressure import MemoryStats, OomWatchdog
     from ._ptx import Param, PtxImage, parse_ptx
     from ._raw import Baseline, CopyDirection, RawDevice
     from ._registration import BackendRegistration
     from ._registry import Kernel, KernelRegistry, RunMetrics
     from ._settings import MetraleSettings
+    from ._tensormap import TENSOR_MAP_DTYPES, TENSOR_MAP_RULES, TensorMapEncoding, TensorMapSpec, check_tensor_map
+    from ._tensormaps import TensorMap
     from ._types import (
         AllocKind,
         AllocRecord,
@@ -108,6 +112,7 @@ __all__ = [
     "MemoryStats",
     "MetraleError",
     "MetraleSettings",
+    "NTile",
     "OomWatchdog",
     "OutOfMemoryError",
     "Param",
@@ -118,13 +123,21 @@ __all__ = [
     "RunMetrics",
     "SnapshotError",
     "Stream",
+    "TENSOR_MAP_DTYPES",
+    "TENSOR_MAP_RULES",
+    "TensorMap",
+    "TensorMapEncoding",
+    "TensorMapError",
+    "TensorMapSpec",
     "__version__",
     "available_backends",
+    "check_tensor_map",
     "cuda_code",
     "effective_free_bytes",
     "error_for_code",
     "hookimpl",
     "kernel_implementation",
+    "n_tile",
     "open_backend",
     "parse_mem_available",
     "parse_ptx",
@@ -157,6 +170,7 @@ _WHERE: dict[str, str] = {
     "OutOfMemoryError": "_errors",
     "RedZoneError": "_errors",
     "SnapshotError": "_errors",
+    "TensorMapError": "_errors",
     "cuda_code": "_errors",
     "error_for_code": "_errors",
     "Event": "_handles",
@@ -169,6 +183,8 @@ _WHERE: dict[str, str] = {
     "effective_free_bytes": "_meminfo",
     "parse_mem_available": "_meminfo",
     "read_mem_available": "_meminfo",
+    "NTile": "_ntile",
+    "n_tile": "_ntile",
     "MemoryStats": "_pressure",
     "OomWatchdog": "_pressure",
     "Param": "_ptx",
@@ -182,6 +198,12 @@ _WHERE: dict[str, str] = {
     "KernelRegistry": "_registry",
     "RunMetrics": "_registry",
     "MetraleSettings": "_settings",
+    "TENSOR_MAP_DTYPES": "_tensormap",
+    "TENSOR_MAP_RULES": "_tensormap",
+    "TensorMapEncoding": "_tensormap",
+    "TensorMapSpec": "_tensormap",
+    "check_tensor_map": "_tensormap",
+    "TensorMap": "_tensormaps",
     "AllocKind": "_types",
     "AllocRecord": "_types",
     "BackendInfo": "_types",

@@ -19,6 +19,7 @@ Allocator          alloc/free of every kind, reclaim-and-retry, arenas, sweep
                    (``_allocator``)
 ExportTable        exports to other libraries and wrapped memory (``_exports``)
 KernelFront        kernel modules, launches, run metrics (``_kernels``)
+TensorMapFront     tensor maps (TMA descriptors) and the GEMM N tile (``_tensormaps``)
 =================  ==============================================================
 
 ``close()`` runs in two phases: quiesce (shut the gate and wait for calls in flight,
@@ -46,11 +47,14 @@ from ._holdings import Holdings
 from ._kernels import KernelFront
 from ._ledger import LedgerProbe
 from ._monitor import MemoryMonitor
+from ._ntile import NTile
 from ._pressure import MemoryStats, OomWatchdog, StatsCounter
 from ._raw import RawDevice
 from ._registry import Kernel, KernelRegistry, RunMetrics
 from ._settings import MetraleSettings
 from ._streams import StreamFront
+from ._tensormap import TensorMapSpec
+from ._tensormaps import TensorMap, TensorMapFront
 from ._types import KernelImplementation, MemoryInfo, RedZoneViolation
 from ._zoneguard import ZoneGuard
 
@@ -91,8 +95,10 @@ class GpuBackend:
         self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor)
         self._exports = ExportTable(ctx, self._holdings, self._guard)
         self._kernels = KernelFront(ctx, self._holdings, self._streams)
+        self._maps = TensorMapFront(ctx, self._holdings)
         self._memory.on_release(self._streams.warn_if_graphed)
         self._memory.on_release(self._exports.warn_if_exported)
+        self._memory.on_release(self._maps.warn_if_mapped)
 
     # -- the device ---------------------------------------------------------------------
 
@@ -352,6 +358,24 @@ class GpuBackend:
             self._kernels.launch(kernel, grid, block, args, shared_mem, stream)
         finally:
             ctx.leave()
+
+    @gated
+    def tensor_map(self, buffer: DeviceBuffer, spec: TensorMapSpec, offset: int = 0) -> TensorMap:
+        """A tensor map (TMA descriptor) of ``spec`` over ``buffer`` from byte ``offset``.
+
+        Checked by :func:`~metrale_core.check_tensor_map` with this device's compute capability and shared
+        memory per multiprocessor (a :class:`~metrale_core.TensorMapError` names the rule the driver would
+        refuse), then by metrale's own rules: ``buffer`` a live buffer of this backend and
+        ``offset + spec.extent <= buffer.nbytes`` (else :class:`~metrale_core.InvalidBufferError`); then
+        encoded. Pass the map as the argument of a kernel's tensor-map parameter.
+        """
+        return self._maps.make(buffer, spec, offset)
+
+    @gated
+    def n_tile(self, m: int, n: int, /, **options: Any) -> NTile:
+        """:func:`metrale_core.n_tile` with this device's multiprocessor count (``options`` are its other
+        keywords)."""
+        return self._maps.n_tile(m, n, options)
 
     @gated
     def run_metrics(self) -> RunMetrics:

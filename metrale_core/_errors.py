@@ -10,7 +10,8 @@
      ├── BackendClosedError        the backend (or its handle) was used after close()
      ├── InvalidArgumentError      (also a ValueError)
      │    ├── InvalidBufferError   a buffer is not live, or an operation runs past it
-     │    └── ArchitectureError    PTX for an architecture the device cannot run
+     │    ├── ArchitectureError    PTX for an architecture the device cannot run
+     │    └── TensorMapError       a tensor map the driver would refuse  .rule
      ├── OutOfMemoryError          (also a MemoryError)  .requested
      │    └── ArenaFullError       an Arena has no room  .capacity, .used
      ├── CaptureError              a stream-capture rule was broken (CUDA 900-908)
@@ -46,6 +47,7 @@ __all__ = [
     "OutOfMemoryError",
     "RedZoneError",
     "SnapshotError",
+    "TensorMapError",
     "capture_error",
     "cuda_code",
     "error_for_code",
@@ -117,6 +119,17 @@ class InvalidBufferError(InvalidArgumentError):
 
 class ArchitectureError(InvalidArgumentError):
     """PTX images target an architecture the device cannot run (``CUDA_ERROR_NO_BINARY_FOR_GPU``)."""
+
+
+class TensorMapError(InvalidArgumentError):
+    """A tensor map breaks a rule ``cuTensorMapEncodeTiled`` enforces (``CUDA_ERROR_INVALID_VALUE``); ``rule``
+    names it (``"box_dim"``, ``"global_stride"``...: ``metrale_core.TENSOR_MAP_RULES`` lists them all)."""
+
+    rule: str
+
+    def __init__(self, message: str, *, rule: str) -> None:
+        super().__init__(message, code=1, name="CUDA_ERROR_INVALID_VALUE")
+        self.rule = rule
 
 
 class OutOfMemoryError(MetraleError, MemoryError):

@@ -24,6 +24,7 @@ from ._holdings import Holdings, integer
 from ._ptx import PtxImage, check_architecture, parse_ptx
 from ._registry import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Kernel, KernelRegistry, RunMetrics, pack_args
 from ._streams import StreamFront
+from ._tensormaps import TensorMap
 from ._types import KernelImplementation, as_index
 
 __all__ = ["KernelFront"]
@@ -154,6 +155,7 @@ class KernelFront:
             else:
                 target.capture.registries[id(kernel.registry)] = kernel.registry
                 buffers = [a for a in args if isinstance(a, DeviceBuffer)]
+                buffers += [a.tensor_map.buffer for a in packed if isinstance(a.tensor_map, TensorMap)]
                 streams.issue(target, what, buffers, lambda s: raw.launch(function, g, b, shm, s, packed))
             key = kernel.key
             if timing:

@@ -14,6 +14,17 @@ __all__ = ["ArchitectureError", "Param", "PtxImage", "check_architecture", "pars
 _TARGET_RE: Final = re.compile(r"^\s*\.target\s+sm_(\d+)([af]?)\b", re.MULTILINE)
 _VERSION_RE: Final = re.compile(r"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
 _ENTRY_RE: Final = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)", re.DOTALL)
+#: Instructions that need more than a PTX ``.target`` may say: (pattern, name, first sm, whether only an
+#: architecture-specific target, ``sm_XXa`` or ``sm_XXf``, may use it). ``ptxas`` refuses them otherwise with a bare
+#: ``CUDA_ERROR_INVALID_PTX`` at load; the preflight names them first.
+_FEATURES: Final = (
+    (re.compile(r"\bcp\.async\.bulk\b"), "cp.async.bulk (the TMA)", 90, False),
+    (re.compile(r"\bmbarrier\.\w+\.expect_tx\b|\bmbarrier\.try_wait\b"), "mbarrier transaction counts", 90, False),
+    (re.compile(r"\bwgmma\."), "wgmma", 90, True),
+    (re.compile(r"\bsetmaxnreg\."), "setmaxnreg", 90, True),
+    (re.compile(r"\btcgen05\."), "tcgen05", 100, True),
+)
+
 _PARAM_RE: Final = re.compile(
     r"\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(8|16|32|64)\s+(?:\.ptr\s+(?:\.\w+\s+)*)?"
     r"([A-Za-z_$][\w$]*)(?:\[(\d+)\])?"
@@ -33,6 +44,8 @@ class Param:
     kind: str
     size: int
     count: int = 1
+    #: The alignment PTX declares (``.align N``), 0 where it declares none.
+    align: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -43,7 +56,15 @@ class Param:
         """Whether a device pointer fits here (a 64-bit integer parameter)."""
         return self.count == 1 and self.size == 8 and self.kind in "usb"
 
+    @property
+    def tensor_map(self) -> bool:
+        """Whether this is a tensor-map slot: 128 bytes aligned to 64 or more (``const __grid_constant__
+        CUtensorMap``, which PTX declares ``.param .align 64 .b8 name[128]``)."""
+        return self.kind == "b" and self.size * self.count == 128 and self.align >= 64
+
     def describe(self) -> str:
+        if self.tensor_map:
+            return "CUtensorMap"
         text = f".{self.kind}{self.size * 8}"
         return f"{text}[{self.count}]" if self.count > 1 else text
 
@@ -56,6 +77,8 @@ class PtxImage:
     suffix: str
     version: tuple[int, int] | None
     entries: Mapping[str, tuple[Param, ...]]
+    #: The instructions it uses that need a newer or an architecture-specific target (``"wgmma"``...).
+    features: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -68,6 +91,21 @@ class PtxImage:
         if self.suffix == "f":
             return f"the sm_{self.sm // 10}x family at sm_{self.sm} or later"
         return f"{self.target} or newer"
+
+    def feature_problems(self) -> list[str]:
+        """What its own target cannot assemble, in words: an instruction used under a target too old for
+        it, or an architecture-specific instruction (``wgmma``) under a portable target (``sm_90``, not
+        ``sm_90a``). Such an image loads on no device."""
+        problems = []
+        for _, name, sm, specific in _FEATURES:
+            if name not in self.features:
+                continue
+            if self.sm < sm:
+                problems.append(f"it uses {name}, which needs sm_{sm} or newer, under .target {self.target}")
+            elif specific and not self.suffix:
+                problems.append(f"it uses {name}, which only an architecture-specific target assembles "
+                                f"(.target sm_{self.sm}a), under .target {self.target}")
+        return problems
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether a device of compute ``capability`` can load this image.
@@ -101,7 +139,10 @@ def parse_ptx(module: str, image: bytes | bytearray | str) -> PtxImage:
     entries: dict[str, tuple[Param, ...]] = {}
     for entry in _ENTRY_RE.finditer(text):
         params = tuple(
-            Param(name=m.group(4), kind=m.group(2), size=int(m.group(3)) // 8, count=int(m.group(5) or 1))
+            Param(
+                name=m.group(4), kind=m.group(2), size=int(m.group(3)) // 8, count=int(m.group(5) or 1),
+                align=int(m.group(1) or 0),
+            )
             for m in _PARAM_RE.finditer(entry.group(2))
         )
         entries[entry.group(1)] = params
@@ -110,6 +151,7 @@ def parse_ptx(module: str, image: bytes | bytearray | str) -> PtxImage:
         suffix=target.group(2),
         version=(int(version.group(1)), int(version.group(2))) if version else None,
         entries=entries,
+        features=tuple(name for pattern, name, _, _ in _FEATURES if pattern.search(text)),
     )
 
 
@@ -117,6 +159,17 @@ def check_architecture(
     images: Mapping[str, PtxImage], capability: tuple[int, int], device: str, *, what: str = "load_modules"
 ) -> None:
     """Refuse, in one error listing every one, the images ``device`` cannot run; ``what`` names the call."""
+    broken = {name: img.feature_problems() for name, img in images.items()}
+    broken = {name: problems for name, problems in broken.items() if problems}
+    if broken:
+        err = error_for_code("CUDA_ERROR_INVALID_PTX", what)
+        listing = "; ".join(f"{name}: {', '.join(problems)}" for name, problems in broken.items())
+        raise ArchitectureError(
+            f"{what}: no device can load {listing}; rebuild with the target the instructions need "
+            f"(`nvcc -ptx -gencode=arch=compute_90a,code=sm_90a` for sm_90a)",
+            code=err.code,
+            name=err.name,
+        )
     refused = [(name, img) for name, img in images.items() if not img.runs_on(capability)]
     if not refused:
         return

@@ -34,6 +34,7 @@ from ._errors import error_for_code
 from ._types import AllocKind, ForeignMemory
 
 if TYPE_CHECKING:
+    from ._tensormap import TensorMapEncoding
     from ._types import KernelImplementation, LaunchArg
 
 __all__ = ["AllocKind", "Baseline", "CopyDirection", "ForeignMemory", "RawDevice"]
@@ -282,6 +283,25 @@ class RawDevice(abc.ABC):
     ) -> None:
         """Launch ``function`` on ``stream`` with ``args``, already checked and packed."""
         raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} runs no kernels: launch")
+
+    def multiprocessors(self) -> tuple[int, int]:
+        """``(multiprocessor count, shared memory per multiprocessor in bytes)``
+        (``CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT``, ``..._MAX_SHARED_MEMORY_PER_MULTIPROCESSOR``)."""
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} runs no kernels: multiprocessors")
+
+    def tensor_map_encode(self, encoding: TensorMapEncoding, address: int) -> bytes:
+        """The 128 bytes of a tensor map (``cuTensorMapEncodeTiled``) of ``encoding`` at ``address``.
+
+        The core has checked it with :func:`~metrale_core.check_tensor_map` and the device's values first; a
+        backend refuses what the driver refuses all the same (``CUDA_ERROR_INVALID_VALUE``).
+        """
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} has no tensor maps: tensor_map_encode")
+
+    def tensor_map_replace_address(self, image: bytes, address: int) -> bytes:
+        """``image`` (of :meth:`tensor_map_encode`) pointed at ``address`` (``cuTensorMapReplaceAddress``)."""
+        raise error_for_code(
+            "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} has no tensor maps: tensor_map_replace_address"
+        )
 
     def add_kernel_implementations(self, implementations: Iterable[KernelImplementation]) -> None:  # noqa: B027
         """Python implementations of kernels, for a backend that runs kernels on the CPU; others ignore them."""

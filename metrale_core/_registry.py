@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import operator
+import reprlib
 import sys
 import threading
 import weakref
@@ -22,6 +23,7 @@ from ._buffer import DeviceBuffer
 from ._context import DeviceContext, gated
 from ._errors import BackendClosedError, InvalidArgumentError, KernelNotFoundError, MetraleError, error_for_code
 from ._ptx import Param, PtxImage
+from ._tensormaps import TensorMap
 from ._types import WORD_LIMIT, LaunchArg
 
 if TYPE_CHECKING:
@@ -203,6 +205,15 @@ def _pack(kernel: Kernel, param: Param, value: object, what: str, live: Callable
     def where() -> str:  # built only for an error: launches are a hot path
         return f"{what}: argument {param.name} ({param.describe()}) of {kernel.module}.{kernel.name}"
 
+    if param.tensor_map:
+        if not isinstance(value, TensorMap):
+            raise InvalidArgumentError(
+                f"{where()} is a tensor-map slot: pass a TensorMap of this backend (backend.tensor_map(buffer, "
+                f"spec)), got {reprlib.repr(value)}"
+            )
+        frozen = value.frozen()
+        live(frozen.buffer)  # a map over a freed buffer, or over another backend's, is refused here
+        return LaunchArg._make(param, frozen.image, None, frozen)
     if param.count > 1:
         if isinstance(value, bytes | bytearray | memoryview) and len(memoryview(value).cast("B")) == param.nbytes:
             return LaunchArg._make(param, bytes(value))

@@ -147,20 +147,26 @@ class LaunchArg:
     """One kernel argument, checked against its parameter and packed as the kernel receives it.
 
     ``data`` is the parameter's bytes (little-endian); ``pointer`` is the
-    device address where the argument is a buffer or a raw pointer.
+    device address where the argument is a buffer or a raw pointer;
+    ``tensor_map`` the :class:`~metrale_core.TensorMap` (as it was at the
+    launch) where the parameter is a tensor-map slot, ``data`` then its image.
     """
 
     param: Param
     data: bytes
     pointer: int | None = None
+    #: A :class:`~metrale_core.TensorMap` (typed ``object``: records sit below the maps' layer).
+    tensor_map: object = None
 
     @classmethod
-    def _make(cls, param: Param, data: bytes, pointer: int | None = None) -> LaunchArg:
+    def _make(
+        cls, param: Param, data: bytes, pointer: int | None = None, tensor_map: object = None
+    ) -> LaunchArg:
         """``LaunchArg(...)`` at a third of the cost, for launches (as ``DeviceBuffer._make``: built in a
         class of the same slots with a plain ``__init__``, then given this class)."""
         if not CLASS_SWAP:  # a free-threaded build: the assignment would stop every thread
-            return cls(param, data, pointer)
-        arg: Any = _UnfrozenArg(param, data, pointer)
+            return cls(param, data, pointer, tensor_map)
+        arg: Any = _UnfrozenArg(param, data, pointer, tensor_map)
         arg.__class__ = LaunchArg
         return arg  # type: ignore[no-any-return]
 
@@ -168,6 +174,8 @@ class LaunchArg:
         """The argument's value as the kernel sees it: a pointer in hex, a number, or a byte count."""
         if self.pointer is not None:
             return f"{self.pointer:#x}"
+        if self.tensor_map is not None:
+            return repr(self.tensor_map)
         if self.param.count > 1:
             return f"<{len(self.data)} bytes>"
         if self.param.kind == "f" and self.param.size in (4, 8):
@@ -186,10 +194,11 @@ class _UnfrozenArg:
 
     __slots__ = LaunchArg.__slots__
 
-    def __init__(self, param: Param, data: bytes, pointer: int | None) -> None:
+    def __init__(self, param: Param, data: bytes, pointer: int | None, tensor_map: object) -> None:
         self.param = param
         self.data = data
         self.pointer = pointer
+        self.tensor_map = tensor_map
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -10,7 +10,10 @@ private ``metrale_core._*`` module::
   :data:`hookimpl` (the marker of its hooks), :class:`PluginSettings` and
   :data:`Size` (its own settings, through the ``metrale_settings`` hook);
 - the records a raw layer takes and returns: :class:`Baseline`,
-  :class:`ForeignMemory`, :class:`LaunchArg`, :class:`KernelImplementation`;
+  :class:`ForeignMemory`, :class:`LaunchArg`, :class:`KernelImplementation`,
+  :class:`TensorMapEncoding` (and :class:`TensorMap`, what a tensor-map
+  argument's :attr:`LaunchArg.tensor_map` holds), :func:`check_tensor_map`
+  (the driver's rules, for a backend that refuses as the driver does);
 - the error table: :func:`error_for_code` (the typed error for a CUDA result
   name or code), :func:`cuda_code` (a name's code) and :func:`is_sticky`
   (whether a result poisons the context, as a device fault does);
@@ -27,6 +30,9 @@ from metrale_core import (
     KernelImplementation,
     LaunchArg,
     RawDevice,
+    TensorMap,
+    TensorMapEncoding,
+    check_tensor_map,
     cuda_code,
     error_for_code,
     hookimpl,
@@ -45,7 +51,10 @@ __all__ = [
     "PluginSettings",
     "RawDevice",
     "Size",
+    "TensorMap",
+    "TensorMapEncoding",
     "as_index",
+    "check_tensor_map",
     "cuda_code",
     "error_for_code",
     "format_bytes",

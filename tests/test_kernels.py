@@ -102,7 +102,7 @@ def test_lookup_of_missing_names_lists_what_is_held(modules: KernelRegistry) -> 
         modules.kernel("nope", "vector_add")
     assert modules.modules == {
         "vector": ("vector_add", "fill_u32"), "fault": ("write_to", "write_u8"),
-        "redzone": ("redzone_scan", "redzone_verdict"),
+        "redzone": ("redzone_scan", "redzone_verdict"), "tma": ("tma_copy_2d",),
     }
 
 

@@ -14,11 +14,11 @@ CORE = Path(__file__).resolve().parent.parent / "metrale_core"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("_errors",),
     ("_settings", "_meminfo", "_dlpack", "_ptx", "kernels"),  # foundations
-    ("_types",),  # records: no behaviour
+    ("_types", "_tensormap", "_ntile"),  # records, and pure functions of them (tensor-map rules, the N tile)
     ("_buffer", "_raw", "_interop"),  # handles to memory, the raw contract, foreign memory
     ("_capture", "_ledger", "_redzone", "_arena", "_pressure", "_snapshot"),  # rules and bookkeeping
     ("_context",),  # what the parts of one backend share
-    ("_handles", "_registry", "_holdings", "_graphcheck"),  # handles and liveness, the in-graph checks
+    ("_handles", "_registry", "_holdings", "_graphcheck", "_tensormaps"),  # handles and liveness, in-graph checks
     ("_zoneguard", "_monitor"),  # collaborators...
     ("_streams", "_allocator"),
     ("_exports", "_kernels"),

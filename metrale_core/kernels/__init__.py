@@ -12,11 +12,16 @@ module        kernels
               scan, one block per zone, ``result[z]`` = first changed offset + 1;
               ``redzone_verdict(desc, state, slot)``: the check captured as a
               graph's last node (``metrale_core._graphcheck``)
+``tma``       ``tma_copy_2d(src, dst, box_cols, box_rows, tile_bytes)``: block
+              ``(x, y)`` copies the box at ``(y * box_rows, x * box_cols)`` of
+              tensor map ``src`` to the same place of ``dst`` through shared
+              memory (a TMA load, then a TMA store); sm_90 or newer
 ============  ===============================================================
 
 The fake backend runs them through the Python implementations registered by
 its plugin. ``python3 -m metrale_core.kernels`` regenerates the PTX with
-``nvcc`` (``nvcc -ptx -arch=compute_75``).
+``nvcc`` (``nvcc -ptx -arch=compute_75``; ``tma`` with ``-arch=sm_90``, the
+first architecture with a TMA).
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ from __future__ import annotations
 from importlib import resources
 from typing import Final
 
-__all__ = ["MODULES", "shipped_modules"]
+__all__ = ["ARCHES", "MODULES", "shipped_modules"]
 
 #: The shipped modules, by name.
-MODULES: Final = ("vector", "fault", "redzone")
+MODULES: Final = ("vector", "fault", "redzone", "tma")
+
+#: The architecture each shipped module is compiled for (``nvcc -arch``).
+ARCHES: Final = {"vector": "compute_75", "fault": "compute_75", "redzone": "compute_75", "tma": "sm_90"}
 
 
 def shipped_modules(*names: str) -> dict[str, bytes]:

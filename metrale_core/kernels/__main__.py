@@ -4,11 +4,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import MODULES
+from . import ARCHES, MODULES
 
 here = Path(__file__).resolve().parent
 for name in MODULES:
-    command = ["nvcc", "-ptx", "-arch=compute_75", "-o", str(here / f"{name}.ptx"), str(here / f"{name}.cu")]
+    command = ["nvcc", "-ptx", f"-arch={ARCHES[name]}", "-o", str(here / f"{name}.ptx"), str(here / f"{name}.cu")]
     print("+", " ".join(command))
     if subprocess.call(command):
         sys.exit(f"nvcc failed for {name}")

@@ -15,7 +15,7 @@ backend has ``inject_fault``, driver failures and reclaim-and-retry after an
 out-of-memory error. After every step it checks the ledger and ``stats()``
 against a model and every read against the bytes the model expects.
 
-The optional primitives (kernels, interop, a baseline) are probed by
+The optional primitives (kernels, interop, a baseline, tensor maps) are probed by
 :func:`backend_capabilities`; a test that needs one skips, with the reason,
 on a backend that lacks it (``backend_params(needs=...)``), and the machine
 leaves out the rules that need it.

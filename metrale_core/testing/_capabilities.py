@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from .. import ArchitectureError, GpuBackend, MetraleError, MetraleSettings, RawDevice, open_backend
+from .. import ArchitectureError, GpuBackend, MetraleError, MetraleSettings, RawDevice, TensorMapSpec, open_backend
 from ..kernels import shipped_modules
 
 __all__ = ["CAPABILITIES", "Capabilities", "backend_capabilities", "probe_capabilities"]
@@ -31,6 +31,8 @@ CAPABILITIES: Final[Mapping[str, str]] = {
     "interop": "memory shared with other libraries (export_memory, import_memory, address_range): "
     "DLPack and the CUDA array interface, wrap()",
     "baseline": "the vendor's own API to time against (baseline()): metrale bench's baselines",
+    "tensor_maps": "tensor maps and the device's multiprocessors (multiprocessors, tensor_map_encode, "
+    "tensor_map_replace_address): backend.tensor_map, backend.n_tile, the shipped TMA kernel",
 }
 
 _NOT_SUPPORTED: Final = "CUDA_ERROR_NOT_SUPPORTED"
@@ -96,8 +98,18 @@ def _baseline(gpu: GpuBackend) -> str | None:
     return None
 
 
+def _tensor_maps(gpu: GpuBackend) -> str | None:
+    spec = TensorMapSpec("float32", (16, 16), (64, 4), (16, 16))
+    try:
+        gpu.raw.multiprocessors()
+        gpu.raw.tensor_map_encode(spec.encoding(), 1 << 20)
+    except Exception as exc:
+        return f"needs tensor maps, which backend {gpu.name} lacks: {exc}" if _declined(exc) else None
+    return None
+
+
 _PROBES: Final[Mapping[str, Callable[[GpuBackend], str | None]]] = {
-    "kernels": _kernels, "interop": _interop, "baseline": _baseline,
+    "kernels": _kernels, "interop": _interop, "baseline": _baseline, "tensor_maps": _tensor_maps,
 }
 
 

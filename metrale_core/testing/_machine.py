@@ -1,5 +1,5 @@
-"""The conformance state machine: :class:`BackendMachine`, the memory rules with the rules for
-kernel launches, captures, red zones, injected driver failures and interop."""
+"""The conformance state machine: :class:`BackendMachine`, the memory rules and the tensor-map rules with the
+rules for kernel launches, captures, red zones, injected driver failures and interop."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from .. import (
     MetraleError,
     RedZoneError,
 )
-from ._memory_rules import MemoryRules
 from ._model import MAX_BYTES, Pool
+from ._tensormap_rules import TensorMapRules
 
 __all__ = ["BackendMachine"]
 
 
-class BackendMachine(MemoryRules):
+class BackendMachine(TensorMapRules):
     """Drives one backend through random programs; see the ``metrale_core.testing`` docstring.
 
     ``backend_state_machine(name, settings)`` binds it to a backend (it sets

@@ -49,6 +49,7 @@ from metrale_core import (
     LaunchArg,
     MetraleError,
     RawDevice,
+    TensorMapEncoding,
     error_for_code,
 )
 
@@ -84,24 +85,33 @@ class _ThreadState(threading.local):
 _THREAD: Final = _ThreadState()
 
 
+#: The alignment of every argument buffer's start, and of a tensor map's slot in it (CUDA 13's ``CUtensorMap``
+#: is declared 128-byte aligned: keep a descriptor's storage so).
+_SLOT_BASE_ALIGN: Final = 128
+
+
 class _ArgSlots:
-    """Where a kernel's arguments go for ``cuLaunchKernel``: one buffer with an 8-byte-aligned slot per
-    argument and the array of pointers to the slots, built once per kernel per thread and reused at
-    every launch (the driver copies the arguments at the call, so the next launch may overwrite them)."""
+    """Where a kernel's arguments go for ``cuLaunchKernel``: one buffer with a slot per argument (8-byte
+    aligned; a tensor map's 128-byte aligned) and the array of pointers to the slots, built once per kernel
+    per thread and reused at every launch (the driver copies the arguments at the call, so the next launch
+    may overwrite them)."""
 
     __slots__ = ("address", "offsets", "pointers", "sizes", "storage", "view")
 
     def __init__(self, sizes: tuple[int, ...]) -> None:
         offsets, end = [], 0
         for size in sizes:
+            align = _SLOT_BASE_ALIGN if size >= 64 else 8
+            end = -(-end // align) * align
             offsets.append(end)
             end += -(-size // 8) * 8
         self.sizes = sizes
-        self.offsets = tuple(offsets)
-        self.storage = ctypes.create_string_buffer(max(end, 8))
+        self.storage = ctypes.create_string_buffer(max(end, 8) + _SLOT_BASE_ALIGN)
+        raw = ctypes.addressof(self.storage)
+        skip = -raw % _SLOT_BASE_ALIGN  # the slots start 128-byte aligned
+        self.offsets = tuple(skip + offset for offset in offsets)
         self.view = memoryview(self.storage).cast("B")
-        base = ctypes.addressof(self.storage)
-        self.pointers = (ctypes.c_void_p * max(len(sizes), 1))(*(base + offset for offset in offsets))
+        self.pointers = (ctypes.c_void_p * max(len(sizes), 1))(*(raw + offset for offset in self.offsets))
         self.address: int | None = ctypes.addressof(self.pointers) if sizes else None
 
     def fill(self, args: Sequence[LaunchArg]) -> bool:
@@ -127,6 +137,17 @@ class _Packing(threading.local):
 
 
 _PACKING: Final = _Packing()
+
+#: A ``CUtensorMap``'s size.
+_TENSOR_MAP_BYTES: Final = 128
+
+
+def _tensor_map_bytes(tmap: Any) -> bytes:
+    """The 128 bytes of a ``CUtensorMap``."""
+    try:
+        return ctypes.string_at(int(tmap.getPtr()), _TENSOR_MAP_BYTES)
+    except Exception as exc:
+        raise foreign_error(exc, "reading a CUtensorMap") from exc
 
 #: Host objects that a device closed while they were still held (the core could
 #: not wait for it: a capture was running in the process), kept for the rest of
@@ -699,6 +720,42 @@ class CudaDevice(RawDevice):
         major = call1(drv.cuDeviceGetAttribute, "cuDeviceGetAttribute", _d.ATTRIBUTE_CC_MAJOR, self._device)
         minor = call1(drv.cuDeviceGetAttribute, "cuDeviceGetAttribute", _d.ATTRIBUTE_CC_MINOR, self._device)
         return int(major), int(minor)
+
+    def multiprocessors(self) -> tuple[int, int]:
+        """``CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`` and ``..._MAX_SHARED_MEMORY_PER_MULTIPROCESSOR``."""
+        sms = call1(drv.cuDeviceGetAttribute, "cuDeviceGetAttribute", _d.ATTRIBUTE_SM_COUNT, self._device)
+        smem = call1(drv.cuDeviceGetAttribute, "cuDeviceGetAttribute", _d.ATTRIBUTE_SMEM_PER_SM, self._device)
+        return int(sms), int(smem)
+
+    @_bound
+    def tensor_map_encode(self, encoding: TensorMapEncoding, address: int) -> bytes:
+        """``cuTensorMapEncodeTiled``; the descriptor's 128 bytes."""
+        e = encoding
+        what = "cuTensorMapEncodeTiled"
+        try:
+            args = (
+                drv.CUtensorMapDataType(e.data_type), e.rank, address,
+                [drv.cuuint64_t(d) for d in e.global_dim], [drv.cuuint64_t(s) for s in e.global_strides],
+                [drv.cuuint32_t(b) for b in e.box_dim], [drv.cuuint32_t(s) for s in e.element_strides],
+                drv.CUtensorMapInterleave(e.interleave), drv.CUtensorMapSwizzle(e.swizzle),
+                drv.CUtensorMapL2promotion(e.l2_promotion), drv.CUtensorMapFloatOOBfill(e.oob_fill),
+            )
+        except Exception as exc:
+            raise foreign_error(exc, what) from exc
+        tmap = call1(drv.cuTensorMapEncodeTiled, what, *args)
+        return _tensor_map_bytes(tmap)
+
+    @_bound
+    def tensor_map_replace_address(self, image: bytes, address: int) -> bytes:
+        """``cuTensorMapReplaceAddress`` on a copy of ``image``."""
+        what = "cuTensorMapReplaceAddress"
+        try:
+            tmap = drv.CUtensorMap()
+            ctypes.memmove(int(tmap.getPtr()), bytes(image), _TENSOR_MAP_BYTES)
+        except Exception as exc:
+            raise foreign_error(exc, what) from exc
+        call(drv.cuTensorMapReplaceAddress, what, tmap, address)
+        return _tensor_map_bytes(tmap)
 
     @_bound_checked
     def module_load(self, name: str, image: bytes) -> object:

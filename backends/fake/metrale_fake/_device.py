@@ -24,6 +24,8 @@ from metrale_core.plugin import (
     KernelImplementation,
     LaunchArg,
     RawDevice,
+    TensorMapEncoding,
+    check_tensor_map,
     error_for_code,
     format_bytes,
     is_sticky,
@@ -33,6 +35,7 @@ from ._baseline import NumpyBaseline
 from ._launch import FakeLaunch, MisalignedAddressError, kernel_arg, no_implementation
 from ._memory import KEEP_BYTES, AddressSpace, Window, check_importable, check_pinnable, give_back, take_window, zeros
 from ._settings import FakeSettings
+from ._tensormap import decode_image, encode_image
 from ._work import CAPTURES, FakeEvent, FakeGraph, FakeModule, FakeStream, Work, as_event, as_stream
 
 __all__ = ["FAULT_OPS", "FakeDevice"]
@@ -73,6 +76,7 @@ class FakeDevice(RawDevice):
         self._implementations: dict[tuple[str, str], KernelImplementation] = {}
         major, minor = own.compute_capability.split(".")
         self._capability = (int(major), int(minor))
+        self._multiprocessors = (own.multiprocessors, own.shared_memory_per_multiprocessor)
 
     # -- fault injection ----------------------------------------------------------
 
@@ -520,6 +524,27 @@ class FakeDevice(RawDevice):
         if not isinstance(module, FakeModule) or kernel not in module.kernels:
             raise error_for_code("CUDA_ERROR_NOT_FOUND", f"kernel {kernel!r}")
         return (module.name, kernel)
+
+    def multiprocessors(self) -> tuple[int, int]:
+        return self._multiprocessors
+
+    def tensor_map_encode(self, encoding: TensorMapEncoding, address: int) -> bytes:
+        """The driver's rules (the core's public checker, as the fake's "driver"), then the fake's image."""
+        check_tensor_map(
+            encoding.spec(), address, compute_capability=self._capability, smem_per_sm=self._multiprocessors[1]
+        )
+        return encode_image(encoding, address)
+
+    def tensor_map_replace_address(self, image: bytes, address: int) -> bytes:
+        """As ``cuTensorMapReplaceAddress``: an address that breaks the map's alignment, or NULL, is refused."""
+        encoding, _ = decode_image(image)
+        align = 32 if encoding.interleave == 2 else 16
+        if address == 0 or address % align:
+            raise error_for_code(
+                "CUDA_ERROR_INVALID_VALUE", f"tensor map replace address: {address:#x} is NULL or not a multiple of "
+                f"{align}"
+            )
+        return encode_image(encoding, address)
 
     def add_kernel_implementations(self, implementations: Iterable[KernelImplementation]) -> None:
         with self._lock:

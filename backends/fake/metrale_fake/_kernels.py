@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from metrale_core import KernelImplementation, kernel_implementation
+from metrale_core import KernelImplementation, TensorMap, kernel_implementation
 
 from ._launch import FakeLaunch
 
@@ -69,5 +69,27 @@ def redzone_verdict(launch: FakeLaunch, desc: np.ndarray, state: np.ndarray, slo
     out[2] = words[1]
 
 
+@kernel_implementation("tma", "tma_copy_2d")
+def tma_copy_2d(
+    launch: FakeLaunch, src: TensorMap, dst: TensorMap, box_cols: np.uint32, box_rows: np.uint32,
+    tile_bytes: np.uint32,
+) -> None:
+    """The fake's TMA tile copy: each block's box loaded from ``src`` (out-of-bounds elements filled) and stored
+    to ``dst`` (out-of-bounds elements skipped), as the CUDA kernel's TMA load and store do."""
+    for by in range(launch.grid[1]):
+        for bx in range(launch.grid[0]):
+            coords = (by * int(box_rows), bx * int(box_cols))
+            tile = launch.tma_load(src, coords)
+            if tile.nbytes > launch.shared_mem:
+                raise IndexError(f"a box of {tile.nbytes} bytes overruns the launch's {launch.shared_mem} bytes of "
+                                 f"dynamic shared memory")
+            if tile.nbytes != int(tile_bytes):
+                raise RuntimeError(f"the TMA load brought {tile.nbytes} bytes where the kernel expected {tile_bytes}"
+                                   f" (on a GPU its barrier never completes)")
+            launch.tma_store(dst, coords, tile)
+
+
 #: The implementations the fake plugin registers through ``metrale_kernel_implementations``.
-SHIPPED: tuple[KernelImplementation, ...] = (vector_add, fill_u32, write_to, write_u8, redzone_scan, redzone_verdict)
+SHIPPED: tuple[KernelImplementation, ...] = (
+    vector_add, fill_u32, write_to, write_u8, redzone_scan, redzone_verdict, tma_copy_2d,
+)

@@ -9,7 +9,9 @@ from typing import Final
 import numpy as np
 
 from metrale_core import MetraleError
-from metrale_core.plugin import LaunchArg, error_for_code
+from metrale_core.plugin import LaunchArg, TensorMap, error_for_code
+
+from ._tensormap import tma_load, tma_store
 
 __all__ = ["DTYPES", "FakeLaunch", "MisalignedAddressError", "kernel_arg", "no_implementation"]
 
@@ -62,6 +64,17 @@ class FakeLaunch:
                                          f"of {size}")
         return view[:nbytes].view(dtype)
 
+    def tma_load(self, tmap: TensorMap, coords: tuple[int, ...]) -> np.ndarray:
+        """The box of tensor map ``tmap`` at element ``coords`` (outermost first), as the TMA brings it to shared
+        memory (``cp.async.bulk.tensor`` from global): ``spec.tile_shape`` elements, those outside the tensor
+        filled with zero or NaN as its ``oob_fill`` says. Interleaved maps are not copied (``ValueError``)."""
+        return tma_load(self.memory, tmap, coords)
+
+    def tma_store(self, tmap: TensorMap, coords: tuple[int, ...], tile: np.ndarray) -> None:
+        """Write ``tile`` to the box of ``tmap`` at ``coords``, as a TMA store does: elements outside the
+        tensor are skipped."""
+        tma_store(self.memory, tmap, coords, tile)
+
     @property
     def threads(self) -> int:
         """Threads in the whole launch."""
@@ -85,7 +98,10 @@ def no_implementation(module: str, kernel: str) -> MetraleError:
 def kernel_arg(arg: LaunchArg, tail: np.ndarray | None) -> object:
     """What an implementation gets for ``arg``: for a pointer, ``tail``, the bytes from it to the end of its
     allocation (``None``: outside any, so an empty view that faults at any access); a numpy scalar of the
-    parameter's type; or a struct's bytes."""
+    parameter's type; a struct's bytes; or, for a tensor-map slot, the :class:`~metrale_core.TensorMap` as it was
+    at the launch."""
+    if arg.tensor_map is not None:
+        return arg.tensor_map
     if arg.pointer is not None:
         return np.empty(0, dtype=np.uint8) if tail is None else tail
     if arg.param.count > 1:

@@ -36,6 +36,15 @@ class FakeSettings(PluginSettings):
         pattern=r"^\d+\.\d+$",
         description="The compute capability the fake reports, `major.minor`; PTX images are checked against it.",
     )
+    multiprocessors: int = Field(
+        132, gt=0,
+        description="The multiprocessors the fake reports (an H200's 132): `backend.n_tile` chooses tiles for them.",
+    )
+    shared_memory_per_multiprocessor: Size = Field(
+        233472, gt=0,
+        description="The shared memory per multiprocessor the fake reports (an H200's 228 KiB): a tensor map's box "
+        "must fit in it, as the driver checks.",
+    )
     defer: bool = Field(
         False,
         description="The fake runs stream work only when it must (a synchronize, a query, a pageable copy, "
