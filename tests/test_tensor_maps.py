@@ -435,7 +435,8 @@ def _tma_copy(gpu: GpuBackend, kernel: Kernel, a: np.ndarray, box: tuple[int, in
     """Copy ``a`` through the TMA into a buffer padded to whole boxes; the padded result."""
     (rows, cols), (bh, bw), size = a.shape, box, a.itemsize
     prows, pcols = -(-rows // bh) * bh, -(-cols // bw) * bw
-    dtype = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(np.uint8): "uint8"}[a.dtype]
+    dtype = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(np.uint8): "uint8",
+             np.dtype(np.float64): "float64"}[a.dtype]
     src, dst = gpu.alloc(a.nbytes), gpu.alloc(prows * pcols * size)
     gpu.copy_to_device(src, np.ascontiguousarray(a))
     gpu.memset(dst, 0xAB)
@@ -468,7 +469,7 @@ def _tma_copy(gpu: GpuBackend, kernel: Kernel, a: np.ndarray, box: tuple[int, in
 def _expected(a: np.ndarray, padded: tuple[int, int], fill: str) -> np.ndarray:
     out = np.zeros(padded, dtype=a.dtype)
     if fill == "nan":
-        out.view(f"u{a.itemsize}")[...] = {2: 0x7FFF, 4: 0x7FFFFFFF}[a.itemsize]
+        out.view(f"u{a.itemsize}")[...] = {2: 0x7FF7, 4: 0x7FF77FF7, 8: 0x7FF77FF77FF77FF7}[a.itemsize]
     out[: a.shape[0], : a.shape[1]] = a
     return out
 
@@ -480,6 +481,7 @@ def _expected(a: np.ndarray, padded: tuple[int, int], fill: str) -> np.ndarray:
         ((50, 68), (16, 32), np.float32, "zero"),  # a partial last tile both ways
         ((50, 68), (16, 32), np.float32, "nan"),
         ((33, 40), (8, 16), np.float16, "nan"),
+        ((20, 24), (8, 8), np.float64, "nan"),
         ((100, 48), (32, 16), np.uint8, "zero"),
         ((7, 256), (4, 256), np.float16, "zero"),
     ],
@@ -574,7 +576,7 @@ def test_the_fake_and_the_gpu_copy_the_same_bytes() -> None:
     with open_backend("cuda", settings=SETTINGS) as cuda, open_backend("fake", settings=SETTINGS) as fake:
         kernels = [g.load_modules(shipped_modules("tma")).kernel("tma", "tma_copy_2d") for g in (cuda, fake)]
         for shape, box, dtype, fill in [((50, 68), (16, 32), np.float32, "nan"), ((33, 40), (8, 16), np.float16, "nan"),
-                                        ((21, 48), (16, 16), np.uint8, "zero")]:
+                                        ((20, 24), (8, 8), np.float64, "nan"), ((21, 48), (16, 16), np.uint8, "zero")]:
             a = rng.integers(0, 255, size=shape).astype(dtype)
             on_gpu = _tma_copy(cuda, kernels[0], a, box, fill)
             on_fake = _tma_copy(fake, kernels[1], a, box, fill)

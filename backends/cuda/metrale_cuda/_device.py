@@ -138,8 +138,9 @@ class _Packing(threading.local):
 
 _PACKING: Final = _Packing()
 
-#: A ``CUtensorMap``'s size.
+#: A ``CUtensorMap``'s size, and the most dimensions one has.
 _TENSOR_MAP_BYTES: Final = 128
+_TENSOR_MAP_RANK: Final = 5
 
 
 def _tensor_map_bytes(tmap: Any) -> bytes:
@@ -732,10 +733,16 @@ class CudaDevice(RawDevice):
         """``cuTensorMapEncodeTiled``; the descriptor's 128 bytes."""
         e = encoding
         what = "cuTensorMapEncodeTiled"
+        if max(e.rank, len(e.global_dim), len(e.box_dim), len(e.element_strides)) > _TENSOR_MAP_RANK:
+            # what the driver refuses, and the bindings cannot even pass (their arrays hold five)
+            raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"{what} of rank {e.rank}")
+        # A rank-1 map has no global strides; the bindings pass an empty list as NULL, which the driver refuses
+        # (seen on the H200): give it one stride it does not read.
+        strides = e.global_strides if e.global_strides or e.rank != 1 else (0,)
         try:
             args = (
                 drv.CUtensorMapDataType(e.data_type), e.rank, address,
-                [drv.cuuint64_t(d) for d in e.global_dim], [drv.cuuint64_t(s) for s in e.global_strides],
+                [drv.cuuint64_t(d) for d in e.global_dim], [drv.cuuint64_t(s) for s in strides],
                 [drv.cuuint32_t(b) for b in e.box_dim], [drv.cuuint32_t(s) for s in e.element_strides],
                 drv.CUtensorMapInterleave(e.interleave), drv.CUtensorMapSwizzle(e.swizzle),
                 drv.CUtensorMapL2promotion(e.l2_promotion), drv.CUtensorMapFloatOOBfill(e.oob_fill),

@@ -31,8 +31,10 @@ _NUMPY: Final[dict[str, type[np.generic]]] = {
     "int64": np.int64, "float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": np.uint16,
     "float32_ftz": np.float32, "tfloat32": np.float32, "tfloat32_ftz": np.float32,
 }
-#: The bits of the NaN an out-of-bounds element gets with ``oob_fill="nan"``, by element size.
-NAN_BITS: Final = {2: 0x7FFF, 4: 0x7FFFFFFF, 8: 0x7FFFFFFFFFFFFFFF}
+#: The bits of the NaN an out-of-bounds element gets with ``oob_fill="nan"``, by element size: the 16-bit word
+#: ``0x7FF7`` over the whole element, a NaN in every float format (as the H200's TMA writes it: seen for 2-, 4- and
+#: 8-byte elements).
+NAN_BITS: Final = {2: 0x7FF7, 4: 0x7FF77FF7, 8: 0x7FF77FF77FF77FF7}
 
 
 def encode_image(encoding: TensorMapEncoding, address: int) -> bytes:
