@@ -441,6 +441,14 @@ class GpuBackend:
         return self._monitor.stats()
 
     @gated_read
+    def memory_summary(self, top: int = 5) -> str:
+        """A table of this backend's memory, as ``torch.cuda.memory_summary()`` gives: current, peak and
+        allocated bytes by kind, allocation counts, out-of-memory failures and retries, arenas, red zones,
+        the device's free memory, and the ``top`` call sites holding the most live memory. Answers after a
+        device fault too (without the device's free memory)."""
+        return self._monitor.summary(top)
+
+    @gated_read
     def reset_peak(self) -> None:
         """Start the peaks of :meth:`stats` again from the bytes live now."""
         self._monitor.reset_peak()

@@ -87,6 +87,10 @@ class ConformanceReport:
             return "FAIL"
         return "INCOMPLETE" if self.incomplete else "PASS"
 
+    def to_json(self) -> dict[str, object]:
+        """The report as JSON-ready data: every field, with ``verdict`` and ``ok``."""
+        return {"verdict": self.verdict, "ok": self.ok, **dataclasses.asdict(self)}
+
     def _run_line(self) -> str:
         order = "derandomized" if self.seed is None else f"seed {self.seed}"
         budget = "no time budget" if self.budget_s is None else f"a time budget of {self.budget_s:g} s"
@@ -167,13 +171,15 @@ def run_conformance(
     budget_s: float | None = DEFAULT_BUDGET_S,
     progress: Callable[[str], None] = lambda line: None,
     clock: Callable[[], float] = time.monotonic,
+    step: Callable[[int, int, str], None] | None = None,
 ) -> ConformanceReport:
     """Run the conformance state machine and the bad-input table against backend ``name``.
 
     The state machine runs at most ``examples`` programs of ``steps`` steps (derandomized, or from
     ``seed``); a failure is then shrunk while ``budget_s`` seconds last (``None``: no limit). No new
     program starts after the budget ran out: the verdict says so, and shows the failure as found.
-    ``clock`` reads the time the budget is measured in (seconds).
+    ``clock`` reads the time the budget is measured in (seconds). ``progress`` receives a line now and then;
+    ``step``, where given, ``(programs run, programs at most, what runs)`` at every program and the table.
     """
     for what, value in (("examples", examples), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -212,6 +218,8 @@ def run_conformance(
             report.examples += 1
             super().__init__()
             n = report.examples
+            if step is not None:
+                step(min(n, examples), examples, "conformance: state machine" if n <= examples else "shrinking")
             if n == 1 or n % (10 if n <= examples else 100) == 0:
                 progress(f"state machine: program {n}")
 
@@ -271,6 +279,8 @@ def run_conformance(
         logger.setLevel(level)
         gc.collect()  # what the programs left, before the table
     progress("bad-input table")
+    if step is not None:
+        step(examples, examples, "conformance: bad-input table")
     logger.setLevel(logging.ERROR)
     try:
         with open_backend(name, settings=settings) as gpu, bad_input_fixture(gpu) as fixture:

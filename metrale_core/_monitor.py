@@ -10,13 +10,13 @@ import threading
 from pathlib import Path
 
 from ._context import DeviceContext
-from ._errors import MetraleError
+from ._errors import InvalidArgumentError, MetraleError
 from ._holdings import Holdings
 from ._ledger import describe_sites, largest_sites
 from ._meminfo import effective_free_bytes, read_mem_available
-from ._pressure import MemoryStats, OomWatchdog, StatsCounter, check_watchdog_args
+from ._pressure import MemoryStats, OomWatchdog, StatsCounter, check_watchdog_args, memory_summary
 from ._snapshot import snapshot_path, write_snapshot
-from ._types import MemoryInfo
+from ._types import MemoryInfo, as_index
 
 __all__ = ["MemoryMonitor"]
 
@@ -55,6 +55,21 @@ class MemoryMonitor:
 
     def reset_peak(self) -> None:
         self._stats.reset_peak()
+
+    def summary(self, top: object) -> str:
+        """:func:`~metrale_core._pressure.memory_summary` of this backend now (the device's free memory left out
+        where the device cannot say: after a fault)."""
+        count = as_index(top)
+        if count is None or count < 1:
+            raise InvalidArgumentError(f"memory_summary: top must be a positive int, got {top!r}")
+        ctx = self.ctx
+        try:
+            info: MemoryInfo | None = self.memory_info()
+            device = ctx.raw.device_name()
+        except MetraleError:
+            info, device = None, f"{ctx.name} device {ctx.ordinal}"
+        title = f"{ctx.name}:{ctx.ordinal}, {device}"
+        return memory_summary(title, self.stats(), self._holdings.ledger.snapshot(), info, top=count)
 
     def spawn_oom_watchdog(self, interval_s: object, min_free_bytes: object, on_low: object) -> OomWatchdog:
         interval, min_free = check_watchdog_args(interval_s, min_free_bytes, on_low)

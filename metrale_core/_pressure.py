@@ -15,12 +15,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
 from ._errors import InvalidArgumentError, MetraleError
-from ._types import MemoryInfo, as_index, format_bytes
+from ._ledger import largest_sites
+from ._types import AllocRecord, MemoryInfo, as_index, format_bytes
 
 if TYPE_CHECKING:
     from ._arena import Arena
 
-__all__ = ["KINDS", "MemoryStats", "OomWatchdog", "StatsCounter"]
+__all__ = ["KINDS", "MemoryStats", "OomWatchdog", "StatsCounter", "memory_summary"]
 
 _log = logging.getLogger("metrale.memory")
 
@@ -51,6 +52,8 @@ class MemoryStats:
         (their zones found intact and still filled: a reuse needs no driver call and no fill).
     :param redzone_reusable_bytes: the device memory they hold, zones included.
     :param redzone_sample: red zones go to one allocation in this many (``redzone_sample``).
+    :param allocated_bytes: bytes allocated since the backend opened, per kind (every allocation counted,
+        freed or not; ``reset_peak()`` leaves it).
     """
 
     alloc_count: int
@@ -70,6 +73,7 @@ class MemoryStats:
     redzone_sample: int = 1
     redzone_reusable: int = 0
     redzone_reusable_bytes: int = 0
+    allocated_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def current_total_bytes(self) -> int:
@@ -81,7 +85,8 @@ class StatsCounter:
     """The mutable counters behind :class:`MemoryStats`. Thread-safe."""
 
     __slots__ = (
-        "_current", "_lock", "_peak", "_peak_total", "_total", "allocs", "arena_allocs", "frees", "graph_launches",
+        "_allocated", "_current", "_lock", "_peak", "_peak_total", "_total", "allocs", "arena_allocs", "frees",
+        "graph_launches",
         "oom_count", "oom_retries", "quarantined_bytes", "quarantined_count", "redzone_sample", "redzone_scans",
         "reusable_bytes", "reusable_count",
     )
@@ -90,6 +95,7 @@ class StatsCounter:
         self._lock = threading.Lock()
         self._current = dict.fromkeys(KINDS, 0)
         self._peak = dict.fromkeys(KINDS, 0)
+        self._allocated = dict.fromkeys(KINDS, 0)
         self._peak_total = 0
         self._total = 0  # the sum of _current
         self.allocs = 0
@@ -125,6 +131,7 @@ class StatsCounter:
             current = self._current
             now = current[kind] = current[kind] + nbytes
             self._peak[kind] = max(self._peak[kind], now)
+            self._allocated[kind] += nbytes
             total = self._total = self._total + nbytes
             self._peak_total = max(self._peak_total, total)
 
@@ -160,6 +167,7 @@ class StatsCounter:
                 redzone_sample=self.redzone_sample,
                 redzone_reusable=self.reusable_count,
                 redzone_reusable_bytes=self.reusable_bytes,
+                allocated_bytes=dict(self._allocated),
             )
 
 
@@ -285,3 +293,53 @@ def check_watchdog_args(interval_s: object, min_free_bytes: object, on_low: obje
     if on_low is not None and not callable(on_low):
         raise InvalidArgumentError(f"spawn_oom_watchdog: on_low must be callable or None, got {on_low!r}")
     return float(interval_s), min_free
+
+
+def memory_summary(
+    title: str,
+    stats: MemoryStats,
+    live: Sequence[AllocRecord],
+    info: MemoryInfo | None = None,
+    *,
+    top: int = 5,
+) -> str:
+    """A table of ``stats`` as people read it, as ``torch.cuda.memory_summary()`` gives: current, peak and
+    allocated bytes by kind, counts, out-of-memory failures and retries, arenas, red zones, the device's free
+    memory (``info``, where known) and the ``top`` call sites of the ``live`` allocations by bytes."""
+    rule = "-" * 76
+    rows = [("kind", "current", "peak", "allocated"), *(
+        (kind, format_bytes(stats.current_bytes.get(kind, 0)), format_bytes(stats.peak_bytes.get(kind, 0)),
+         format_bytes(stats.allocated_bytes.get(kind, 0)))
+        for kind in KINDS
+    ), ("all", format_bytes(stats.current_total_bytes), format_bytes(stats.peak_total_bytes),
+        format_bytes(sum(stats.allocated_bytes.values())))]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    table = [f"{r[0]:<{widths[0]}}  " + "  ".join(f"{c:>{w + 4}}" for c, w in zip(r[1:], widths[1:], strict=True))
+             for r in rows]
+    lines = [f"metrale memory summary: {title}", "=" * 76, *table[:1], *table[1:-1], table[-1], rule]
+    facts = [
+        ("allocations", f"{stats.alloc_count} made, {stats.free_count} released, {len(live)} on the ledger"),
+        ("out of memory", f"{stats.oom_count} failed, {stats.oom_retries} retried after a reclaim"),
+        ("arenas", f"{format_bytes(stats.arena_used)} of {format_bytes(stats.arena_capacity)} handed out, "
+                   f"{stats.arena_allocs} piece{'s' * (stats.arena_allocs != 1)}"),
+        ("red zones", f"{stats.redzone_scans} scans; quarantine {stats.redzone_quarantined} "
+                      f"({format_bytes(stats.redzone_quarantined_bytes)}); reusable {stats.redzone_reusable} "
+                      f"({format_bytes(stats.redzone_reusable_bytes)})"
+                      + (f"; one allocation in {stats.redzone_sample} zoned" if stats.redzone_sample > 1 else "")),
+        ("graph launches", str(stats.graph_launches)),
+    ]
+    if info is not None:
+        facts.append(("device memory", f"{format_bytes(info.free)} free of {format_bytes(info.total)} "
+                                       f"(an allocation can have {format_bytes(info.effective_free)})"))
+    width = max(len(name) for name, _ in facts)
+    lines += [f"{name:<{width}}  {text}" for name, text in facts]
+    lines.append(rule)
+    sites = largest_sites(live, top)
+    if not sites:
+        lines.append("no live allocations")
+    else:
+        lines.append(f"largest live call sites (of {len({r.site for r in live})})")
+        site_width = max(len(site) for site, _, _ in sites)
+        lines += [f"  {site:<{site_width}}  {format_bytes(nbytes):>10}  in {count} allocation{'s' * (count != 1)}"
+                  for site, nbytes, count in sites]
+    return "\n".join(lines)

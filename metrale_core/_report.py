@@ -8,8 +8,9 @@ refuses a damaged file with a :class:`~metrale_core.SnapshotError`. This module
 builds the report from what it read: it replays the snapshot into live bytes per
 call site over time (:func:`live_by_site`), and renders that as a Chrome
 trace-event timeline (:func:`chrome_trace`, for https://ui.perfetto.dev and
-``chrome://tracing``) or as a stacked area plot (:func:`plot_png`, which needs
-matplotlib: ``pip install 'metrale[report]'``). ``metrale report`` is the
+``chrome://tracing``), as a stacked area plot (:func:`plot_png`, which needs
+matplotlib) or as an interactive HTML timeline (:func:`plot_html`, which needs
+plotly; both: ``pip install 'metrale-core[report]'``). ``metrale report`` is the
 command line over these.
 
 The replay starts from the live set before the first event
@@ -48,6 +49,7 @@ __all__ = [
     "initial_live",
     "live_by_site",
     "load_snapshot",
+    "plot_html",
     "plot_png",
     "site_labels",
 ]
@@ -372,3 +374,70 @@ def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 
             color="#555555",
         )
         fig.savefig(Path(path), format="png")
+
+
+def plot_html(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 8) -> None:
+    """Write an interactive timeline of live memory by call site to one HTML file, opened in a browser with no
+    network (plotly's JavaScript is inside the file).
+
+    The stacked step areas of :func:`live_by_site`, one per call site (the ``top`` ones, the rest summed as
+    ``"other sites"``): hover over a band for its call site (in full), its live bytes then, and the total; drag
+    to zoom, double-click to zoom back out; click a site in the legend to hide it. Time since the backend
+    opened on x, in milliseconds (seconds past 10 s); live memory on y in the unit of the peak; the peak of
+    the total is marked. Needs plotly: ``pip install 'metrale[report]'``.
+
+    :raises ConfigError: plotly is not installed.
+    :raises OSError: the file cannot be written.
+    """
+    try:
+        import plotly.graph_objects as go  # type: ignore[import-untyped, unused-ignore]
+    except ImportError as exc:
+        raise ConfigError(
+            f"an HTML timeline needs plotly, which is not installed: pip install 'metrale-core[report]' "
+            f"(or write a Perfetto timeline instead: metrale report {snapshot.name} --trace OUT.json)"
+        ) from exc
+    timeline = live_by_site(snapshot, top)
+    peak_step = timeline.peak_step
+    peak = timeline.totals[peak_step]
+    unit, scale = _byte_unit(peak)
+    times = list(timeline.times)
+    last = times[-1]
+    span = last - times[0]
+    end = timeline.end if timeline.end is not None and timeline.end > last else last + max(span * 0.03, 1e-6)
+    in_seconds = end >= 10
+    factor, suffix = (1.0, "s") if in_seconds else (1e3, "ms")
+    xs = [t * factor for t in times] + [end * factor]
+    totals = [*timeline.totals, timeline.totals[-1]]
+    fig = go.Figure()
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
+    for rank, (label, group, values) in enumerate(zip(timeline.labels, timeline.sites, timeline.series, strict=True)):
+        ys = [v / scale for v in (*values, values[-1])]
+        site = group[0] if label != OTHER_SITES else f"{len(group)} other call sites"
+        text = [f"{format_bytes(v)} of {format_bytes(t)} live" for v, t in zip((*values, values[-1]), totals,
+                                                                                strict=True)]
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, name=f"{label} (peak {format_bytes(max(values))})", mode="lines", stackgroup="live",
+            line={"shape": "hv", "width": 0.5},
+            fillcolor="#b8b8b8" if label == OTHER_SITES else palette[rank % len(palette)],
+            line_color="#888888" if label == OTHER_SITES else palette[rank % len(palette)],
+            text=text, customdata=[site] * len(xs),
+            hovertemplate=f"<b>%{{customdata}}</b><br>%{{text}}<br>at %{{x:.3f}} {suffix}<extra></extra>",
+        ))
+    px, py = xs[peak_step], peak / scale
+    fig.add_trace(go.Scatter(
+        x=[px], y=[py], mode="markers+text", marker={"symbol": "triangle-down", "size": 11, "color": "#222222"},
+        text=[f"peak {format_bytes(peak)}"], textposition="top center", name="peak", showlegend=False,
+        hovertemplate=f"peak of the total: {format_bytes(peak)} at %{{x:.3f}} {suffix}<extra></extra>",
+    ))
+    fig.update_layout(
+        title={"text": f"Live memory by call site: peak {format_bytes(peak)}<br><sup>{snapshot.backend}: "
+                       f"{snapshot.device}, saved {snapshot.created}; {_history_note(snapshot)}</sup>"},
+        xaxis_title=f"time since the backend opened ({suffix})", yaxis_title=f"live memory ({unit})",
+        legend_title_text="call site (click to hide)", hovermode="closest", template="plotly_white",
+        width=None, height=560, margin={"t": 90},
+    )
+    fig.update_yaxes(rangemode="tozero")
+    Path(path).write_text(
+        fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False, "responsive": True}),
+        encoding="utf-8",
+    )

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_backend",),  # the facade
     ("_registration", "hookspec", "_discovery"),  # finding and opening backends
     ("__init__", "plugin"),  # the public API
-    ("_cli", "__main__", "_bench", "_report", "_selftest", "_conformance", "testing"),  # on top
+    ("_cli", "__main__", "_bench", "_report", "_selftest", "_conformance", "_progress", "testing"),  # on top
 )
 
 

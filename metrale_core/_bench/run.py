@@ -134,11 +134,13 @@ def run_bench(
     only: str | None = None,
     quick: bool = False,
     progress: Progress = lambda line: None,
+    step: Callable[[int, int, str], None] | None = None,
 ) -> BenchReport:
     """Run the measurements ``only`` names (all by default) on the backend ``settings`` pick.
 
     ``quick`` runs each with a few small rounds: a smoke run whose figures mean little.
-    ``progress`` receives a line as each measurement starts and as its parts run.
+    ``progress`` receives a line as each measurement starts and as its parts run; ``step``, where given,
+    ``(measurements done, measurements, the one running)`` as each starts and once all are done.
     """
     chosen = pick(only)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -146,6 +148,8 @@ def run_bench(
         bench = Bench(gpu, baseline, why_not, quick, progress)
         results = []
         for i, measurement in enumerate(chosen, 1):
+            if step is not None:
+                step(i - 1, len(chosen), f"bench: {measurement.name}")
             progress(f"[{i}/{len(chosen)}] {measurement.name}: {measurement.title}")
             # The garbage of the measurements before (a peer's pool or graph) is freed now, not by a
             # collection during this one's capture: a free made then would invalidate it (global mode).
@@ -153,4 +157,6 @@ def run_bench(
             started = time.perf_counter()
             results.append(measurement.run(bench))
             progress(f"      {measurement.name} done in {time.perf_counter() - started:.1f} s")
+        if step is not None:
+            step(len(chosen), len(chosen), "bench: done")
         return BenchReport(date, gpu.name, gpu.device_name, _versions(baseline), quick, tuple(results))
