@@ -192,7 +192,7 @@ def run_conformance(
         from hypothesis.stateful import get_state_machine_test
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise BackendUnavailableError(
-            f"conformance needs Hypothesis: pip install 'metrale[test]' ({exc})"
+            f"conformance needs Hypothesis: pip install 'metrale-core[test]' ({exc})"
         ) from exc
     from .testing import BAD_INPUTS, backend_state_machine, bad_input_fixture, check_bad_input
 

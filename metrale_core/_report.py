@@ -292,7 +292,7 @@ def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 
         from matplotlib.patches import Patch
     except ImportError as exc:
         raise ConfigError(
-            f"plotting a memory report needs matplotlib, which is not installed: pip install 'metrale[report]' "
+            f"plotting a memory report needs matplotlib, which is not installed: pip install 'metrale-core[report]' "
             f"(or write the timeline instead: metrale report {snapshot.name} --trace OUT.json)"
         ) from exc
     timeline = live_by_site(snapshot, top)
@@ -384,7 +384,7 @@ def plot_html(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int =
     ``"other sites"``): hover over a band for its call site (in full), its live bytes then, and the total; drag
     to zoom, double-click to zoom back out; click a site in the legend to hide it. Time since the backend
     opened on x, in milliseconds (seconds past 10 s); live memory on y in the unit of the peak; the peak of
-    the total is marked. Needs plotly: ``pip install 'metrale[report]'``.
+    the total is marked. Needs plotly: ``pip install 'metrale-core[report]'``.
 
     :raises ConfigError: plotly is not installed.
     :raises OSError: the file cannot be written.
