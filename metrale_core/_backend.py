@@ -372,7 +372,7 @@ class GpuBackend:
         return self._maps.make(buffer, spec, offset)
 
     @gated
-    def n_tile(self, m: int, n: int, /, **options: Any) -> NTile:
+    def n_tile(self, /, m: int, n: int, **options: Any) -> NTile:
         """:func:`metrale_core.n_tile` with this device's multiprocessor count (``options`` are its other
         keywords)."""
         return self._maps.n_tile(m, n, options)

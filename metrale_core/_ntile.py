@@ -72,8 +72,14 @@ def n_tile(
     rows, cols = _positive(m, "m"), _positive(n, "n")
     sms, group_count = _positive(num_sms, "num_sms"), _positive(groups, "groups")
     per_sm, size = _positive(occupancy, "occupancy"), _positive(element_bytes, "element_bytes")
+    if size not in (1, 2, 4, 8):
+        raise InvalidArgumentError(f"n_tile: element_bytes must be the size of a TMA data type, 1, 2, 4 or 8; got "
+                                   f"{element_bytes!r}")
     bm = (64 if rows <= 64 else 128) if block_m is None else _positive(block_m, "block_m")
     span = None if swizzle_bytes is None else _positive(swizzle_bytes, "swizzle_bytes")
+    if span is not None and span not in (32, 64, 128):
+        raise InvalidArgumentError(f"n_tile: swizzle_bytes must be a swizzle's span, 32, 64 or 128; got "
+                                   f"{swizzle_bytes!r}")
     if isinstance(candidates, str | bytes) or not isinstance(candidates, Sequence) or not candidates:
         raise InvalidArgumentError(f"n_tile: candidates must be a non-empty sequence of ints, got {candidates!r}")
     widths = sorted({_positive(c, "each candidate") for c in candidates})

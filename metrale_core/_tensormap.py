@@ -163,8 +163,13 @@ class TensorMapSpec:
 
     @property
     def tile_shape(self) -> tuple[int, ...]:
-        """The elements one load brings to shared memory per dimension: ``ceil(box / element stride)``."""
-        return tuple(-(-b // e) if e else 0 for b, e in zip(self.box, self.element_strides, strict=True))
+        """The elements one load brings to shared memory per dimension: ``ceil(box / element stride)``, and
+        without interleave the whole innermost box (the TMA ignores the innermost element stride there, as
+        seen on the H200: the driver checks it, the copy does not use it)."""
+        every = [*self.element_strides]
+        if every and self.interleave == "none":
+            every[-1] = 1
+        return tuple(-(-b // e) if e else 0 for b, e in zip(self.box, every, strict=True))
 
     def encoding(self) -> TensorMapEncoding:
         """The spec as ``cuTensorMapEncodeTiled`` takes it: CUDA's enums, dimensions innermost first."""
@@ -203,20 +208,30 @@ class TensorMapEncoding:
         """The :class:`TensorMapSpec` this encodes (for a backend that checks what it is given with
         :func:`check_tensor_map`); an enum out of range, or lengths that are not the rank's, raise
         :class:`~metrale_core.InvalidArgumentError` with ``CUDA_ERROR_INVALID_VALUE``, as the driver refuses."""
-        tables = ((self.data_type, tuple(TENSOR_MAP_DTYPES)), (self.interleave, _INTERLEAVES),
-                  (self.swizzle, _SWIZZLES), (self.l2_promotion, _L2_PROMOTIONS), (self.oob_fill, _OOB_FILLS))
-        lengths = (len(self.global_dim), len(self.box_dim), len(self.element_strides), len(self.global_strides) + 1)
-        if any(not 0 <= v < len(t) for v, t in tables) or any(n != max(self.rank, 1) for n in lengths[3:]) or any(
-            n != self.rank for n in lengths[:3]
+        bad = error_for_code("CUDA_ERROR_INVALID_VALUE", f"tensor map encoding {self}")
+        enums = [as_index(v) for v in (self.data_type, self.interleave, self.swizzle, self.l2_promotion,
+                                       self.oob_fill, self.rank)]
+        arrays = (self.global_dim, self.global_strides, self.box_dim, self.element_strides)
+        if None in enums or not all(isinstance(a, tuple | list) for a in arrays):
+            raise bad
+        code, interleave, swizzle, l2, oob, rank = (int(v) for v in enums)  # type: ignore[arg-type]
+        tables = ((code, TENSOR_MAP_DTYPES), (interleave, _INTERLEAVES), (swizzle, _SWIZZLES),
+                  (l2, _L2_PROMOTIONS), (oob, _OOB_FILLS))
+        lengths = (len(self.global_dim), len(self.box_dim), len(self.element_strides))
+        if any(not 0 <= v < len(t) for v, t in tables) or any(n != rank for n in lengths) or (
+            len(self.global_strides) != max(rank - 1, 0)
         ):
-            raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"tensor map encoding {self}")
-        dtype = tuple(TENSOR_MAP_DTYPES)[self.data_type]
-        strides = (*self.global_strides[::-1], TENSOR_MAP_DTYPES[dtype]) if self.rank else ()
-        return TensorMapSpec(
-            dtype, self.global_dim[::-1], strides, self.box_dim[::-1], element_strides=self.element_strides[::-1],
-            interleave=_INTERLEAVES[self.interleave], swizzle=_SWIZZLES[self.swizzle],
-            l2_promotion=_L2_PROMOTIONS[self.l2_promotion], oob_fill=_OOB_FILLS[self.oob_fill],
-        )
+            raise bad
+        dtype = tuple(TENSOR_MAP_DTYPES)[code]
+        strides = (*self.global_strides[::-1], TENSOR_MAP_DTYPES[dtype]) if rank else ()
+        try:
+            return TensorMapSpec(
+                dtype, self.global_dim[::-1], strides, self.box_dim[::-1], element_strides=self.element_strides[::-1],
+                interleave=_INTERLEAVES[interleave], swizzle=_SWIZZLES[swizzle], l2_promotion=_L2_PROMOTIONS[l2],
+                oob_fill=_OOB_FILLS[oob],
+            )
+        except InvalidArgumentError as exc:  # a value the driver's integer types cannot hold
+            raise bad from exc
 
 
 def _refuse(rule: str, detail: str) -> TensorMapError:
@@ -242,13 +257,14 @@ def check_tensor_map(
     addr = as_index(address)
     if addr is None or not 0 <= addr < WORD_LIMIT:
         raise InvalidArgumentError(f"check_tensor_map: address must be a 64-bit int, got {address!r}")
-    cc = tuple(compute_capability)
+    parts = [as_index(c) for c in compute_capability] if isinstance(compute_capability, tuple | list) else []
     smem = as_index(smem_per_sm)
-    if len(cc) != 2 or any(as_index(c) is None for c in cc) or smem is None or smem < 0:
+    if len(parts) != 2 or None in parts or smem is None or smem < 0:
         raise InvalidArgumentError(
             f"check_tensor_map: compute_capability must be (major, minor) and smem_per_sm a byte count, got "
             f"{compute_capability!r} and {smem_per_sm!r}"
         )
+    cc = (int(parts[0]), int(parts[1]))  # type: ignore[arg-type]
     if cc < (9, 0):
         raise _refuse("compute_capability", f"the device has compute capability {cc[0]}.{cc[1]}")
     rank, e = spec.rank, spec.itemsize

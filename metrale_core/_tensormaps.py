@@ -128,6 +128,9 @@ class TensorMapFront:
         if not isinstance(buffer, DeviceBuffer):
             raise invalid_argument(what, "a DeviceBuffer", buffer)
         off = integer(offset, what, "offset")
+        if off > buffer.nbytes:
+            raise InvalidBufferError(f"{what}: offset {off} is past the end of allocation #{buffer.index} "
+                                     f"({buffer.nbytes} bytes)")
         return buffer, off, buffer.ptr + off
 
     def require_room(self, spec: TensorMapSpec, buffer: DeviceBuffer, offset: int, what: str) -> None:

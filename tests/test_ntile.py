@@ -54,6 +54,9 @@ def test_the_options() -> None:
         ({"m": 1, "n": 1, "candidates": (64, 128), "swizzle_bytes": 64, "element_bytes": 4}, "at most 64 bytes"),
         ({"m": 1.5, "n": 1}, "m must be a positive int"),
         ({"m": 1, "n": 1, "block_m": 0}, "block_m must be a positive int"),
+        ({"m": 1, "n": 128, "element_bytes": 3}, "element_bytes must be the size of a TMA data type"),
+        ({"m": 1, "n": 128, "element_bytes": 1 << 64}, "element_bytes must be the size of a TMA data type"),
+        ({"m": 1, "n": 128, "swizzle_bytes": 48}, "swizzle_bytes must be a swizzle's span"),
     ],
 )
 def test_refusals(kw: dict[str, object], words: str) -> None:

@@ -187,6 +187,25 @@ def test_the_named_cases_on_the_backends_encoder(gpu: GpuBackend, name: str) -> 
         assert info.value.name == "CUDA_ERROR_INVALID_VALUE"
 
 
+@pytest.mark.parametrize("cc", [9, None, {9: 0, 1: 1}, (9, "0"), (9, 0, 1), "9.0"])
+def test_check_refuses_a_capability_it_cannot_read(cc: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="compute_capability must be"):
+        check_tensor_map(spec(), 0, compute_capability=cc)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "field", [{"data_type": 1.0}, {"data_type": "7"}, {"rank": "2"}, {"rank": None}, {"global_dim": None},
+              {"box_dim": iter([16, 16])}, {"swizzle": 9}, {"global_strides": ()}, {"global_dim": (1 << 65, 16)}],
+)
+def test_an_encoding_a_backend_cannot_read_is_the_drivers_refusal(field: dict[str, object]) -> None:
+    import dataclasses
+
+    bad = dataclasses.replace(spec().encoding(), **field)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError) as info:
+        bad.spec()
+    assert info.value.name == "CUDA_ERROR_INVALID_VALUE"
+
+
 def test_check_refuses_what_it_cannot_read() -> None:
     with pytest.raises(InvalidArgumentError, match="expected a TensorMapSpec"):
         check_tensor_map("spec", 0)  # type: ignore[arg-type]
@@ -365,6 +384,7 @@ def test_a_tensor_map_over_a_buffer(gpu: GpuBackend) -> None:
         (lambda gpu, buf: gpu.tensor_map(buf.ptr, spec()), InvalidArgumentError, "a DeviceBuffer"),
         (lambda gpu, buf: gpu.tensor_map(buf, spec(), offset=-16), InvalidArgumentError, "offset"),
         (lambda gpu, buf: gpu.tensor_map(buf, spec(box=(16, 2))), TensorMapError, "box[1] is 2 elements"),
+        (lambda gpu, buf: gpu.tensor_map(buf, spec(), offset=1 << 64), InvalidBufferError, "past the end"),
     ],
 )
 def test_tensor_map_refusals(gpu: GpuBackend, make: object, error: type[MetraleError], words: str) -> None:
@@ -425,14 +445,17 @@ def test_n_tile_on_the_backend(gpu: GpuBackend) -> None:
         gpu.n_tile(1, 1, waves=8)
     with pytest.raises(InvalidArgumentError, match="m must be a positive int"):
         gpu.n_tile(0, 1)
+    assert gpu.n_tile(m=1, n=4096) == n_tile(1, 4096, num_sms=sms)
 
 
 # -- the shipped TMA kernel ----------------------------------------------------------------------------------
 
 
 def _tma_copy(gpu: GpuBackend, kernel: Kernel, a: np.ndarray, box: tuple[int, int], fill: str,
-              captured: bool = False) -> np.ndarray:
-    """Copy ``a`` through the TMA into a buffer padded to whole boxes; the padded result."""
+              captured: bool = False, src_kw: dict[str, object] | None = None,
+              dst_kw: dict[str, object] | None = None) -> np.ndarray:
+    """Copy ``a`` through the TMA into a buffer padded to whole boxes; the padded result (``src_kw`` and
+    ``dst_kw``: more of each map's spec, a swizzle or element strides)."""
     (rows, cols), (bh, bw), size = a.shape, box, a.itemsize
     prows, pcols = -(-rows // bh) * bh, -(-cols // bw) * bw
     dtype = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(np.uint8): "uint8",
@@ -440,15 +463,17 @@ def _tma_copy(gpu: GpuBackend, kernel: Kernel, a: np.ndarray, box: tuple[int, in
     src, dst = gpu.alloc(a.nbytes), gpu.alloc(prows * pcols * size)
     gpu.copy_to_device(src, np.ascontiguousarray(a))
     gpu.memset(dst, 0xAB)
-    tsrc = gpu.tensor_map(src, TensorMapSpec(dtype, (rows, cols), (cols * size, size), box, oob_fill=fill))
-    tdst = gpu.tensor_map(dst, TensorMapSpec(dtype, (prows, pcols), (pcols * size, size), box))
-    args = [tsrc, tdst, np.uint32(bw), np.uint32(bh), np.uint32(bh * bw * size)]
+    sspec = TensorMapSpec(dtype, (rows, cols), (cols * size, size), box, oob_fill=fill, **(src_kw or {}))
+    tsrc = gpu.tensor_map(src, sspec)
+    tdst = gpu.tensor_map(dst, TensorMapSpec(dtype, (prows, pcols), (pcols * size, size), box, **(dst_kw or {})))
+    tile = int(np.prod(sspec.tile_shape)) * size
+    args = [tsrc, tdst, np.uint32(bw), np.uint32(bh), np.uint32(tile)]
     grid = (pcols // bw, prows // bh)
     if captured:
         stream = gpu.create_stream()
         gpu.default_stream.synchronize()
         gpu.begin_capture(stream)
-        gpu.launch(kernel, grid, 32, args, shared_mem=bh * bw * size, stream=stream)
+        gpu.launch(kernel, grid, 32, args, shared_mem=tile, stream=stream)
         graph = gpu.end_capture(stream)
         exe = graph.instantiate()
         exe.launch(stream)
@@ -457,10 +482,10 @@ def _tma_copy(gpu: GpuBackend, kernel: Kernel, a: np.ndarray, box: tuple[int, in
         graph.close()
         stream.close()
     else:
-        gpu.launch(kernel, grid, 32, args, shared_mem=bh * bw * size)
+        gpu.launch(kernel, grid, 32, args, shared_mem=tile)
     out = np.empty((prows, pcols), dtype=a.dtype)
     gpu.copy_to_host(out, dst)
-    del tsrc, tdst
+    del tsrc, tdst, args
     gpu.free(src)
     gpu.free(dst)
     return out
@@ -575,9 +600,24 @@ def test_the_fake_and_the_gpu_copy_the_same_bytes() -> None:
     rng = np.random.default_rng(11)
     with open_backend("cuda", settings=SETTINGS) as cuda, open_backend("fake", settings=SETTINGS) as fake:
         kernels = [g.load_modules(shipped_modules("tma")).kernel("tma", "tma_copy_2d") for g in (cuda, fake)]
-        for shape, box, dtype, fill in [((50, 68), (16, 32), np.float32, "nan"), ((33, 40), (8, 16), np.float16, "nan"),
-                                        ((20, 24), (8, 8), np.float64, "nan"), ((21, 48), (16, 16), np.uint8, "zero")]:
+        f32 = np.float32
+        cases: list[tuple[tuple[int, int], tuple[int, int], type[np.generic], str, dict[str, object],
+                          dict[str, object]]] = [
+            ((50, 68), (16, 32), f32, "nan", {}, {}), ((33, 40), (8, 16), np.float16, "nan", {}, {}),
+            ((20, 24), (8, 8), np.float64, "nan", {}, {}), ((21, 48), (16, 16), np.uint8, "zero", {}, {}),
+            # swizzled one way and not the other: the 16-byte chunks of shared memory come out permuted
+            ((32, 32), (8, 32), f32, "zero", {"swizzle": "128b"}, {}),
+            ((32, 32), (8, 32), f32, "zero", {}, {"swizzle": "128b"}),
+            ((32, 32), (16, 16), f32, "zero", {"swizzle": "64b"}, {}),
+            ((32, 32), (16, 8), f32, "zero", {"swizzle": "32b"}, {}),
+            ((32, 32), (16, 32), f32, "zero", {"swizzle": "128b"}, {"swizzle": "128b"}),
+            ((32, 32), (16, 16), f32, "zero", {"swizzle": "128b"}, {}),  # rows narrower than the swizzle's span
+            # element strides: the outer one skips rows; the innermost one the TMA ignores
+            ((32, 32), (16, 16), f32, "zero", {"element_strides": (2, 1)}, {"element_strides": (2, 1)}),
+            ((32, 32), (16, 16), f32, "zero", {"element_strides": (1, 2)}, {"element_strides": (1, 2)}),
+        ]
+        for shape, box, dtype, fill, src_kw, dst_kw in cases:
             a = rng.integers(0, 255, size=shape).astype(dtype)
-            on_gpu = _tma_copy(cuda, kernels[0], a, box, fill)
-            on_fake = _tma_copy(fake, kernels[1], a, box, fill)
-            assert on_gpu.tobytes() == on_fake.tobytes(), f"{shape} {box} {dtype} {fill}"
+            on_gpu = _tma_copy(cuda, kernels[0], a, box, fill, src_kw=src_kw, dst_kw=dst_kw)
+            on_fake = _tma_copy(fake, kernels[1], a, box, fill, src_kw=src_kw, dst_kw=dst_kw)
+            assert on_gpu.tobytes() == on_fake.tobytes(), f"{shape} {box} {dtype} {fill} {src_kw} {dst_kw}"

@@ -79,8 +79,8 @@ def _plan(
     _unsupported(spec)
     if len(coords) != spec.rank:
         raise ValueError(f"a {spec.rank}-dimensional tensor map takes {spec.rank} coordinates, got {len(coords)}")
-    axes = [int(c) + np.arange(0, b, e, dtype=np.int64) for c, b, e in
-            zip(coords, spec.box, spec.element_strides, strict=True)]
+    every = [*spec.element_strides[:-1], 1]  # the TMA ignores the innermost element stride (seen on the H200)
+    axes = [int(c) + np.arange(0, b, e, dtype=np.int64) for c, b, e in zip(coords, spec.box, every, strict=True)]
     grids = np.meshgrid(*axes, indexing="ij")
     inside = np.ones(grids[0].shape, dtype=bool)
     offsets = np.zeros(grids[0].shape, dtype=np.int64)
@@ -99,9 +99,33 @@ def _bytes_at(read: Callable[[int, int], np.ndarray], address: int, offsets: np.
     return memory, (offsets - lo)[:, None] + np.arange(size, dtype=np.int64)
 
 
+#: Per swizzle mode, the bits of a shared-memory byte offset that pick its 16-byte chunk and are XORed with the
+#: bits three places above them (CUTLASS's ``Swizzle<B, 4, 3>``: B = 1, 2, 3 for the 32-, 64- and 128-byte modes).
+_SWIZZLE_BITS: Final = {"none": 0, "32b": 0x10, "64b": 0x30, "128b": 0x70}
+
+
+def _swizzled(spec_swizzle: str, nbytes: int) -> np.ndarray | None:
+    """For each byte of a tile's shared memory in row-major order, where the swizzle puts it (``None``: nowhere
+    else). The tile starts at a 1024-byte boundary, as the shipped kernel's shared memory does."""
+    bits = _SWIZZLE_BITS.get(spec_swizzle)
+    if bits is None:
+        raise ValueError(f"the fake's TMA has no model of swizzle {spec_swizzle!r}")
+    if not bits:
+        return None
+    offsets = np.arange(nbytes, dtype=np.int64)
+    where = offsets ^ ((offsets >> 3) & bits)
+    if nbytes and int(where.max()) >= nbytes:
+        raise ValueError(f"the fake's TMA models a swizzled tile of whole 128-byte rows of shared memory; this one "
+                         f"is {nbytes} bytes")
+    return where
+
+
 def tma_load(read: Callable[[int, int], np.ndarray], tmap: TensorMap, coords: Sequence[int]) -> np.ndarray:
     """The box of ``tmap`` at element ``coords`` (outermost first), as the TMA brings it to shared memory:
-    ``tile_shape`` elements, those outside the tensor filled with zero or NaN as ``oob_fill`` says."""
+    ``tile_shape`` elements, those outside the tensor filled with zero or NaN as ``oob_fill`` says, laid out in
+    the array's memory as the map's swizzle lays them out in shared memory (row-major without one; a 16-byte
+    chunk moved within its 128 bytes with one, so a tile loaded with one swizzle and stored with another comes
+    out permuted, as on a GPU)."""
     shape, offsets, inside, dtype, size = _plan(tmap, coords)
     tile = np.zeros(shape, dtype=dtype)
     if tmap.spec.oob_fill == "nan":
@@ -109,18 +133,26 @@ def tma_load(read: Callable[[int, int], np.ndarray], tmap: TensorMap, coords: Se
     if inside.any():
         memory, index = _bytes_at(read, tmap.address, offsets[inside], size)
         tile[inside] = memory[index].reshape(-1).view(dtype)
-    return tile
+    where = _swizzled(tmap.spec.swizzle, tile.nbytes)
+    if where is None:
+        return tile
+    smem = np.empty(tile.nbytes, dtype=np.uint8)
+    smem[where] = tile.reshape(-1).view(np.uint8)
+    return smem.view(dtype).reshape(shape)
 
 
 def tma_store(
     read: Callable[[int, int], np.ndarray], tmap: TensorMap, coords: Sequence[int], tile: np.ndarray
 ) -> None:
-    """Write ``tile`` (of ``tile_shape``) to the box of ``tmap`` at ``coords``, as the TMA stores from shared
-    memory: elements outside the tensor are not written."""
+    """Write ``tile`` (shared memory, as :func:`tma_load` lays it out) to the box of ``tmap`` at ``coords``, as
+    the TMA stores from shared memory through the map's swizzle: elements outside the tensor are not written."""
     shape, offsets, inside, dtype, size = _plan(tmap, coords)
     data = np.ascontiguousarray(tile, dtype=dtype)
     if data.shape != shape:
         raise ValueError(f"a tile of {tmap.spec.box} elements is {shape}, got {data.shape}")
+    where = _swizzled(tmap.spec.swizzle, data.nbytes)
+    if where is not None:  # the shared memory as this map's swizzle reads it
+        data = data.reshape(-1).view(np.uint8)[where].view(dtype).reshape(shape)
     if inside.any():
         memory, index = _bytes_at(read, tmap.address, offsets[inside], size)
         memory[index] = data[inside].reshape(-1).view(np.uint8).reshape(-1, size)
