@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     )
     from .hookspec import hookimpl
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ENTRY_POINT_GROUP",

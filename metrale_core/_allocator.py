@@ -3,14 +3,14 @@ call to the ledger and back.
 
 It owns the front of the ledger (a record on before ``alloc`` returns, off before ``free``
 releases), reclaim-and-retry after an out-of-memory error and the report that names who holds
-the memory, arena blocks and :class:`~metrale_core.Arena` objects, host buffers, and the
-sweep. What it hands out it records in :class:`~metrale_core._holdings.Holdings`; red zones
+the memory, arena blocks and [`Arena`][metrale_core.Arena] objects, host buffers, and the
+sweep. What it hands out it records in `Holdings`; red zones
 are the zone guard's, asked for by the allocator.
 
 Nothing it makes outlives ``close()``: an allocation finishes by committing its record under
 the context's lock, and one that finds the backend closed by then (a callback closed it, or
 another thread's ``close()`` waited for it) releases its memory and raises
-:class:`~metrale_core.BackendClosedError` instead.
+[`BackendClosedError`][metrale_core.BackendClosedError] instead.
 """
 
 from __future__ import annotations

@@ -37,16 +37,16 @@ def _check_alloc(nbytes: object, align: object) -> tuple[int, int]:
 
 class Arena:
     """A sub-allocator over one block of device memory. Made by
-    :meth:`GpuBackend.create_arena <metrale_core.GpuBackend.create_arena>`.
+    [`GpuBackend.create_arena`][metrale_core.GpuBackend.create_arena].
 
     ``alloc(nbytes, align=256)`` hands out the next aligned piece of the block
-    (a :class:`~metrale_core.DeviceBuffer` of kind ``"arena"``, usable in every
+    (a [`DeviceBuffer`][metrale_core.DeviceBuffer] of kind ``"arena"``, usable in every
     operation of its backend); there is no per-buffer free: ``reset()`` takes
     every piece back at once, and ``close()`` releases the block. A buffer from
     before a ``reset()`` is no longer live, and operations on it raise
-    :class:`~metrale_core.InvalidBufferError`. ``reset()`` does not wait for the
+    [`InvalidBufferError`][metrale_core.InvalidBufferError]. ``reset()`` does not wait for the
     device: synchronize first if work still uses the old pieces. When the block
-    has no room, ``alloc`` raises :class:`~metrale_core.ArenaFullError`.
+    has no room, ``alloc`` raises [`ArenaFullError`][metrale_core.ArenaFullError].
 
     Thread-safe. A context manager (``close()`` on exit).
     """
@@ -89,7 +89,15 @@ class Arena:
         return self._block is None
 
     def alloc(self, nbytes: int, align: int = 256) -> DeviceBuffer:
-        """The next ``nbytes`` of the block, at an address that is a multiple of ``align`` (a power of two)."""
+        """The next ``nbytes`` of the block, at an address that is a multiple of ``align`` (a power of two).
+
+        :param nbytes: the size in bytes.
+        :param align: the address alignment, a power of two.
+        :returns: a buffer of kind ``"arena"``, live until the next ``reset()``; it is not on the ledger.
+        :raises ArenaFullError: the block has no room left for it since the last ``reset()``.
+        :raises InvalidBufferError: the arena is closed.
+        :raises InvalidArgumentError: ``nbytes`` or ``align`` is not valid.
+        """
         if type(nbytes) is not int or nbytes < 0 or type(align) is not int or align not in _ALIGNS:
             nbytes, align = _check_alloc(nbytes, align)
         with self._lock:

@@ -66,9 +66,9 @@ _log = logging.getLogger("metrale")
 class GpuBackend:
     """One open device of one backend. A context manager; thread-safe.
 
-    Obtain it from :func:`metrale_core.open_backend`. ``stream=None``
-    everywhere means :attr:`default_stream`, a non-blocking stream of this
-    backend's own. Every method raises :class:`~metrale_core.MetraleError`
+    Obtain it from [`metrale_core.open_backend`][metrale_core.open_backend]. ``stream=None``
+    everywhere means [`default_stream`][metrale_core.GpuBackend.default_stream], a non-blocking stream of this
+    backend's own. Every method raises [`MetraleError`][metrale_core.MetraleError]
     subclasses only.
     """
 
@@ -104,7 +104,7 @@ class GpuBackend:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` has run."""
+        """Whether [`close`][metrale_core.GpuBackend.close] has run."""
         return self._ctx.closed
 
     @property
@@ -151,7 +151,15 @@ class GpuBackend:
     # -- memory -------------------------------------------------------------------------
 
     def alloc(self, nbytes: int) -> DeviceBuffer:
-        """Device memory, on the ledger until ``free`` or ``sweep_unreleased`` takes it off."""
+        """Device memory, on the ledger until ``free`` or ``sweep_unreleased`` takes it off.
+
+        :param nbytes: the size in bytes (an ``int``, numpy integers too; 0 is allowed).
+        :returns: the buffer, recorded on the ledger with the caller's ``file:line``.
+        :raises OutOfMemoryError: the device has no room, after the ``on_out_of_memory`` callbacks had
+            their turn; the message names the call sites holding the most memory.
+        :raises CaptureError: a capture is in progress (allocating is not a capturable call).
+        :raises InvalidArgumentError: ``nbytes`` is not a byte count.
+        """
         ctx = self._ctx
         ctx.enter()  # what @gated does, written out: a hot path (a frame less)
         try:
@@ -180,7 +188,7 @@ class GpuBackend:
 
     @gated
     def alloc_arena(self, nbytes: int) -> DeviceBuffer:
-        """Device memory never on the ledger; released only by :meth:`free_arena`."""
+        """Device memory never on the ledger; released only by [`free_arena`][metrale_core.GpuBackend.free_arena]."""
         return self._memory.alloc(nbytes, "arena", "alloc_arena")
 
     @gated
@@ -193,7 +201,7 @@ class GpuBackend:
 
         The ledger record comes off first, then the memory is released,
         whatever the release returns. Anything else raises
-        :class:`~metrale_core.InvalidBufferError` and changes nothing.
+        [`InvalidBufferError`][metrale_core.InvalidBufferError] and changes nothing.
         """
         ctx = self._ctx
         ctx.enter()  # what @gated does, written out: a hot path
@@ -209,7 +217,7 @@ class GpuBackend:
 
     @gated
     def create_arena(self, capacity: int) -> Arena:
-        """An :class:`~metrale_core.Arena` over one new ``alloc_arena`` block of ``capacity`` bytes."""
+        """An [`Arena`][metrale_core.Arena] over one new ``alloc_arena`` block of ``capacity`` bytes."""
         return self._memory.create_arena(capacity)
 
     @gated
@@ -242,7 +250,16 @@ class GpuBackend:
         self, dst: DeviceBuffer | int, value: int, *, offset: int = 0, nbytes: int | None = None,
         stream: Stream | None = None,
     ) -> None:
-        """Set bytes of ``dst`` to ``value`` (0..255) on ``stream``."""
+        """Set bytes of ``dst`` to ``value`` (0..255) on ``stream``.
+
+        :param dst: a live buffer, or a raw device pointer (not checked).
+        :param value: the byte to write, 0..255.
+        :param offset: where in ``dst`` to start.
+        :param nbytes: how many bytes; ``None``: the rest of ``dst`` from ``offset``.
+        :param stream: the stream to queue it on; ``None``: [`default_stream`][metrale_core.GpuBackend.default_stream].
+        :raises InvalidBufferError: ``dst`` is not live, or the range runs past it.
+        :raises InvalidArgumentError: ``value`` is not a byte value, or ``offset`` or ``nbytes`` is not a count.
+        """
         ctx = self._ctx
         ctx.enter()  # what @gated does, written out: a hot path
         try:
@@ -254,12 +271,30 @@ class GpuBackend:
     def copy_to_device(
         self, dst: DeviceBuffer | int, src: Any, *, offset: int = 0, stream: Stream | None = None
     ) -> None:
-        """Copy all of ``src`` (host bytes or a ``HostBuffer``) to ``dst`` at ``offset``."""
+        """Copy all of ``src`` (host bytes or a ``HostBuffer``) to ``dst`` at ``offset``.
+
+        :param dst: a live buffer, or a raw device pointer (not checked).
+        :param src: host memory: any C-contiguous buffer (``bytes``, a numpy array) or a
+            [`HostBuffer`][metrale_core.HostBuffer]; a pinned one makes the copy asynchronous.
+        :param offset: where in ``dst`` the bytes go.
+        :param stream: the stream to queue it on; ``None``: [`default_stream`][metrale_core.GpuBackend.default_stream].
+        :raises InvalidBufferError: ``dst`` is not live, or ``src`` does not fit from ``offset``.
+        :raises InvalidArgumentError: ``src`` is not C-contiguous host memory.
+        """
         self._streams.copy_to_device(dst, src, offset, stream)
 
     @gated
     def copy_to_host(self, dst: Any, src: DeviceBuffer | int, *, offset: int = 0, stream: Stream | None = None) -> None:
-        """Fill all of ``dst`` (writable host memory or a ``HostBuffer``) from ``src`` at ``offset``."""
+        """Fill all of ``dst`` (writable host memory or a ``HostBuffer``) from ``src`` at ``offset``.
+
+        :param dst: writable, C-contiguous host memory (a ``bytearray``, a numpy array) or a
+            [`HostBuffer`][metrale_core.HostBuffer]; its size is the number of bytes copied.
+        :param src: a live buffer, or a raw device pointer (not checked).
+        :param offset: where in ``src`` the bytes start.
+        :param stream: the stream to queue it on; ``None``: [`default_stream`][metrale_core.GpuBackend.default_stream].
+        :raises InvalidBufferError: ``src`` is not live, or ``dst``'s size runs past its end from ``offset``.
+        :raises InvalidArgumentError: ``dst`` is not writable, C-contiguous host memory.
+        """
         self._streams.copy_to_host(dst, src, offset, stream)
 
     @gated
@@ -267,7 +302,16 @@ class GpuBackend:
         self, dst: DeviceBuffer | int, src: DeviceBuffer | int, *, nbytes: int | None = None, dst_offset: int = 0,
         src_offset: int = 0, stream: Stream | None = None,
     ) -> None:
-        """Copy device to device; ``nbytes=None`` copies the rest of ``src`` from ``src_offset``."""
+        """Copy device to device; ``nbytes=None`` copies the rest of ``src`` from ``src_offset``.
+
+        :param dst: a live buffer, or a raw device pointer (not checked).
+        :param src: a live buffer, or a raw device pointer (not checked).
+        :param nbytes: how many bytes; ``None``: the rest of ``src`` from ``src_offset``.
+        :param dst_offset: where in ``dst`` the bytes go.
+        :param src_offset: where in ``src`` they start.
+        :param stream: the stream to queue it on; ``None``: [`default_stream`][metrale_core.GpuBackend.default_stream].
+        :raises InvalidBufferError: a buffer is not live, or a range runs past its end.
+        """
         self._streams.copy_device(dst, src, nbytes, dst_offset, src_offset, stream)
 
     @gated
@@ -294,7 +338,7 @@ class GpuBackend:
 
     @gated
     def end_capture(self, stream: Stream | None = None) -> Graph:
-        """End the capture of ``stream`` and return the recorded :class:`Graph`.
+        """End the capture of ``stream`` and return the recorded [`Graph`][metrale_core.Graph].
 
         An invalidated capture is ended and discarded, and ``CaptureError`` raised.
         """
@@ -318,16 +362,17 @@ class GpuBackend:
 
         Every image is checked against the device's compute capability first;
         the images the device cannot run are refused together, in one
-        :class:`~metrale_core.ArchitectureError`, and nothing is loaded.
+        [`ArchitectureError`][metrale_core.ArchitectureError], and nothing is loaded.
         """
         return self._kernels.load_modules(images)
 
     @gated
     def preflight(self, images: Mapping[str, bytes | str]) -> None:
-        """Check PTX images against the device without loading them; raises like :meth:`load_modules`.
+        """Check PTX images against the device without loading them; raises like
+        [`load_modules`][metrale_core.GpuBackend.load_modules].
 
         ``images`` maps module names (``str``) to PTX images (``bytes``, ``bytearray`` or ``str``);
-        anything else raises :class:`~metrale_core.InvalidArgumentError` saying so."""
+        anything else raises [`InvalidArgumentError`][metrale_core.InvalidArgumentError] saying so."""
         self._kernels.preflight(images)
 
     @gated
@@ -351,6 +396,16 @@ class GpuBackend:
         In a capture the launch is recorded. With ``debug_sync_kernels`` the
         stream is synchronized after the launch (outside captures) and a
         failure names this launch.
+
+        :param kernel: from [`KernelRegistry.kernel`][metrale_core.KernelRegistry.kernel].
+        :param grid: blocks per grid: an ``int`` or up to three dimensions.
+        :param block: threads per block: an ``int`` or up to three dimensions.
+        :param args: one value per kernel parameter, as above.
+        :param shared_mem: dynamic shared memory per block, in bytes.
+        :param stream: the stream to queue it on; ``None``: [`default_stream`][metrale_core.GpuBackend.default_stream].
+        :raises InvalidArgumentError: ``args`` does not match the kernel's parameters, or the shape is invalid.
+        :raises InvalidBufferError: a buffer argument is not live.
+        :raises DeviceFaultError: the kernel faulted (seen at the launch only with ``debug_sync_kernels``).
         """
         ctx = self._ctx
         ctx.enter()  # what @gated does, written out: a hot path
@@ -363,18 +418,18 @@ class GpuBackend:
     def tensor_map(self, buffer: DeviceBuffer, spec: TensorMapSpec, offset: int = 0) -> TensorMap:
         """A tensor map (TMA descriptor) of ``spec`` over ``buffer`` from byte ``offset``.
 
-        Checked by :func:`~metrale_core.check_tensor_map` with this device's compute capability and shared
-        memory per multiprocessor (a :class:`~metrale_core.TensorMapError` names the rule the driver would
+        Checked by [`check_tensor_map`][metrale_core.check_tensor_map] with this device's compute capability and shared
+        memory per multiprocessor (a [`TensorMapError`][metrale_core.TensorMapError] names the rule the driver would
         refuse), then by metrale's own rules: ``buffer`` a live buffer of this backend and
-        ``offset + spec.extent <= buffer.nbytes`` (else :class:`~metrale_core.InvalidBufferError`); then
+        ``offset + spec.extent <= buffer.nbytes`` (else [`InvalidBufferError`][metrale_core.InvalidBufferError]); then
         encoded. Pass the map as the argument of a kernel's tensor-map parameter.
         """
         return self._maps.make(buffer, spec, offset)
 
     @gated
     def n_tile(self, /, m: int, n: int, **options: Any) -> NTile:
-        """:func:`metrale_core.n_tile` with this device's multiprocessor count (``options`` are its other
-        keywords)."""
+        """[`metrale_core.n_tile`][metrale_core.n_tile] with this device's multiprocessor count (``options`` are its
+        other keywords)."""
         return self._maps.n_tile(m, n, options)
 
     @gated
@@ -392,7 +447,7 @@ class GpuBackend:
         """Wait for this backend's work, then report every live zone whose bytes changed.
 
         Each violation goes to the observers, then is logged (``redzone_action="warn"``,
-        the default) or raised as one :class:`~metrale_core.RedZoneError`
+        the default) or raised as one [`RedZoneError`][metrale_core.RedZoneError]
         (``"raise"``).
         """
         forbid_during_capture("scan_redzones()")
@@ -422,7 +477,7 @@ class GpuBackend:
         ``obj`` exports the CUDA array interface or DLPack (a CuPy array, a PyTorch tensor) or, on
         a backend whose device memory is host memory (the fake), is a writable C-contiguous
         buffer (a numpy array). metrale's copies, memsets and launches then work on it; it is
-        never on the ledger and never freed by metrale: :meth:`unwrap` lets go of it (and of
+        never on the ledger and never freed by metrale: [`unwrap`][metrale_core.GpuBackend.unwrap] lets go of it (and of
         ``obj``, which is kept alive until then). Wrapping waits for the device's work, so what
         the producer issued in this context is done.
         """
@@ -430,14 +485,16 @@ class GpuBackend:
 
     @gated
     def unwrap(self, buf: DeviceBuffer) -> None:
-        """Let go of memory of :meth:`wrap`; the buffer is no longer live here (its owner still frees it)."""
+        """Let go of memory of [`wrap`][metrale_core.GpuBackend.wrap]; the buffer is no longer live here (its owner
+        still frees it)."""
         self._exports.unwrap(buf, self._streams.warn_if_graphed)
 
     # -- memory pressure ----------------------------------------------------------------
 
     @gated_read
     def stats(self) -> MemoryStats:
-        """Counts and bytes since the backend opened (peaks since the last :meth:`reset_peak`)."""
+        """Counts and bytes since the backend opened (peaks since the last
+        [`reset_peak`][metrale_core.GpuBackend.reset_peak])."""
         return self._monitor.stats()
 
     @gated_read
@@ -450,27 +507,27 @@ class GpuBackend:
 
     @gated_read
     def reset_peak(self) -> None:
-        """Start the peaks of :meth:`stats` again from the bytes live now."""
+        """Start the peaks of [`stats`][metrale_core.GpuBackend.stats] again from the bytes live now."""
         self._monitor.reset_peak()
 
     @gated
     def spawn_oom_watchdog(
         self, *, interval_s: float, min_free_bytes: int, on_low: Callable[[MemoryInfo], object] | None = None
     ) -> OomWatchdog:
-        """Start an :class:`~metrale_core.OomWatchdog`: a daemon thread that polls
+        """Start an [`OomWatchdog`][metrale_core.OomWatchdog]: a daemon thread that polls
         ``memory_info()`` every ``interval_s`` seconds and warns, once, when
         ``effective_free`` falls under ``min_free_bytes``."""
         return self._monitor.spawn_oom_watchdog(interval_s, min_free_bytes, on_low)
 
     @gated_read
     def save_snapshot(self, path: str | os.PathLike[str]) -> Path:
-        """Write the ledger (and its history, with ``memory_history``) and :meth:`stats` to
+        """Write the ledger (and its history, with ``memory_history``) and [`stats`][metrale_core.GpuBackend.stats] to
         ``path`` as JSON, for ``metrale report``; returns the path.
 
         The file is written atomically (a temporary file beside it, then a rename). A ``path`` that
-        is not a ``str`` or ``os.PathLike`` raises :class:`~metrale_core.InvalidArgumentError`; one
+        is not a ``str`` or ``os.PathLike`` raises [`InvalidArgumentError`][metrale_core.InvalidArgumentError]; one
         that cannot be written (a folder, a missing folder, no permission) raises
-        :class:`~metrale_core.SnapshotError` naming it, and leaves no temporary file behind."""
+        [`SnapshotError`][metrale_core.SnapshotError] naming it, and leaves no temporary file behind."""
         return self._monitor.save_snapshot(path)
 
     # -- lifetime -----------------------------------------------------------------------
@@ -480,11 +537,11 @@ class GpuBackend:
 
         Safe from any thread against any other call: calls already running finish first
         (those of this thread excepted: a callback may close the backend it was called by),
-        later ones raise :class:`~metrale_core.BackendClosedError`.
+        later ones raise [`BackendClosedError`][metrale_core.BackendClosedError].
 
         Afterwards the backend holds no memory: the parts let go of every buffer, module,
         wrapped object, ``on_out_of_memory`` callback and violation observer, and of the raw
-        device (only :attr:`raw` still answers with it); nothing of it waits for the garbage
+        device (only [`raw`][metrale_core.GpuBackend.raw] still answers with it); nothing of it waits for the garbage
         collector, and its handles keep neither it nor its raw device alive.
         """
         ctx = self._ctx

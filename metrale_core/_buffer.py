@@ -15,13 +15,28 @@ import math
 import reprlib
 import sys
 from collections.abc import Sequence
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from ._dlpack import DLPACK_CPU, DLPACK_CUDA, DTYPES, itemsize, make_capsule
+from ._dlpack import (
+    DLPACK_CPU,
+    DLPACK_CUDA,
+    DLPACK_VERSION,
+    DTYPES,
+    ML_DTYPES,
+    itemsize,
+    make_capsule,
+    numpy_dtype,
+)
 from ._errors import InvalidArgumentError
-from ._types import CLASS_SWAP, ForeignMemory, as_index
+from ._types import CLASS_SWAP, WORD_LIMIT, ForeignMemory, as_index
 
-__all__ = ["BufferOwner", "DeviceArray", "DeviceBuffer", "dtype_name"]
+if TYPE_CHECKING:
+    from typing_extensions import CapsuleType  # (pydantic's dependency; types.CapsuleType from Python 3.13)
+
+__all__ = ["NO_SYNC", "BufferOwner", "DeviceArray", "DeviceBuffer", "StreamOrdering", "dtype_name"]
+
+#: DLPack's ``stream=-1``: the consumer asks the producer for no synchronization at all.
+NO_SYNC: Final = -1
 
 
 class BufferOwner(Protocol):
@@ -32,6 +47,16 @@ class BufferOwner(Protocol):
 
     def export_held(self, index: int, delta: int) -> None:
         """Count the DLPack tensors of allocation ``index`` a consumer still holds."""
+
+
+@runtime_checkable
+class StreamOrdering(Protocol):
+    """What an export table that orders a DLPack consumer's stream offers besides :class:`BufferOwner`
+    (a closed backend's table does not: its ``export`` refuses every export)."""
+
+    def export_for_stream(self, buf: DeviceBuffer, view: DeviceArray, what: str, stream: int) -> ForeignMemory:
+        """:meth:`BufferOwner.export` for a consumer that names its DLPack ``stream``: the backend's work is
+        ordered before that stream on the device, not waited for (none at all for :data:`NO_SYNC`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,7 +98,7 @@ class DeviceBuffer:
 
     def __dlpack__(
         self, *, stream: object = None, max_version: object = None, dl_device: object = None, copy: object = None
-    ) -> object:
+    ) -> CapsuleType:
         return self.view().__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -119,7 +144,11 @@ _NATIVE_ORDER: Final = ("=", "|", "<") if sys.byteorder == "little" else ("|", "
 
 
 def dtype_name(dtype: object) -> str:
-    """The name of ``dtype`` (a string, a numpy dtype or scalar type), checked against the ones metrale exports."""
+    """The name of ``dtype`` (a string, a numpy dtype or scalar type), checked against the ones metrale exports.
+
+    ``bfloat16`` and the float8 types (:data:`~metrale_core._dlpack.ML_DTYPES`) need the optional package
+    ``ml_dtypes``, imported here on first use: without it they are refused with advice to install it.
+    """
     try:
         name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or getattr(dtype, "__name__", None)
         # numpy names a byte-swapped dtype as the native one (``dtype(">f4").name`` is ``"float32"``); metrale
@@ -131,6 +160,14 @@ def dtype_name(dtype: object) -> str:
         raise InvalidArgumentError(
             f"view: dtype {dtype!r} is not one metrale exports; use one of {', '.join(DTYPES)}"
         )
+    if name in ML_DTYPES:
+        try:
+            numpy_dtype(name)
+        except ImportError:
+            raise InvalidArgumentError(
+                f"view: dtype {name} comes from the optional package ml_dtypes, which is not installed; "
+                f"install it with: pip install ml-dtypes"
+            ) from None
     return name
 
 
@@ -166,6 +203,43 @@ def _typestr(name: str, size: int) -> str:
     return ("|" if size == 1 else "<") + name[0] + str(size)
 
 
+def _dlpack_version(max_version: object) -> tuple[int, int] | None:
+    """The DLPack version to export for a consumer's ``max_version``: ``None`` (the legacy capsule) for
+    ``None`` or a major version 0, else the newest 1.x both sides know."""
+    if max_version is None:
+        return None
+    if max_version == (1, 0) and type(max_version) is tuple:  # numpy's, the common case
+        return (1, 0)
+    try:
+        parts = tuple(as_index(part) for part in max_version)  # type: ignore[attr-defined]
+    except Exception:  # not iterable, or an iterable that fails
+        parts = ()
+    if len(parts) != 2 or None in parts or any(part < 0 for part in parts if part is not None):
+        raise InvalidArgumentError(
+            f"__dlpack__: max_version must be None or a (major, minor) pair of integers, "
+            f"got {reprlib.repr(max_version)}"
+        )
+    major, minor = parts
+    assert major is not None and minor is not None
+    if major < 1:
+        return None
+    return DLPACK_VERSION if major > 1 else (1, min(minor, DLPACK_VERSION[1]))
+
+
+def _dlpack_stream(stream: object) -> int | None:
+    """A consumer's ``stream`` checked as DLPack has it: ``None``, -1 (no synchronization), 1 (CUDA's legacy
+    default stream), 2 (the per-thread default stream) or a stream's address; never 0, which is ambiguous."""
+    if stream is None:
+        return None
+    value = as_index(stream)
+    if value is None or value == 0 or not NO_SYNC <= value < WORD_LIMIT:
+        raise InvalidArgumentError(
+            f"__dlpack__: stream must be None, -1 (no synchronization), 1 (the legacy default stream), "
+            f"2 (the per-thread default stream) or a CUDA stream's address, got {reprlib.repr(stream)}"
+        )
+    return value
+
+
 class DeviceArray:
     """A typed, C-contiguous view of a device buffer, for other array libraries. Made by
     :meth:`DeviceBuffer.view <metrale_core.DeviceBuffer.view>`.
@@ -175,9 +249,14 @@ class DeviceArray:
       for the fake backend, whose device memory is host memory;
     - ``__array__`` on the fake: a numpy array over the fake's device memory, no copy.
 
-    Each export waits for the backend's work first. A consumer that holds a view while the
-    buffer is freed points at freed memory: ``free`` logs a WARNING when it knows of one (a
-    ``DeviceArray`` still referenced, or a DLPack tensor not yet released).
+    ``dtype`` is one of :data:`~metrale_core._dlpack.DTYPES`: numpy's integer and float types,
+    and ``bfloat16`` and the float8 types through the optional package ``ml_dtypes`` (DLPack
+    names them; the CUDA array interface cannot, so those views export through DLPack only).
+
+    Each export comes after the backend's work: ``__dlpack__(stream=s)`` orders the consumer's
+    stream ``s`` after it on the device, every other export waits for it. A consumer that holds
+    a view while the buffer is freed points at freed memory: ``free`` logs a WARNING when it
+    knows of one (a ``DeviceArray`` still referenced, or a DLPack tensor not yet released).
     """
 
     __slots__ = ("__weakref__", "buffer", "dtype", "itemsize", "shape")
@@ -241,6 +320,11 @@ class DeviceArray:
             # AttributeError, so hasattr() says no (without waiting for the device) and a consumer tries
             # another protocol
             raise AttributeError(f"backend memory of allocation #{self.buffer.index} is not CUDA memory")
+        if self.dtype in ML_DTYPES:  # numpy's type strings have no name for them ("<V2" is any 2 bytes)
+            raise AttributeError(
+                f"the CUDA array interface has no type string for {self.dtype}; export it with DLPack "
+                f"(torch.from_dlpack), which names it"
+            )
         memory = backend.export(self.buffer, self, what)
         return {
             "shape": self.shape,
@@ -248,7 +332,10 @@ class DeviceArray:
             "data": (memory.address, False),
             "version": 3,
             "strides": None,
-            "stream": None,  # the export waited for the backend's work: nothing to synchronize with
+            # the export waited for the backend's work: nothing to synchronize with (the interface lets no
+            # consumer name its stream, and PyTorch's consumer ignores this key, so naming metrale's stream
+            # here instead of waiting would let it read memory still being written)
+            "stream": None,
         }
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -257,12 +344,24 @@ class DeviceArray:
 
     def __dlpack__(
         self, *, stream: object = None, max_version: object = None, dl_device: object = None, copy: object = None
-    ) -> object:
+    ) -> CapsuleType:
+        """A DLPack capsule of this view (the Python array API's protocol, 2023.12).
+
+        ``max_version`` with a major version of 1 or more gets a ``"dltensor_versioned"`` capsule
+        (writable: the read-only flag cleared), else the legacy ``"dltensor"``. ``stream`` is the
+        consumer's: ``None`` waits for the backend's work on the host; an integer (1 or 2, CUDA's
+        default streams, or a stream's address) orders that stream after the backend's work on
+        the device, with no host wait; -1 asks for no synchronization. ``copy=True`` and a
+        ``dl_device`` of another device are DLPack's ``BufferError``: metrale exports its memory
+        in place. Malformed arguments are an ``InvalidArgumentError``.
+        """
         if copy is True:
             raise BufferError("metrale exports its memory without copying (copy=True asked for a copy)")
-        backend = self._backend()
-        memory = backend.export(self.buffer, self, "__dlpack__")
-        device = (DLPACK_CUDA, memory.device_id) if memory.device == "cuda" else (DLPACK_CPU, 0)
+        if copy is not None and copy is not False:
+            raise InvalidArgumentError(f"__dlpack__: copy must be None, False or True, got {reprlib.repr(copy)}")
+        version = _dlpack_version(max_version)
+        order = _dlpack_stream(stream)
+        asked: tuple[int | None, ...] | None = None
         if dl_device is not None:
             try:
                 asked = tuple(as_index(part) for part in dl_device)  # type: ignore[attr-defined]
@@ -273,14 +372,24 @@ class DeviceArray:
                     f"__dlpack__: dl_device must be a (device type, device id) pair of integers, "
                     f"got {reprlib.repr(dl_device)}"
                 )
-            if asked != device:
-                raise BufferError(f"metrale's memory is on DLPack device {device}, not {dl_device}")
+        backend = self._backend()
+        if order is not None and isinstance(backend, StreamOrdering):
+            memory = backend.export_for_stream(self.buffer, self, "__dlpack__", order)
+        else:
+            memory = backend.export(self.buffer, self, "__dlpack__")
+        device = (DLPACK_CUDA, memory.device_id) if memory.device == "cuda" else (DLPACK_CPU, 0)
+        if asked is not None and asked != device:
+            raise BufferError(f"metrale's memory is on DLPack device {device}, not {dl_device}")
         index = self.buffer.index
         backend.export_held(index, +1)
-        return make_capsule(
-            memory.address, self.shape, self.dtype, device[0], device[1], (memory.keepalive, self.buffer),
-            on_release=lambda: backend.export_held(index, -1),
-        )
+        try:
+            return make_capsule(
+                memory.address, self.shape, self.dtype, device[0], device[1], (memory.keepalive, self.buffer),
+                on_release=lambda: backend.export_held(index, -1), version=version,
+            )
+        except BaseException:
+            backend.export_held(index, -1)
+            raise
 
     def __array__(self, dtype: object = None, copy: object = None) -> Any:
         memory = self._backend().export(self.buffer, self, "__array__")
@@ -292,7 +401,7 @@ class DeviceArray:
         import numpy as np
 
         host: Any = memory.keepalive  # a numpy uint8 view of the fake's memory: it keeps the bytes alive
-        array = host[: self.nbytes].view(self.dtype).reshape(self.shape)
+        array = host[: self.nbytes].view(numpy_dtype(self.dtype)).reshape(self.shape)
         if dtype is not None:
             try:
                 wanted = np.dtype(dtype)  # type: ignore[call-overload]

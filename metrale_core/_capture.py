@@ -75,7 +75,7 @@ class _Flag:
 
 
 class _Starting:
-    """How many captures are waiting in :meth:`Capture.start` now (changed under ``_LOCK``)."""
+    """How many captures are waiting in `Capture.start` now (changed under ``_LOCK``)."""
 
     __slots__ = ("count",)
 
@@ -90,7 +90,7 @@ _FLAGS: weakref.WeakSet[_Flag] = weakref.WeakSet()
 
 
 class _Barred(threading.local):
-    """Per thread: its :class:`_Flag`."""
+    """Per thread: its `_Flag`."""
 
     def __init__(self) -> None:
         self.flag = _Flag()
@@ -129,11 +129,11 @@ class Capture:
 
     def start(self) -> None:
         """Enter the process-wide record, before the driver's capture begins: first wait (up to
-        :data:`BARRED_WAIT_S`) for the barred calls other threads are inside to return, so none
+        `BARRED_WAIT_S`) for the barred calls other threads are inside to return, so none
         of them reaches the driver while the capture runs; from then on they are refused.
 
         The check of a barred call and this wait need no common lock (see
-        :func:`forbid_during_capture`): the call sets its thread's flag and then reads whether a
+        `forbid_during_capture`): the call sets its thread's flag and then reads whether a
         capture is starting; the capture says it is starting and then reads the flags. Whichever
         order the two steps of each take, one of them sees the other: the call takes the locked
         path, or the capture waits for it."""
@@ -177,7 +177,7 @@ def active_captures() -> list[Capture]:
 
 def capturing() -> bool:
     """Whether any capture is in progress in the process (a read without the lock, for a hot path's
-    choice of what to do, never for the capture rule itself: :func:`forbid_during_capture` is that)."""
+    choice of what to do, never for the capture rule itself: `forbid_during_capture` is that)."""
     return bool(_ACTIVE)
 
 
@@ -185,13 +185,13 @@ def forbid_during_capture(what: str) -> None:
     """Raise ``CaptureError`` (and invalidate every capture) if any capture is in progress.
 
     Otherwise the calling thread is inside a barred call until its outermost metrale call
-    returns (:func:`call_left`, which the device context's gate calls): a capture that begins
-    meanwhile on another thread waits for it (:meth:`Capture.start`), so the check and the
+    returns (`call_left`, which the device context's gate calls): a capture that begins
+    meanwhile on another thread waits for it (`Capture.start`), so the check and the
     driver call it guards are one step, as CUDA's own rule is.
 
     No lock while no capture runs or starts: the thread's own flag is set first, then the record
     read (a store and a load of the GIL's sequentially consistent kind; a free-threaded build
-    takes ``_LOCK`` around it instead, see :func:`_serialized`).
+    takes ``_LOCK`` around it instead, see `_serialized`).
     """
     flag = _MINE.flag
     was = flag.inside
@@ -215,7 +215,7 @@ def forbid_during_capture(what: str) -> None:
 
 def may_wait() -> bool:
     """For a wait metrale chooses to make (a check's): ``True``, and the calling thread inside a
-    barred call as with :func:`forbid_during_capture`, when no capture is in progress; else
+    barred call as with `forbid_during_capture`, when no capture is in progress; else
     ``False``, invalidating nothing (the wait is left for later)."""
     flag = _MINE.flag
     was = flag.inside
@@ -239,7 +239,7 @@ def _restore(flag: _Flag, was: bool) -> None:
 
 def thread_calls() -> _Flag:
     """The calling thread's flag, for a caller that keeps it per thread (the device context's gate):
-    entering a call is ``flag.calls += 1`` (:func:`call_entered`), leaving it is :func:`leave_call`,
+    entering a call is ``flag.calls += 1`` (`call_entered`), leaving it is `leave_call`,
     or ``flag.calls -= 1`` where ``flag.calls > 1`` (not the outermost call: nothing else to do)."""
     return _MINE.flag
 
@@ -255,7 +255,7 @@ def call_left() -> None:
 
 
 def leave_call(flag: _Flag) -> None:
-    """The thread of ``flag`` (the calling one) left a metrale call: :func:`call_left` with the flag at hand."""
+    """The thread of ``flag`` (the calling one) left a metrale call: `call_left` with the flag at hand."""
     flag.calls -= 1
     if flag.calls <= 0:
         flag.calls = 0
@@ -272,7 +272,7 @@ def _barred_call_done(flag: _Flag) -> None:
 
 def suspend_calls() -> tuple[int, bool]:
     """Before user code (a callback, an observer, a producer's export): the thread is outside every
-    metrale call and every barred call while it runs; :func:`resume_calls` puts it back."""
+    metrale call and every barred call while it runs; `resume_calls` puts it back."""
     flag = _MINE.flag
     saved = (flag.calls, flag.inside)
     flag.calls = 0
@@ -282,7 +282,7 @@ def suspend_calls() -> tuple[int, bool]:
 
 
 def resume_calls(saved: tuple[int, bool]) -> None:
-    """After user code: back inside the calls :func:`suspend_calls` saved. A capture may have begun
+    """After user code: back inside the calls `suspend_calls` saved. A capture may have begun
     meanwhile: a barred call checks again before its next driver call."""
     calls, inside = saved
     flag = _MINE.flag
@@ -293,7 +293,7 @@ def resume_calls(saved: tuple[int, bool]) -> None:
 
 def _serialized(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """``fn`` under ``_LOCK``: on a free-threaded build, where the flag's store and the record's load
-    in :func:`forbid_during_capture` need the lock to be seen in order by a starting capture."""
+    in `forbid_during_capture` need the lock to be seen in order by a starting capture."""
 
     @functools.wraps(fn)
     def serialized(*args: _P.args, **kwargs: _P.kwargs) -> _R:

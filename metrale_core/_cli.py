@@ -1,5 +1,5 @@
-"""The ``metrale`` command line: ``backends``, ``info``, ``selftest``, ``preflight``, ``conformance``, ``report``,
-``bench``.
+"""The ``metrale`` command line: ``backends``, ``info``, ``stats``, ``selftest``, ``preflight``, ``conformance``,
+``report``, ``bench``.
 
 Start-up is kept short: a command imports what it uses when it runs (``--help`` imports neither pydantic
 nor a backend), and a subcommand's own arguments are declared only when that subcommand is parsed or its
@@ -32,22 +32,42 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _backends(settings: MetraleSettings) -> int:
+def _print_json(doc: object) -> None:
+    import json
+
+    print(json.dumps(doc, indent=2, sort_keys=False))
+
+
+def _backends(settings: MetraleSettings, as_json: bool = False) -> int:
     from ._discovery import available_backends
 
+    found = available_backends(settings).values()
+    if as_json:
+        _print_json([{"name": i.name, "available": i.available, "distribution": i.distribution, "reason": i.reason}
+                     for i in found])
+        return 0
     rows = [("name", "available", "distribution", "reason")]
-    for info in available_backends(settings).values():
+    for info in found:
         rows.append((info.name, "yes" if info.available else "no", info.distribution or "?", info.reason or ""))
     print(_table(rows))
     return 0
 
 
-def _info(settings: MetraleSettings) -> int:
+def _info(settings: MetraleSettings, as_json: bool = False) -> int:
     from ._discovery import open_backend
     from ._types import format_bytes
 
     with open_backend(settings=settings) as gpu:
         mem = gpu.memory_info()
+        if as_json:
+            _print_json({
+                "backend": gpu.name, "asked_for": settings.backend, "device": gpu.device_name, "ordinal": gpu.ordinal,
+                "compute_capability": _capability(gpu), "memory_free": mem.free,
+                "effective_free": mem.effective_free, "memory_total": mem.total, "integrated": mem.integrated,
+                "scale_variant": settings.scale_variant, "target_hw": settings.target_hw,
+                "redzone": settings.redzone, "graph_checks": gpu.redzone_checks if settings.redzone else None,
+            })
+            return 0
         print(f"backend         {gpu.name} (asked for: {settings.backend})")
         print(f"device          {gpu.device_name} (ordinal {gpu.ordinal})")
         print(f"memory free     {format_bytes(mem.free)}")
@@ -58,6 +78,57 @@ def _info(settings: MetraleSettings) -> int:
         print(f"red zones       {settings.redzone} bytes" + (" (off)" if settings.redzone == 0 else ""))
         if settings.redzone:
             print(f"graph checks    {gpu.redzone_checks}")
+    return 0
+
+
+def _capability(gpu: Any) -> list[int] | None:
+    from ._errors import MetraleError
+
+    try:
+        return list(gpu.compute_capability())
+    except MetraleError:  # a backend that runs no kernels
+        return None
+
+
+def _stats(settings: MetraleSettings, args: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    if args.snapshot is not None:
+        from ._pressure import MemoryStats, memory_summary
+        from ._report import load_snapshot
+
+        snapshot = load_snapshot(Path(args.snapshot))
+        fields = {f.name for f in dataclasses.fields(MemoryStats)}
+        known = {k: v for k, v in snapshot.stats.items() if k in fields}
+        try:
+            stats = MemoryStats(**known)
+        except TypeError:  # a snapshot of another version, without every counter: zeros where it says nothing
+            stats = MemoryStats(**{**{f: 0 for f in fields if f not in ("current_bytes", "peak_bytes")},
+                                   "current_bytes": {}, "peak_bytes": {}, **known})
+        title = f"{snapshot.backend}:{snapshot.ordinal}, {snapshot.device} (snapshot {args.snapshot}, saved " \
+                f"{snapshot.created})"
+        live = list(snapshot.live)
+        text = memory_summary(title, stats, live, None, top=args.top)
+        doc: dict[str, Any] = {"snapshot": args.snapshot, "backend": snapshot.backend, "device": snapshot.device,
+                               "ordinal": snapshot.ordinal}
+    else:
+        from ._discovery import open_backend
+
+        with open_backend(settings=settings) as gpu:
+            stats = gpu.stats()
+            text = gpu.memory_summary(args.top)
+            live = gpu.ledger_probe().records()
+            doc = {"backend": gpu.name, "device": gpu.device_name, "ordinal": gpu.ordinal}
+    if args.json:
+        from ._ledger import largest_sites
+
+        doc["stats"] = dataclasses.asdict(stats) | {"current_total_bytes": stats.current_total_bytes}
+        doc["largest_live_sites"] = [{"site": site, "bytes": nbytes, "allocations": count}
+                                     for site, nbytes, count in largest_sites(live, args.top)]
+        _print_json(doc)
+    else:
+        print(text)
     return 0
 
 
@@ -98,9 +169,11 @@ def _preflight(settings: MetraleSettings, paths: Sequence[str]) -> int:
     rows = [("module", "target", f"on {device} (sm_{capability[0]}{capability[1]})")]
     refused = 0
     for name, image in images.items():
-        ok = image.runs_on(capability)
+        problems = image.feature_problems()
+        ok = image.runs_on(capability) and not problems
         refused += not ok
-        rows.append((name, image.target, "ok" if ok else f"REFUSED: needs {image.requirement()}"))
+        why = f"REFUSED: {problems[0]}" if problems else f"REFUSED: needs {image.requirement()}"
+        rows.append((name, image.target, "ok" if ok else why))
     print(_table(rows))
     print(f"preflight: {len(images) - refused} ok, {refused} refused")
     return 1 if refused else 0
@@ -108,15 +181,21 @@ def _preflight(settings: MetraleSettings, paths: Sequence[str]) -> int:
 
 def _conformance(settings: MetraleSettings, args: argparse.Namespace) -> int:
     from ._conformance import run_conformance
+    from ._progress import Progress
 
-    def progress(line: str) -> None:
-        print(f"  ... {line}", file=sys.stderr, flush=True)
+    with Progress("programs") as bar:
+        def progress(line: str) -> None:
+            if bar.plain:
+                bar.note(f"  ... {line}")
 
-    report = run_conformance(
-        args.name, settings, examples=args.examples, steps=args.steps, seed=args.seed,
-        budget_s=args.budget or None, progress=progress,
-    )
-    print(report.render())
+        report = run_conformance(
+            args.name, settings, examples=args.examples, steps=args.steps, seed=args.seed,
+            budget_s=args.budget or None, progress=progress, step=None if bar.plain else bar.step,
+        )
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        print(report.render())
     return 0 if report.ok else 1
 
 
@@ -163,10 +242,10 @@ def _report(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from ._report import chrome_trace, load_snapshot, plot_png
+    from ._report import chrome_trace, load_snapshot, plot_html, plot_png
 
     snapshot = load_snapshot(Path(args.snapshot))
-    if args.trace is None and args.png is None:
+    if args.trace is None and args.png is None and args.html is None:
         _report_summary(snapshot, args.top)
         return 0
     out = args.trace
@@ -178,6 +257,10 @@ def _report(args: argparse.Namespace) -> int:
         if args.png is not None:
             plot_png(snapshot, Path(args.png), args.top)
             print(f"wrote plot: {args.png}")
+        out = args.html
+        if args.html is not None:
+            plot_html(snapshot, Path(args.html), args.top)
+            print(f"wrote interactive timeline: {args.html} (open it in a browser; it needs no network)")
     except OSError as exc:
         print(f"metrale report: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -195,10 +278,15 @@ def _bench(settings: MetraleSettings, args: argparse.Namespace) -> int:
         return 0
     pick(args.only)  # an unknown name is refused before a backend opens
 
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+    from ._progress import Progress
 
-    report = run_bench(settings, only=args.only, quick=args.quick, progress=progress)
+    with Progress("measurements") as bar:
+        def progress(line: str) -> None:
+            if bar.plain:
+                bar.note(line)
+
+        report = run_bench(settings, only=args.only, quick=args.quick, progress=progress,
+                           step=None if bar.plain else bar.step)
     print(report.text())
     if args.json:
         path = Path(args.json)
@@ -281,6 +369,18 @@ def _conformance_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"time the state machine may take, shrinking included; no program starts after it "
         f"(default {DEFAULT_BUDGET_S:g}; 0: no limit)",
     )
+    parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+
+def _json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print it as JSON, for scripts")
+
+
+def _stats_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("snapshot", nargs="?", metavar="SNAPSHOT",
+                        help="a file of backend.save_snapshot(path); without it, the configured backend as it opens")
+    parser.add_argument("--top", type=_positive, default=5, metavar="N", help="live call sites listed (default 5)")
+    _json_argument(parser)
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -288,6 +388,8 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", metavar="OUT.json",
                         help="write a Chrome trace-event timeline (Perfetto, chrome://tracing)")
     parser.add_argument("--png", metavar="OUT.png", help="write a stacked plot of live memory (needs matplotlib)")
+    parser.add_argument("--html", metavar="OUT.html",
+                        help="write an interactive timeline, for a browser with no network (needs plotly)")
     parser.add_argument("--top", type=_positive, default=8, metavar="N",
                         help="call sites shown on their own (default 8)")
 
@@ -299,19 +401,74 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the measurements and exit")
 
 
+def _versions() -> str:
+    """What ``metrale --version`` prints: metrale-core's version, each backend plugin's distribution and version
+    (the entry points of ``metrale.backends``), and what each plugin's ``versions()`` reports of what it runs on
+    (cuda-bindings and the CUDA driver, for the CUDA backend). No backend is probed or opened."""
+    import platform
+
+    from . import __version__
+    from ._discovery import INSTALL_ADVICE, _discover_with_plugins
+    from ._settings import MetraleSettings, backend_entry_points
+
+    lines = [f"metrale-core {__version__} (Python {platform.python_version()})"]
+    by_name = backend_entry_points()
+    if not by_name:
+        lines.append(f"backends: none installed; install one: {INSTALL_ADVICE}")
+        return "\n".join(lines)
+    try:  # "" names no backend: every plugin is loaded and registered, none is probed (a probe may load a driver)
+        found = _discover_with_plugins(MetraleSettings(), only_probe="")[0]
+    except Exception as exc:  # a bad setting: the distributions are still listed
+        found = {}
+        lines.append(f"backends: plugins not loaded: {type(exc).__name__}: {' '.join(str(exc).split())}")
+    for name, eps in sorted(by_name.items()):
+        dists = sorted({f"{ep.dist.name} {ep.dist.version}" if ep.dist else "?" for ep in eps})
+        lines.append(f"backend {name}: {', '.join(dists)}")
+        entry = found.get(name)
+        if entry is None:
+            continue
+        if entry.registration is None:
+            lines.append(f"  not loaded: {entry.info.reason}")
+            continue
+        try:
+            reported = dict(entry.registration.versions())
+        except Exception as exc:
+            lines.append(f"  versions: its versions() raised {type(exc).__name__}: {exc}")
+            continue
+        lines.extend(f"  {key}: {value}" for key, value in reported.items())
+    return "\n".join(lines)
+
+
+class _Version(argparse.Action):
+    """``--version``: print ``_versions()`` and exit (before a command is asked for; nothing imported early)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(_versions(), flush=True)
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metrale", description="metrale: a backend-neutral GPU runtime")
     parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages of metrale")
+    parser.add_argument("--version", action=_Version,
+                        help="print the versions of metrale-core, each backend plugin, cuda-bindings and the driver")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Command)
-    sub.add_parser("backends", help="list every discovered backend and whether it can run here")
-    sub.add_parser("info", help="the chosen backend, its device and memory")
+    sub.add_parser("backends", help="list every discovered backend and whether it can run here",
+                   declare=_json_argument)
+    sub.add_parser("info", help="the chosen backend, its device and memory", declare=_json_argument)
+    sub.add_parser("stats", help="a table of memory: current, peak and allocated by kind, counts, the largest live "
+                   "call sites (of a saved snapshot, or of the configured backend)", declare=_stats_arguments)
     sub.add_parser("selftest", help="run a representative workload and check every step", declare=_selftest_arguments)
     sub.add_parser("preflight", help="check PTX files against the device's architecture, loading nothing",
                    declare=_preflight_arguments)
     sub.add_parser("conformance", help="run the conformance state machine and the bad-input table against a backend",
                    declare=_conformance_arguments)
-    sub.add_parser("report", help="a saved memory snapshot as a Perfetto timeline or a plot of live memory by call "
-                   "site", declare=_report_arguments)
+    sub.add_parser("report", help="a saved memory snapshot as a Perfetto timeline, a plot or an interactive HTML "
+                   "timeline of live memory by call site", declare=_report_arguments)
     sub.add_parser("bench", help="time metrale's operations next to the raw driver, CuPy and PyTorch; print medians "
                    "and ratios", declare=_bench_arguments)
     return parser
@@ -336,6 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     commands = {"backends": _backends, "info": _info}
     try:
+        if args.command == "stats":
+            return _stats(settings, args)
         if args.command == "preflight":
             return _preflight(settings, args.paths)
         if args.command == "conformance":
@@ -346,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _bench(settings, args)
         if args.command == "selftest":
             return _selftest(settings, args.snapshot)
-        return commands[args.command](settings)
+        return commands[args.command](settings, args.json)
     except MetraleError as exc:
         print(f"metrale {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

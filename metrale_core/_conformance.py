@@ -10,7 +10,7 @@ shrinking (at most ``examples`` of them); on a failure it runs again, this time
 shrinking, until the time budget is spent. A failure the budget did not leave
 time to shrink is reported as it was first found, and the verdict says so.
 Memory stays bounded too: a closed backend holds no memory, and the machine
-collects every :data:`~metrale_core.testing._model.COLLECT_EVERY` programs.
+collects every `COLLECT_EVERY` programs.
 """
 
 from __future__ import annotations

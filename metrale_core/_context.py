@@ -2,22 +2,22 @@
 
 One small object per open backend, built first and released last. It holds the
 backend's name, ordinal and settings, the raw layer as the core calls it (every
-raw call watched, see :class:`GuardedRaw`; the hot paths call the plugin itself,
-:attr:`DeviceContext.plugin`, under the same rule, :func:`raise_raw`), the fault
+raw call watched, see `GuardedRaw`; the hot paths call the plugin itself,
+`DeviceContext.plugin`, under the same rule, `raise_raw`), the fault
 latch, the closed state, the gate that makes ``close()`` safe against every other
 call from any thread, and the lock for bookkeeping that spans parts. Handles, registries and the
-collaborators hold the context, never the facade (:class:`~metrale_core.GpuBackend`).
+collaborators hold the context, never the facade ([`GpuBackend`][metrale_core.GpuBackend]).
 
-The gate: every public call enters it (:meth:`DeviceContext.enter`, the
-:func:`gated` decorator) and leaves it when it returns. ``close()`` shuts it
-(:meth:`DeviceContext.shut`): from then on every call is refused with
-:class:`~metrale_core.BackendClosedError`, and ``close()`` waits for the calls
+The gate: every public call enters it (`DeviceContext.enter`, the
+`gated` decorator) and leaves it when it returns. ``close()`` shuts it
+(`DeviceContext.shut`): from then on every call is refused with
+[`BackendClosedError`][metrale_core.BackendClosedError], and ``close()`` waits for the calls
 already inside to leave, except the closing thread's own (a callback that closes
 the backend from inside one of its calls). A call that was inside when the gate
-shut sees :attr:`DeviceContext.closed` before it commits anything and undoes its
+shut sees `DeviceContext.closed` before it commits anything and undoes its
 raw work, so nothing it made outlives ``close()``.
 
-Release: the last step of ``close()`` (:meth:`DeviceContext.release`) drops what the
+Release: the last step of ``close()`` (`DeviceContext.release`) drops what the
 core still holds of the raw device and breaks the reference cycles through the
 context, so a closed backend holds no memory and is freed by reference counting.
 """
@@ -75,8 +75,8 @@ class GuardedRaw:
     fault, so every later call reports the first fault.
 
     It holds its context weakly (the context holds it), so neither keeps the other
-    alive; :meth:`detach` (at ``close()``) lets go of the raw device: from then on
-    every raw call raises :class:`~metrale_core.BackendClosedError`.
+    alive; `detach` (at ``close()``) lets go of the raw device: from then on
+    every raw call raises [`BackendClosedError`][metrale_core.BackendClosedError].
     """
 
     def __init__(self, target: RawDevice, context: DeviceContext) -> None:
@@ -113,7 +113,7 @@ class GuardedRaw:
 
 def raise_raw(context: DeviceContext | None, who: str, name: str, exc: Exception) -> NoReturn:
     """Raise what a raw call's exception becomes, decided here for every raw call (the guarded layer's
-    and the hot paths' that call the plugin directly, :attr:`DeviceContext.plugin`; call it in the
+    and the hot paths' that call the plugin directly, `DeviceContext.plugin`; call it in the
     ``except`` block): a ``DeviceFaultError`` latches the context's fault; any other ``MetraleError``
     goes on as it is (its cause kept); a foreign exception (a plugin's bug) becomes a ``DriverError``
     naming the call, caused by it."""
@@ -180,7 +180,7 @@ class _Cell:
 
 
 class _Depth(threading.local):
-    """Per thread: its :class:`_Cell` of this context (made at the thread's first call, and added to
+    """Per thread: its `_Cell` of this context (made at the thread's first call, and added to
     the context's cells under the gate's lock)."""
 
     def __init__(self, cells: weakref.WeakSet[_Cell], lock: threading.Lock) -> None:
@@ -216,8 +216,8 @@ class DeviceContext:
         #: The raw layer as every part calls it.
         self.raw: Final = cast(RawDevice, GuardedRaw(target, self))
         #: The plugin's raw layer itself, for the hot paths (alloc, free, memset, launch, graph launch),
-        #: which call it inside the gate and turn its exceptions with :func:`raise_raw`, as :attr:`raw`
-        #: does for every other call: a frame less per raw call. At :meth:`release` it refuses, as ``raw``.
+        #: which call it inside the gate and turn its exceptions with `raise_raw`, as `raw`
+        #: does for every other call: a frame less per raw call. At `release` it refuses, as ``raw``.
         self.plugin: RawDevice = target
         #: Top-level packages whose frames are not call sites.
         self.internal: Final = CORE_PACKAGES | internal
@@ -243,7 +243,7 @@ class DeviceContext:
     def target(self) -> RawDevice:
         """The plugin's raw layer itself, for diagnostics and the final close.
 
-        After :meth:`release` the context holds it only weakly (whoever holds it, the facade, keeps
+        After `release` the context holds it only weakly (whoever holds it, the facade, keeps
         it): a closed backend's handles do not keep a raw device, nor the memory it holds, alive.
         """
         target = self._target if self._target is not None else self._target_ref()
@@ -317,7 +317,7 @@ class DeviceContext:
     def enter(self, *, faulted_ok: bool = False) -> None:
         """Count a call in; refused once closed (and after a fault unless ``faulted_ok``).
 
-        No lock: the thread's own count goes up first, then ``closed`` is read; :meth:`shut` sets
+        No lock: the thread's own count goes up first, then ``closed`` is read; `shut` sets
         ``closed`` first, then reads the counts, so either this call is refused or ``close()``
         waits for it."""
         cell = self._depth.cell
@@ -373,7 +373,7 @@ class DeviceContext:
     def outside(self) -> Iterator[None]:
         """Run user code (a callback, an observer) as if this thread were outside the gate: a ``close()``
         on another thread does not wait for it. Counted in again after it (whether or not the backend
-        closed meanwhile; the caller checks :attr:`closed` before it commits anything)."""
+        closed meanwhile; the caller checks `closed` before it commits anything)."""
         cell = self._depth.cell
         depth = cell.depth
         with self._gate:
@@ -463,7 +463,7 @@ def gated(fn: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P]
 
 
 def gated_read(fn: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
-    """As :func:`gated`, for calls that still answer after a device fault (ledger and stats reads)."""
+    """As `gated`, for calls that still answer after a device fault (ledger and stats reads)."""
 
     @functools.wraps(fn)
     def call(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:

@@ -37,6 +37,9 @@ __all__ = ["ENTRY_POINT_GROUP", "available_backends", "open_backend"]
 
 _log = logging.getLogger("metrale.discovery")
 
+#: The command that installs a backend, named where none is installed (the core alone has none).
+INSTALL_ADVICE = 'pip install metrale (the fake backend) or pip install "metrale[cuda]" (NVIDIA GPUs)'
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Found:
@@ -140,6 +143,10 @@ def _malformed(registration: BackendRegistration) -> str | None:
     return None
 
 
+def _none_installed(requested: str) -> str:
+    return f"no backend is installed (asked for {requested!r}); install one: {INSTALL_ADVICE}"
+
+
 def _choose_auto(found: dict[str, _Found]) -> str:
     """The available backend with the highest preference; of equals, the name first in alphabetical order."""
     ranked = sorted(
@@ -148,9 +155,12 @@ def _choose_auto(found: dict[str, _Found]) -> str:
         if f.registration is not None and f.info.available
     )
     if not ranked:
-        reasons = "; ".join(f"{name}: {f.info.reason}" for name, f in found.items()) or "none is installed"
+        if not found:
+            raise BackendUnavailableError(_none_installed("auto"))
+        reasons = "; ".join(f"{name}: {f.info.reason}" for name, f in found.items())
+        fake = "" if "fake" in found else "; pip install metrale adds the fake backend, which runs anywhere"
         raise BackendUnavailableError(
-            f"backend auto: no installed backend is available here ({reasons}); see `metrale backends`"
+            f"backend auto: no installed backend is available here ({reasons}){fake}; see `metrale backends`"
         )
     _log.info("backend auto: chose %s (preference %d, of %s)", ranked[0][1], -ranked[0][0],
               ", ".join(name for _, name in ranked))
@@ -226,6 +236,9 @@ def open_backend(
     entry = found.get(requested)
     installed = ", ".join(found) or "none"
     if entry is None:
+        if not found:
+            error = BackendUnavailableError if name is None else BackendNotFoundError
+            raise error(_none_installed(requested))
         if name is None:
             raise BackendUnavailableError(
                 f"the configured backend {requested!r} (settings.backend, from METRALE_BACKEND or a "

@@ -1,29 +1,54 @@
-"""DLPack, the unversioned ``"dltensor"`` capsule, with ctypes: made for exports, read for imports.
+"""DLPack capsules with ctypes: made for exports, read for imports; both forms of the protocol.
 
-The structs follow ``dlpack.h`` (v0.8, the layout every consumer reads):
-``DLManagedTensor { DLTensor dl_tensor; void *manager_ctx; void (*deleter)(DLManagedTensor *); }``.
-A capsule this module makes owns one ``DLManagedTensor`` and the Python objects
-that keep its memory valid; they are let go when the consumer calls the deleter,
-or when the capsule is destroyed unconsumed.
+The structs follow ``dlpack.h`` (1.1): the versioned form DLPack 1.0 introduced,
+``DLManagedTensorVersioned { DLPackVersion version; void *manager_ctx; void (*deleter)(...);
+uint64_t flags; DLTensor dl_tensor; }`` in a ``"dltensor_versioned"`` capsule, made when the
+consumer passes ``max_version`` with a major version of 1 or more; and the legacy form,
+``DLManagedTensor { DLTensor dl_tensor; void *manager_ctx; void (*deleter)(...); }`` in a
+``"dltensor"`` capsule, for consumers that ask for no version. A capsule made here owns one
+managed tensor and the Python objects that keep its memory valid (:data:`_LIVE`, by the
+tensor's address); they are let go exactly once, whichever comes first of the consumer's call
+of the deleter (it renamed the capsule ``"used_..."`` and owns the tensor) and the capsule's
+death unconsumed (still named ``"dltensor..."``: its destructor calls the release). The
+deleter and the destructor are C callbacks made by ctypes, which take the GIL themselves: a
+consumer may call the deleter from any thread, with or without the GIL (PyTorch drops it).
+
+Why ctypes and not numpy's or cuda-python's producers: numpy's ``ndarray.__dlpack__`` exports
+only numpy's own CPU arrays, and cuda.core's ``Buffer.__dlpack__`` exports bytes (one
+dimension, ``int8``) and needs cuda.core, which the backend-neutral core cannot; one producer
+here serves every backend and every dtype, so the fake's tests run the capsule code the CUDA
+backend ships.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import importlib
 import math
+import struct
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from typing_extensions import CapsuleType  # (pydantic's dependency; types.CapsuleType from Python 3.13)
 
 __all__ = [
-    "DLPACK_CPU", "DLPACK_CUDA", "DTYPES", "ImportedTensor", "c_contiguous", "itemsize", "make_capsule", "read_capsule",
+    "DLPACK_CPU", "DLPACK_CUDA", "DLPACK_VERSION", "DTYPES", "ML_DTYPES", "ImportedTensor", "c_contiguous", "itemsize",
+    "live_exports", "make_capsule", "numpy_dtype", "read_capsule",
 ]
 
 DLPACK_CPU: Final = 1  # kDLCPU
 DLPACK_CUDA: Final = 2  # kDLCUDA
-_NAME: Final = b"dltensor"
-_USED: Final = b"used_dltensor"
+#: The newest DLPack version this module writes (``dlpack.h`` 1.1: the float8 type codes).
+DLPACK_VERSION: Final = (1, 1)
+#: ``DLPACK_FLAG_BITMASK_READ_ONLY``: the consumer must not write.
+FLAG_READ_ONLY: Final = 1
+_LEGACY: Final = b"dltensor"
+_VERSIONED: Final = b"dltensor_versioned"
+_LEGACY_USED: Final = b"used_dltensor"
+_VERSIONED_USED: Final = b"used_dltensor_versioned"
 
 
 class _DLDevice(ctypes.Structure):
@@ -35,39 +60,74 @@ class _DLDataType(ctypes.Structure):
 
 
 class _DLTensor(ctypes.Structure):
+    # ``shape`` and ``strides`` are ``int64_t *`` in C; declared as addresses here (the same layout), set
+    # and read as integers
     _fields_ = [
         ("data", ctypes.c_void_p),
         ("device", _DLDevice),
         ("ndim", ctypes.c_int32),
         ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
         ("byte_offset", ctypes.c_uint64),
     ]
 
 
+#: ``void (*deleter)(DLManagedTensor[Versioned] *self)``, its argument taken as an address (the same ABI).
+_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
 class _DLManagedTensor(ctypes.Structure):
-    pass
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
 
 
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
-_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
 
-# code: 0 int, 1 uint, 2 float (dlpack.h's kDLInt, kDLUInt, kDLFloat)
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("version", _DLPackVersion),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", _Deleter),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
+
+
+# (code, bits) of each dtype: dlpack.h's kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, and the float8
+# codes of DLPack 1.1 (kDLFloat8_e3m4 7 ... kDLFloat8_e8m0fnu 14)
 _CODES: Final[dict[str, tuple[int, int]]] = {
     "int8": (0, 8), "int16": (0, 16), "int32": (0, 32), "int64": (0, 64),
     "uint8": (1, 8), "uint16": (1, 16), "uint32": (1, 32), "uint64": (1, 64),
     "float16": (2, 16), "float32": (2, 32), "float64": (2, 64),
+    "bfloat16": (4, 16),
+    "float8_e3m4": (7, 8), "float8_e4m3": (8, 8), "float8_e4m3b11fnuz": (9, 8), "float8_e4m3fn": (10, 8),
+    "float8_e4m3fnuz": (11, 8), "float8_e5m2": (12, 8), "float8_e5m2fnuz": (13, 8), "float8_e8m0fnu": (14, 8),
 }
 _NAMES: Final = {v: k for k, v in _CODES.items()}
 #: The dtype names metrale exports and imports.
 DTYPES: Final = tuple(_CODES)
+#: The ones numpy knows only through the optional package ``ml_dtypes`` (the one JAX uses).
+ML_DTYPES: Final = frozenset(name for name, (code, _) in _CODES.items() if code > 2)
 
 
 def itemsize(name: str) -> int | None:
     """The bytes of one element of dtype ``name`` (such as ``"float32"``); ``None`` if not one of :data:`DTYPES`."""
     code = _CODES.get(name)
     return None if code is None else code[1] // 8
+
+
+def numpy_dtype(name: str) -> Any:
+    """numpy's dtype of ``name`` (one of :data:`DTYPES`); ``bfloat16`` and the float8 types through ``ml_dtypes``.
+
+    Raises ``ImportError`` when ``name`` needs ``ml_dtypes`` and it is not installed.
+    """
+    import numpy as np
+
+    if name in ML_DTYPES:
+        return np.dtype(getattr(importlib.import_module("ml_dtypes"), name))
+    return np.dtype(name)
 
 
 def c_contiguous(shape: tuple[int, ...], byte_strides: Sequence[int] | None, size: int) -> bool:
@@ -80,6 +140,16 @@ def c_contiguous(shape: tuple[int, ...], byte_strides: Sequence[int] | None, siz
             return False
         expected *= extent
     return True
+
+
+def _c_strides(shape: tuple[int, ...]) -> list[int]:
+    """The strides, in elements, of a C-contiguous tensor of ``shape``."""
+    strides = [1] * len(shape)
+    step = 1
+    for i in range(len(shape) - 1, -1, -1):
+        strides[i] = step
+        step *= max(shape[i], 1)
+    return strides
 
 
 _capsule_new = ctypes.pythonapi.PyCapsule_New
@@ -102,12 +172,15 @@ _raw_get_pointer_fn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.
     ("PyCapsule_GetPointer", ctypes.pythonapi)
 )
 
-# Live exports: the managed tensor's address -> what keeps it and its memory valid, and who to tell.
+# Live exports: the managed tensor's address -> (on_release, the block holding it, keepalive). The block is
+# a ctypes array: its memory stays valid exactly as long as its entry here.
 _LIVE: dict[int, tuple[Any, ...]] = {}
 _LIVE_LOCK = threading.Lock()
 
 
 def _release(address: int) -> None:
+    """Let go of the export at ``address``, once: a second call (a consumer that calls the deleter twice,
+    or a capsule destroyed after its deleter ran) finds nothing."""
     with _LIVE_LOCK:
         entry = _LIVE.pop(address, None)
     if entry is not None:
@@ -116,20 +189,37 @@ def _release(address: int) -> None:
             on_release()
 
 
-def _on_delete(managed: Any) -> None:  # called by the consumer when it is done with the tensor
-    _release(ctypes.addressof(managed.contents))
+def _on_delete(address: int | None) -> None:  # the consumer is done with the tensor (either form)
+    if address:
+        _release(address)
 
 
-def _on_capsule_death(capsule: int) -> None:  # the capsule died unconsumed: its tensor is ours to let go
-    if _raw_is_valid_fn(capsule, _NAME):
-        address = _raw_get_pointer_fn(capsule, _NAME)
-        if address:
-            _release(address)
+def _on_capsule_death(capsule: int) -> None:  # the capsule died: unconsumed, its tensor is ours to let go
+    for name in (_VERSIONED, _LEGACY):
+        if _raw_is_valid_fn(capsule, name):
+            address = _raw_get_pointer_fn(capsule, name)
+            if address:
+                _release(address)
+            return
+    # renamed "used_...": the consumer owns the tensor and calls its deleter
 
 
 # The C callbacks; module globals, so they live as long as any capsule that points at them.
 _deleter: Any = _Deleter(_on_delete)
 _capsule_destructor: Any = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_on_capsule_death)
+_destructor_address: Final = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
+
+
+# The structs as ``make_capsule`` writes them, in one ``struct.pack_into`` each (native sizes and alignment, as
+# the C compiler lays them out): far cheaper than setting a ctypes structure field by field. The ctypes
+# structures above are the reference: the layouts are checked against them at import.
+_VERSIONED_HEAD: Final = struct.Struct("@IIPPQ" "PiiiBBHPPQ")  # version, manager_ctx, deleter, flags, dl_tensor
+_LEGACY_HEAD: Final = struct.Struct("@PiiiBBHPPQ" "PP")  # dl_tensor, manager_ctx, deleter
+assert _VERSIONED_HEAD.size == ctypes.sizeof(_DLManagedTensorVersioned)
+assert _LEGACY_HEAD.size == ctypes.sizeof(_DLManagedTensor)
+assert _DLManagedTensorVersioned.dl_tensor.offset == 32 and _DLManagedTensor.manager_ctx.offset == 48
+assert _DLTensor.shape.offset == 24 and _DLTensor.byte_offset.offset == 40 and ctypes.sizeof(_DLTensor) == 48
+_deleter_address: Final = ctypes.cast(_deleter, ctypes.c_void_p).value
 
 
 def make_capsule(
@@ -140,29 +230,48 @@ def make_capsule(
     device_id: int,
     keepalive: object,
     on_release: Callable[[], None] | None = None,
-) -> object:
-    """A ``"dltensor"`` capsule of a C-contiguous tensor of ``dtype`` with ``nbytes_shape`` at ``data``.
+    *,
+    version: tuple[int, int] | None = None,
+    read_only: bool = False,
+) -> CapsuleType:
+    """A capsule of a C-contiguous tensor of ``dtype`` with ``nbytes_shape`` at ``data``.
 
-    ``keepalive`` is held until the consumer lets go (or the capsule dies
-    unconsumed); then ``on_release`` is called.
+    With ``version`` (``(1, minor)``), a ``"dltensor_versioned"`` capsule of that version whose
+    ``DLPACK_FLAG_BITMASK_READ_ONLY`` says ``read_only``; without, a legacy ``"dltensor"`` capsule
+    (which cannot say read-only: consumers take it as writable, or as numpy does, as read-only).
+    ``keepalive`` is held until the consumer lets go (or the capsule dies unconsumed); then
+    ``on_release`` is called (never, if this raises). The strides are always given (DLPack 1.2 requires
+    them for ``ndim > 0``).
+
+    The managed tensor, its shape and its strides lie in one block of 8-byte words, owned by the
+    entry in :data:`_LIVE` that the release removes.
     """
     code, bits = _CODES[dtype]
-    managed = _DLManagedTensor()
-    shape = (ctypes.c_int64 * max(len(nbytes_shape), 1))(*nbytes_shape)
-    tensor = managed.dl_tensor
-    tensor.data = data
-    tensor.device = _DLDevice(device_type, device_id)
-    tensor.ndim = len(nbytes_shape)
-    tensor.dtype = _DLDataType(code, bits, 1)
-    tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
-    tensor.strides = None  # C-contiguous
-    tensor.byte_offset = 0
-    managed.manager_ctx = None
-    managed.deleter = _deleter
-    address = ctypes.addressof(managed)
+    ndim = len(nbytes_shape)
+    head = _LEGACY_HEAD if version is None else _VERSIONED_HEAD
+    block = (ctypes.c_uint64 * (head.size // 8 + 2 * ndim))()
+    address = ctypes.addressof(block)
+    shape = address + head.size if ndim else 0
+    strides = shape + 8 * ndim if ndim else 0
+    tensor = (data, device_type, device_id, ndim, code, bits, 1, shape, strides, 0)
+    if version is None:
+        head.pack_into(block, 0, *tensor, 0, _deleter_address)
+        name = _LEGACY
+    else:
+        flags = FLAG_READ_ONLY if read_only else 0
+        head.pack_into(block, 0, version[0], version[1], 0, _deleter_address, flags, *tensor)
+        name = _VERSIONED
+    if ndim:
+        struct.pack_into(f"@{2 * ndim}q", block, head.size, *nbytes_shape, *_c_strides(nbytes_shape))
     with _LIVE_LOCK:
-        _LIVE[address] = (on_release, managed, shape, keepalive)
-    return _capsule_new(address, _NAME, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+        _LIVE[address] = (on_release, block, keepalive)
+    try:
+        capsule: CapsuleType = _capsule_new(address, name, _destructor_address)
+        return capsule
+    except BaseException:  # no capsule: nobody will call the deleter, and the caller undoes its own count
+        with _LIVE_LOCK:
+            _LIVE.pop(address, None)
+        raise
 
 
 def live_exports() -> int:
@@ -173,7 +282,7 @@ def live_exports() -> int:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ImportedTensor:
-    """What a ``"dltensor"`` capsule of someone else's describes. ``release()`` gives it back."""
+    """What a DLPack capsule of someone else's describes. ``release()`` gives it back."""
 
     data: int
     nbytes: int
@@ -181,6 +290,7 @@ class ImportedTensor:
     device_id: int
     dtype: str
     shape: tuple[int, ...]
+    read_only: bool
     _release: Callable[[], None]
 
     def release(self) -> None:
@@ -188,34 +298,10 @@ class ImportedTensor:
         self._release()
 
 
-def read_capsule(capsule: object) -> ImportedTensor:
-    """Consume a ``"dltensor"`` capsule: rename it ``"used_dltensor"`` and describe its tensor.
-
-    Raises ``ValueError`` for a capsule that is not an unconsumed ``"dltensor"``, or a tensor
-    that is not C-contiguous or has a dtype this module does not name.
-    """
-    if not _capsule_is_valid(capsule, _NAME):
-        raise ValueError("not an unconsumed DLPack capsule (\"dltensor\")")
-    address = _capsule_get_pointer(capsule, _NAME)
-    managed = ctypes.cast(address, ctypes.POINTER(_DLManagedTensor)).contents
-    tensor = managed.dl_tensor
-    ndim = tensor.ndim
-    if ndim < 0 or (ndim and not tensor.shape):
-        raise ValueError(f"a DLPack tensor of {ndim} dimensions without a shape")
-    shape = tuple(tensor.shape[i] for i in range(ndim))
-    if any(extent < 0 for extent in shape):
-        raise ValueError(f"a DLPack tensor with a negative extent: shape {shape}")
-    name = _NAMES.get((tensor.dtype.code, tensor.dtype.bits))
-    if name is None or tensor.dtype.lanes != 1:
-        raise ValueError(f"a DLPack dtype metrale does not name (code {tensor.dtype.code}, bits {tensor.dtype.bits})")
-    size = tensor.dtype.bits // 8
-    strides = [tensor.strides[i] * size for i in range(ndim)] if tensor.strides else None
-    if not c_contiguous(shape, strides, size):
-        raise ValueError("a DLPack tensor that is not C-contiguous; pass a contiguous copy")
-    _capsule_set_name(capsule, _USED)
+def _releaser(address: int, deleter: Any) -> Callable[[], None]:
+    """A call of the producer's ``deleter`` on the managed tensor at ``address``, at most once."""
     done = threading.Lock()
     released = [False]
-    deleter = managed.deleter
 
     def release() -> None:
         with done:
@@ -223,8 +309,51 @@ def read_capsule(capsule: object) -> ImportedTensor:
                 return
             released[0] = True
         if deleter:
-            deleter(ctypes.pointer(managed))
+            deleter(address)
 
+    return release
+
+
+def read_capsule(capsule: object) -> ImportedTensor:
+    """Consume a ``"dltensor_versioned"`` or ``"dltensor"`` capsule: rename it ``"used_..."`` and describe
+    its tensor.
+
+    Raises ``ValueError`` for a capsule that is neither (or was consumed), a versioned tensor of a
+    major version other than 1 (its deleter called, as ``dlpack.h`` says), or a tensor that is not
+    C-contiguous or has a dtype this module does not name; the capsule is left unconsumed then.
+    """
+    managed: Any
+    if _capsule_is_valid(capsule, _VERSIONED):
+        address = _capsule_get_pointer(capsule, _VERSIONED)
+        managed = _DLManagedTensorVersioned.from_address(address)
+        if managed.version.major != 1:
+            _capsule_set_name(capsule, _VERSIONED_USED)  # ours to delete now: its layout may differ past flags
+            _releaser(address, managed.deleter)()
+            raise ValueError(f"a DLPack tensor of version {managed.version.major}.{managed.version.minor}, not 1.x")
+        used, read_only = _VERSIONED_USED, bool(managed.flags & FLAG_READ_ONLY)
+    elif _capsule_is_valid(capsule, _LEGACY):
+        address = _capsule_get_pointer(capsule, _LEGACY)
+        managed = _DLManagedTensor.from_address(address)
+        used, read_only = _LEGACY_USED, False
+    else:
+        raise ValueError("not an unconsumed DLPack capsule (\"dltensor_versioned\" or \"dltensor\")")
+    tensor = managed.dl_tensor
+    ndim = tensor.ndim
+    if ndim < 0 or (ndim and not tensor.shape):
+        raise ValueError(f"a DLPack tensor of {ndim} dimensions without a shape")
+    shape = tuple((ctypes.c_int64 * ndim).from_address(tensor.shape)) if ndim else ()
+    if any(extent < 0 for extent in shape):
+        raise ValueError(f"a DLPack tensor with a negative extent: shape {shape}")
+    name = _NAMES.get((tensor.dtype.code, tensor.dtype.bits))
+    if name is None or tensor.dtype.lanes != 1:
+        raise ValueError(f"a DLPack dtype metrale does not name (code {tensor.dtype.code}, bits {tensor.dtype.bits})")
+    size = tensor.dtype.bits // 8
+    strides = None
+    if ndim and tensor.strides:
+        strides = [step * size for step in (ctypes.c_int64 * ndim).from_address(tensor.strides)]
+    if not c_contiguous(shape, strides, size):
+        raise ValueError("a DLPack tensor that is not C-contiguous; pass a contiguous copy")
+    _capsule_set_name(capsule, used)
     return ImportedTensor(
         data=(tensor.data or 0) + tensor.byte_offset,
         nbytes=math.prod(shape) * size,
@@ -232,5 +361,6 @@ def read_capsule(capsule: object) -> ImportedTensor:
         device_id=tensor.device.device_id,
         dtype=name,
         shape=shape,
-        _release=release,
+        read_only=read_only,
+        _release=_releaser(address, managed.deleter),
     )

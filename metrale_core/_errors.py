@@ -1,7 +1,5 @@
 """The error hierarchy, and CUDA's result codes mapped onto it.
 
-::
-
     MetraleError                   .code: int | None, .name: str | None
      ├── ConfigError               a METRALE_* setting or settings keyword is invalid
      ├── SnapshotError             a memory snapshot file cannot be written or read  .path
@@ -21,7 +19,7 @@
           └── KernelNotFoundError  a module or kernel the registry does not hold
 
 Every backend speaks CUDA's vocabulary: where CUDA fails, a backend raises the
-class :func:`error_for_code` picks for CUDA's result code, with CUDA's ``code``
+class [`error_for_code`][metrale_core.error_for_code] picks for CUDA's result code, with CUDA's ``code``
 and ``name``. Errors that only metrale raises (bounds, stale handles, a closed
 backend) carry ``code`` and ``name`` ``None``.
 """
@@ -150,7 +148,7 @@ class OutOfMemoryError(MetraleError, MemoryError):
 
 
 class ArenaFullError(OutOfMemoryError):
-    """An :class:`~metrale_core.Arena` has no room left for an allocation: ``requested``
+    """An [`Arena`][metrale_core.Arena] has no room left for an allocation: ``requested``
     bytes were asked for, ``used`` of its ``capacity`` are handed out. The device may
     have memory to spare; ``reset()`` the arena or create a larger one."""
 
@@ -292,6 +290,16 @@ def error_for_code(
     The one table from CUDA's codes to metrale's classes: every backend raises
     driver failures through it, so the same failure is the same class with
     the same ``code`` and ``name`` everywhere.
+
+    :param code_or_name: CUDA's result, as its number or its name (``"CUDA_ERROR_OUT_OF_MEMORY"``).
+    :param what: the call that failed, which the message begins with.
+    :param requested: for an out-of-memory result, the bytes asked for (the error's ``requested``).
+    :param driver_name: the driver's own name for a code metrale's table does not know.
+    :returns: an [`OutOfMemoryError`][metrale_core.OutOfMemoryError],
+        [`InvalidArgumentError`][metrale_core.InvalidArgumentError],
+        [`CaptureError`][metrale_core.CaptureError] (900-908),
+        [`DeviceFaultError`][metrale_core.DeviceFaultError] (a sticky fault) or
+        [`DriverError`][metrale_core.DriverError], to be raised by the caller.
     """
     if isinstance(code_or_name, str):
         name = code_or_name
@@ -313,8 +321,8 @@ def error_for_code(
 
 
 def capture_error(name: str, message: str) -> CaptureError:
-    """The :class:`CaptureError` for CUDA result ``name`` (one of 900-908, or ``CUDA_ERROR_ILLEGAL_STATE``)
-    with metrale's ``message``: the one place capture errors are built."""
+    """The [`CaptureError`][metrale_core.CaptureError] for CUDA result ``name`` (one of 900-908, or
+    ``CUDA_ERROR_ILLEGAL_STATE``) with metrale's ``message``: the one place capture errors are built."""
     return CaptureError(message, code=_CODES.get(name), name=name)
 
 

@@ -2,7 +2,9 @@
 
 It answers the exports of :class:`~metrale_core.DeviceBuffer` and
 :class:`~metrale_core.DeviceArray` (the :class:`~metrale_core._buffer.BufferOwner` of this
-backend's buffers: checked live, after the device's work), counts the DLPack tensors and
+backend's buffers: checked live, after the device's work: waited for on the host, or, for a
+DLPack consumer that names its stream, ordered before that stream on the device with
+``RawDevice.order_foreign_stream``), counts the DLPack tensors and
 views still held so ``free`` can warn, and owns wrapped memory (``wrap``/``unwrap``): each
 wrap is its own live buffer, keyed by its creation index, never by the producer's address.
 """
@@ -13,7 +15,7 @@ import logging
 import weakref
 from collections.abc import Callable
 
-from ._buffer import DeviceArray, DeviceBuffer
+from ._buffer import NO_SYNC, DeviceArray, DeviceBuffer
 from ._capture import forbid_during_capture, resume_calls, suspend_calls
 from ._context import DeviceContext
 from ._errors import DriverError, InvalidArgumentError, InvalidBufferError, MetraleError, cuda_code
@@ -34,7 +36,7 @@ _INVALID_DEVICE = cuda_code("CUDA_ERROR_INVALID_DEVICE")
 class ExportTable:
     """Exports and wrapped memory of one backend (the ``BufferOwner`` of its buffers)."""
 
-    __slots__ = ("_exported", "_guard", "_holdings", "_raw", "_viewed", "ctx")
+    __slots__ = ("_exported", "_guard", "_holdings", "_orders", "_raw", "_viewed", "ctx")
 
     def __init__(self, ctx: DeviceContext, holdings: Holdings, guard: ZoneGuard) -> None:
         self.ctx = ctx
@@ -43,18 +45,28 @@ class ExportTable:
         self._guard = guard
         self._exported: dict[int, int] = {}  # creation index -> DLPack tensors not yet released
         self._viewed: dict[int, weakref.WeakSet[DeviceArray]] = {}  # creation index -> views exported
+        self._orders = True  # whether the backend orders foreign streams (until it says CUDA_ERROR_NOT_SUPPORTED)
         ctx.exports = self
 
     # -- BufferOwner ----------------------------------------------------------------------
 
     def export(self, buf: DeviceBuffer, view: DeviceArray, what: str, *, wait: bool = True) -> ForeignMemory:
+        return self._export(buf, view, what, wait, None)
+
+    def export_for_stream(self, buf: DeviceBuffer, view: DeviceArray, what: str, stream: int) -> ForeignMemory:
+        return self._export(buf, view, what, True, stream)
+
+    def _export(self, buf: DeviceBuffer, view: DeviceArray, what: str, wait: bool, stream: int | None) -> ForeignMemory:
         ctx = self.ctx
         ctx.enter()
         try:
             self._holdings.require_live(buf, what)
             if wait:
                 forbid_during_capture(what)
-                self._guard.sync_device()
+                if stream is None:
+                    self._guard.sync_device()
+                elif stream != NO_SYNC:
+                    self._order(stream)
             memory = self._raw.export_memory(buf.ptr, buf.nbytes)
             if buf.kind in ("device", "managed"):  # what free() releases, and so warns about
                 with ctx.lock:
@@ -62,6 +74,19 @@ class ExportTable:
             return memory
         finally:
             ctx.leave()
+
+    def _order(self, stream: int) -> None:
+        """Order the consumer's stream ``stream`` after the backend's work, on the device; a backend without
+        the primitive (``CUDA_ERROR_NOT_SUPPORTED``) waits for its work on the host instead."""
+        if self._orders:
+            try:
+                self._raw.order_foreign_stream(stream)
+                return
+            except MetraleError as exc:
+                if exc.name != "CUDA_ERROR_NOT_SUPPORTED":
+                    raise
+                self._orders = False
+        self._guard.sync_device()
 
     def export_held(self, index: int, delta: int) -> None:
         with self.ctx.lock:

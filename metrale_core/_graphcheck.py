@@ -2,7 +2,7 @@
 device-side zone table it reads, and the verdicts it leaves in mapped host memory.
 
 With red zones and ``redzone_scan_graphs`` on, and where the backend maps pinned host memory
-(:meth:`~metrale_core.RawDevice.alloc_host_mapped`), every capture ends with one launch of the
+([`alloc_host_mapped`][metrale_core.RawDevice.alloc_host_mapped]), every capture ends with one launch of the
 shipped ``redzone.redzone_verdict`` kernel. Its three parameters never change, so the graph is
 never instantiated again when zones come and go:
 
@@ -53,7 +53,7 @@ _DESC = struct.Struct("<4Q")  # table address, zone count, version, fill
 
 
 class _Page:
-    """Mapped host memory for :data:`_SLOTS_PER_PAGE` slots and the device memory of their states."""
+    """Mapped host memory for `_SLOTS_PER_PAGE` slots and the device memory of their states."""
 
     __slots__ = ("device_ptr", "free", "host_ptr", "state_ptr", "words")
 
@@ -231,7 +231,7 @@ class GraphChecks:
 
     def finished(self, only: GraphCheck | None = None) -> list[GraphCheck]:
         """The checks (of ``only``, or all) whose every issued launch has left its verdict, taken off the
-        pending list; each one's :attr:`GraphCheck.judged` moves to its sequence number, and those whose
+        pending list; each one's `GraphCheck.judged` moves to its sequence number, and those whose
         latest verdict found bad zones are returned."""
         bad: list[GraphCheck] = []
         for key, check in list(self._pending.items()):
@@ -262,7 +262,7 @@ class GraphChecks:
 
     def _write(self, stream: Stream) -> None:
         """Write the table and the descriptor on ``stream``, after every launch on other streams since
-        the last write; later launches on other streams wait for it (:meth:`before_launch`)."""
+        the last write; later launches on other streams wait for it (`before_launch`)."""
         raw = self._raw
         assert self._write_event is not None and self._hop is not None
         version, count, table = self._zones.table()

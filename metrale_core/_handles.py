@@ -3,7 +3,7 @@
 Each holds its raw handle and the device context, and is owned by one part of
 the backend: the stream front (streams, events, graphs) or the allocator (host
 buffers), each reached through the small protocol it implements here
-(:class:`HandleOwner`, :class:`HostOwner`). A handle refuses use after its own
+(`HandleOwner`, `HostOwner`). A handle refuses use after its own
 ``close()`` or its backend's.
 """
 

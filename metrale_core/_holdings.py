@@ -1,8 +1,8 @@
 """What one backend holds now, and the rules that follow from it: liveness and bounds.
 
-:class:`Holdings` is the table of everything a backend has handed out and not
+`Holdings` is the table of everything a backend has handed out and not
 taken back: the ledger (``device`` and ``managed`` memory), arena blocks
-(``alloc_arena``), the open :class:`~metrale_core.Arena` objects, wrapped
+(``alloc_arena``), the open [`Arena`][metrale_core.Arena] objects, wrapped
 memory (``wrap``) and pinned host buffers. The allocator and the export table
 fill and empty it; everyone asks it whether a handle is live and where an
 operation's bytes lie.

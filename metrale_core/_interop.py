@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Callable
 
-from ._dlpack import DLPACK_CPU, DLPACK_CUDA, c_contiguous, read_capsule
+from ._dlpack import DLPACK_CPU, DLPACK_CUDA, DLPACK_VERSION, c_contiguous, read_capsule
 from ._errors import InvalidArgumentError
 from ._types import WORD_LIMIT, ForeignMemory, as_index
 
@@ -94,6 +94,15 @@ def _shown(value: object) -> str:
         return f"<a {type(value).__name__} whose repr raises>"
 
 
+def _dlpack_capsule(export: Callable[..., object]) -> object:
+    """A producer's capsule, asked for in DLPack 1.x's form (which can say read-only); a producer older than
+    ``max_version`` (a ``TypeError`` for the keyword) is asked again without it."""
+    try:
+        return export(max_version=DLPACK_VERSION)
+    except TypeError:
+        return export()
+
+
 def foreign_memory(obj: object) -> tuple[ForeignMemory, Callable[[], None] | None]:
     """What ``obj`` (a CUDA-array-interface, DLPack or buffer-protocol exporter) holds, and how to give
     it back; raises :class:`~metrale_core.InvalidArgumentError` for anything metrale cannot wrap, whatever
@@ -107,11 +116,16 @@ def foreign_memory(obj: object) -> tuple[ForeignMemory, Callable[[], None] | Non
         if not callable(export):
             raise InvalidArgumentError(f"wrap: {who}.__dlpack__ is not callable")
         try:
-            tensor = read_capsule(export())
+            tensor = read_capsule(_dlpack_capsule(export))
         except Exception as exc:  # a producer's own failure, or a capsule metrale cannot read
             raise InvalidArgumentError(
                 f"wrap: {who}'s DLPack export cannot be wrapped: {type(exc).__name__}: {exc}"
             ) from None
+        if tensor.read_only:
+            tensor.release()
+            raise InvalidArgumentError(
+                f"wrap: {who} exports read-only memory (DLPack's read-only flag); metrale writes"
+            )
         kinds = {DLPACK_CUDA: "cuda", DLPACK_CPU: "cpu"}
         device = kinds.get(tensor.device_type)
         outside = not 0 < tensor.data < WORD_LIMIT or tensor.data + tensor.nbytes > WORD_LIMIT

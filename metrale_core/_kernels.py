@@ -1,7 +1,7 @@
 """The kernel front: one backend's kernel modules, launches and their timings.
 
 It loads PTX images after the architecture preflight (into a
-:class:`~metrale_core.KernelRegistry` it keeps track of and closes with the backend),
+[`KernelRegistry`][metrale_core.KernelRegistry] it keeps track of and closes with the backend),
 launches kernels after their arguments are checked and packed (``_registry.pack_args``) and
 their buffers checked live, keeps the last launches for a fault report, and owns the run
 metrics and the timing events of ``kernel_timing``.

@@ -67,7 +67,7 @@ def _is_internal(module: str, internal: frozenset[str]) -> bool:
     return module.partition(".")[0] in internal and not module.startswith(_USER_MODULES)
 
 
-#: Whether this module runs as Python: then :func:`call_site` has a frame of its own, which the walk skips.
+#: Whether this module runs as Python: then `call_site` has a frame of its own, which the walk skips.
 _OWN_FRAME: Final = 1 if __file__.endswith(".py") else 0
 
 
@@ -158,11 +158,11 @@ class Ledger:
     never an address, which the driver hands out again). Thread-safe.
 
     It keeps the buffer each allocation handed out (the same fields as its record, and immutable)
-    and makes :class:`~metrale_core.AllocRecord` objects only when asked for them, so an ``alloc``
+    and makes [`AllocRecord`][metrale_core.AllocRecord] objects only when asked for them, so an ``alloc``
     and a ``free`` each cost one dictionary operation under the lock.
 
     With ``history`` above zero it also keeps the last ``history`` events, oldest
-    dropped first (:meth:`events`, :attr:`dropped`).
+    dropped first (`events`, `dropped`).
     """
 
     __slots__ = ("_events", "_lock", "_records", "_start", "dropped", "history", "taken")
@@ -215,11 +215,11 @@ class Ledger:
 
     def has(self, buf: DeviceBuffer) -> bool:
         """Whether ``buf`` is the very buffer the ledger handed out for its allocation, still on it (a copy
-        of it is not: :meth:`holds` says whether one matches)."""
+        of it is not: `holds` says whether one matches)."""
         return self._records.get(buf.index) is buf
 
     def holds_all(self, bufs: Iterable[DeviceBuffer], owner: object) -> bool | None:
-        """Whether every one of ``bufs`` is ``owner``'s and on the ledger (:meth:`holds`); ``None`` where some
+        """Whether every one of ``bufs`` is ``owner``'s and on the ledger (`holds`); ``None`` where some
         are not of a kind the ledger holds (arena, external memory), which it cannot say."""
         records = self._records
         for buf in bufs:
@@ -256,7 +256,7 @@ class Ledger:
             return list(self._events or ())
 
     def elapsed(self) -> float:
-        """Seconds since the ledger was created, on the clock of :attr:`LedgerEvent.t`."""
+        """Seconds since the ledger was created, on the clock of [`LedgerEvent.t`][metrale_core.LedgerEvent.t]."""
         return time.monotonic() - self._start
 
     def __len__(self) -> int:

@@ -1,6 +1,6 @@
 """Memory pressure, as one backend answers it: free memory, stats, OOM watchdogs, snapshots.
 
-:class:`MemoryMonitor` reads; it changes nothing of the memory. It owns the watchdogs it
+`MemoryMonitor` reads; it changes nothing of the memory. It owns the watchdogs it
 starts (stopped first at ``close()``, before anything is released).
 """
 
@@ -57,7 +57,7 @@ class MemoryMonitor:
         self._stats.reset_peak()
 
     def summary(self, top: object) -> str:
-        """:func:`~metrale_core._pressure.memory_summary` of this backend now (the device's free memory left out
+        """`memory_summary` of this backend now (the device's free memory left out
         where the device cannot say: after a fault)."""
         count = as_index(top)
         if count is None or count < 1:

@@ -1,5 +1,5 @@
-"""The GEMM N tile: :func:`n_tile` chooses the tile width a GEMM kernel launches with, so its last wave of
-thread blocks is not mostly idle.
+"""The GEMM N tile: [`n_tile`][metrale_core.n_tile] chooses the tile width a GEMM kernel launches with, so its last wave
+of thread blocks is not mostly idle.
 
 A GEMM over an ``m * n`` output (``groups`` of them) runs one thread block per ``block_m * n_tile`` tile;
 ``num_sms * occupancy`` blocks run at once, a *wave*. A kernel's time for a fixed ``block_m`` is about the
@@ -21,7 +21,7 @@ __all__ = ["NTile", "n_tile"]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NTile:
-    """The N tile :func:`n_tile` chose, and what it gives.
+    """The N tile [`n_tile`][metrale_core.n_tile] chose, and what it gives.
 
     ``tiles`` is ``ceil(m / block_m) * ceil(n / n_tile) * groups``; ``waves`` is
     ``ceil(tiles / (num_sms * occupancy))``; ``last_wave_util`` the tiles of the last wave; ``efficiency``
@@ -67,7 +67,7 @@ def n_tile(
     ``width * element_bytes`` a multiple of 16, and within ``swizzle_bytes`` when given. Chosen: the least
     ``waves * n_tile``, then the greater ``last_wave_util``, then the smaller ``n_tile``. ``block_m``
     defaults to 64 for ``m <= 64``, else 128. ``m`` or ``n`` below 1, or no candidate left, raise
-    :class:`~metrale_core.InvalidArgumentError`.
+    [`InvalidArgumentError`][metrale_core.InvalidArgumentError].
     """
     rows, cols = _positive(m, "m"), _positive(n, "n")
     sms, group_count = _positive(num_sms, "num_sms"), _positive(groups, "groups")

@@ -33,26 +33,26 @@ KINDS: Final = ("device", "managed", "arena")
 class MemoryStats:
     """What a backend has allocated since it opened (peaks since the last ``reset_peak()``).
 
-    :param alloc_count: allocations made: ``alloc``, ``alloc_managed``, ``alloc_arena``.
-    :param free_count: allocations released: ``free``, ``free_arena``, and each one a sweep took.
-    :param current_bytes: bytes live now, per kind (``"device"``, ``"managed"``, ``"arena"``).
-    :param peak_bytes: the most bytes live at once, per kind.
-    :param peak_total_bytes: the most bytes live at once, all kinds together.
-    :param arena_capacity: bytes of the open :class:`~metrale_core.Arena` objects.
-    :param arena_used: bytes those arenas have handed out since their last ``reset()``.
-    :param arena_allocs: sub-allocations the arenas have made.
-    :param oom_count: allocations that failed for lack of memory (after any retries).
-    :param oom_retries: allocations tried again after an ``on_out_of_memory`` callback freed memory.
-    :param redzone_scans: full red-zone scans (``scan_redzones()``, after graph launches, at ``close()``).
-    :param graph_launches: ``GraphExec.launch`` calls.
-    :param redzone_quarantined: freed zoned buffers waiting in quarantine (off the ledger and out of
+    :ivar alloc_count: allocations made: ``alloc``, ``alloc_managed``, ``alloc_arena``.
+    :ivar free_count: allocations released: ``free``, ``free_arena``, and each one a sweep took.
+    :ivar current_bytes: bytes live now, per kind (``"device"``, ``"managed"``, ``"arena"``).
+    :ivar peak_bytes: the most bytes live at once, per kind.
+    :ivar peak_total_bytes: the most bytes live at once, all kinds together.
+    :ivar arena_capacity: bytes of the open [`Arena`][metrale_core.Arena] objects.
+    :ivar arena_used: bytes those arenas have handed out since their last ``reset()``.
+    :ivar arena_allocs: sub-allocations the arenas have made.
+    :ivar oom_count: allocations that failed for lack of memory (after any retries).
+    :ivar oom_retries: allocations tried again after an ``on_out_of_memory`` callback freed memory.
+    :ivar redzone_scans: full red-zone scans (``scan_redzones()``, after graph launches, at ``close()``).
+    :ivar graph_launches: ``GraphExec.launch`` calls.
+    :ivar redzone_quarantined: freed zoned buffers waiting in quarantine (off the ledger and out of
         ``current_bytes``; their memory not released yet).
-    :param redzone_quarantined_bytes: the device memory they hold, zones included.
-    :param redzone_reusable: checked freed zoned blocks kept for the next allocation of their size
+    :ivar redzone_quarantined_bytes: the device memory they hold, zones included.
+    :ivar redzone_reusable: checked freed zoned blocks kept for the next allocation of their size
         (their zones found intact and still filled: a reuse needs no driver call and no fill).
-    :param redzone_reusable_bytes: the device memory they hold, zones included.
-    :param redzone_sample: red zones go to one allocation in this many (``redzone_sample``).
-    :param allocated_bytes: bytes allocated since the backend opened, per kind (every allocation counted,
+    :ivar redzone_reusable_bytes: the device memory they hold, zones included.
+    :ivar redzone_sample: red zones go to one allocation in this many (``redzone_sample``).
+    :ivar allocated_bytes: bytes allocated since the backend opened, per kind (every allocation counted,
         freed or not; ``reset_peak()`` leaves it).
     """
 
@@ -82,7 +82,7 @@ class MemoryStats:
 
 
 class StatsCounter:
-    """The mutable counters behind :class:`MemoryStats`. Thread-safe."""
+    """The mutable counters behind [`MemoryStats`][metrale_core.MemoryStats]. Thread-safe."""
 
     __slots__ = (
         "_allocated", "_current", "_lock", "_peak", "_peak_total", "_total", "allocs", "arena_allocs", "frees",
@@ -174,13 +174,12 @@ class StatsCounter:
 class OomWatchdog:
     """A daemon thread that warns when a backend's effective free memory runs low.
 
-    Made by :meth:`GpuBackend.spawn_oom_watchdog
-    <metrale_core.GpuBackend.spawn_oom_watchdog>`. Every ``interval_s`` it reads
+    Made by [`GpuBackend.spawn_oom_watchdog`][metrale_core.GpuBackend.spawn_oom_watchdog]. Every ``interval_s`` it reads
     ``memory_info()`` (which never synchronizes a stream). When
     ``effective_free`` falls under ``min_free_bytes`` it logs one WARNING on
     ``metrale.memory`` naming the ledger's largest call sites and calls
     ``on_low(info)``; when memory recovers it logs one INFO. Nothing more is
-    logged while the state stays the same. :meth:`stop` ends it promptly;
+    logged while the state stays the same. [`stop`][metrale_core.OomWatchdog.stop] ends it promptly;
     closing the backend stops it. A context manager.
     """
 

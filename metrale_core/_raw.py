@@ -319,6 +319,21 @@ class RawDevice(abc.ABC):
         """
         raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} shares no memory: import_memory")
 
+    def order_foreign_stream(self, stream: int) -> None:
+        """Make later work on another library's stream wait for the work issued so far on every stream of
+        this device, on the device: no host wait (CUDA: an event recorded on each of them, then
+        ``cuStreamWaitEvent(stream, event, 0)``).
+
+        ``stream`` is the consumer's, as DLPack's ``__dlpack__(stream=...)`` gives it: 1 for CUDA's
+        legacy default stream, 2 for the per-thread default stream, any other integer a ``CUstream``'s
+        address (the consumer's to keep valid). The core calls it for a DLPack export whose consumer
+        names its stream, never during a capture. Optional: without it (this default,
+        ``CUDA_ERROR_NOT_SUPPORTED``) the core waits for the device (:meth:`synchronize`) instead.
+        """
+        raise error_for_code(
+            "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} orders no foreign streams: order_foreign_stream"
+        )
+
     def forget_memory(self, ptr: int) -> None:  # noqa: B027 - optional hook, default no-op
         """Stop addressing memory of :meth:`import_memory` (it stays its owner's to free)."""
 

@@ -47,7 +47,7 @@ class RedZones:
     device-side scan reads: a dense ``array('Q')`` of (address, length) pairs, one
     slot per live zone, kept up to date as allocations come and go (a removed zone's
     slot takes the last one), so a scan copies it as it is, and only when
-    :attr:`version` moved since the last copy.
+    `version` moved since the last copy.
     """
 
     __slots__ = (

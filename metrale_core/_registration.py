@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,6 +16,10 @@ __all__ = ["BackendRegistration"]
 
 def _always_available(settings: MetraleSettings) -> str | None:
     return None
+
+
+def _no_versions() -> Mapping[str, str]:
+    return {}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,6 +49,12 @@ class BackendRegistration:
         backend ``0`` (the fake), a wrapper or debugging backend below ``0``
         (the tracing example declares ``-10``), so that it is opened only by
         name.
+    :param versions: the versions of what the backend runs on, beyond its own
+        distribution, for ``metrale --version``: a mapping of a name to a
+        version in words (the CUDA backend gives ``cuda-bindings`` and
+        ``driver``, ``"not found"`` where no driver answers). It runs without a
+        probe or an open, so it must be cheap, must work where the backend
+        cannot run, and should not raise (one that raises is reported as such).
     """
 
     open: Callable[[MetraleSettings, int], RawDevice]
@@ -52,3 +62,4 @@ class BackendRegistration:
     backend_class: type[GpuBackend] | None = None
     description: str = ""
     preference: int = 0
+    versions: Callable[[], Mapping[str, str]] = _no_versions

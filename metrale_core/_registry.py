@@ -1,7 +1,7 @@
 """Kernel modules as the user holds them: the registry of loaded PTX modules, kernel handles,
 launch arguments checked and packed, and the run metrics.
 
-A :class:`KernelRegistry` owns its modules (they unload at its ``close()``, when it and its
+A [`KernelRegistry`][metrale_core.KernelRegistry] owns its modules (they unload at its ``close()``, when it and its
 kernels are garbage, or when the backend closes). Launching is the kernel front's
 (``_kernels``); this module only checks and packs what a launch is given.
 """
@@ -38,7 +38,8 @@ MAX_GRID: Final = ((1 << 31) - 1, 65535, 65535)
 
 
 class Kernel:
-    """A kernel of a loaded module; pass it to ``backend.launch``. Obtained from a :class:`KernelRegistry`."""
+    """A kernel of a loaded module; pass it to ``backend.launch``. Obtained from a
+    [`KernelRegistry`][metrale_core.KernelRegistry]."""
 
     __slots__ = ("_packs", "_plan", "key", "module", "name", "params", "raw", "registry")
 
@@ -78,7 +79,7 @@ def _unload(raw: RawDevice, modules: list[object]) -> None:
 class KernelRegistry:
     """The modules of one ``load_modules`` call, and a cache of their kernel handles.
 
-    The modules unload at :meth:`close` (or leaving a ``with`` block), when
+    The modules unload at [`close`][metrale_core.KernelRegistry.close] (or leaving a ``with`` block), when
     the registry and every kernel handle from it are garbage, or when the
     backend closes, whichever comes first.
     """
@@ -97,7 +98,7 @@ class KernelRegistry:
         self._kernels: dict[tuple[str, str], Kernel] = {}
         self._lock = threading.Lock()
         #: Whether its modules were unloaded (by its ``close()``); a plain flag, for the launches' hot paths
-        #: (:attr:`closed` also says whether the backend closed).
+        #: ([`closed`][metrale_core.KernelRegistry.closed] also says whether the backend closed).
         self.unloaded = False
         self._finalizer = weakref.finalize(self, _unload, ctx.raw, list(modules.values()))
 

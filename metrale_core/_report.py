@@ -2,19 +2,19 @@
 
 ``backend.save_snapshot(path)`` writes a JSON snapshot: the allocations on the
 ledger when it was saved and, when history recording is on, a bounded log of
-every ``alloc``, ``free`` and ``sweep`` before that. :mod:`metrale_core._snapshot`
-holds that format, both ways: :func:`load_snapshot` reads one back, checks it and
-refuses a damaged file with a :class:`~metrale_core.SnapshotError`. This module
+every ``alloc``, ``free`` and ``sweep`` before that. `metrale_core._snapshot`
+holds that format, both ways: `load_snapshot` reads one back, checks it and
+refuses a damaged file with a [`SnapshotError`][metrale_core.SnapshotError]. This module
 builds the report from what it read: it replays the snapshot into live bytes per
-call site over time (:func:`live_by_site`), and renders that as a Chrome
-trace-event timeline (:func:`chrome_trace`, for https://ui.perfetto.dev and
-``chrome://tracing``), as a stacked area plot (:func:`plot_png`, which needs
-matplotlib) or as an interactive HTML timeline (:func:`plot_html`, which needs
+call site over time (`live_by_site`), and renders that as a Chrome
+trace-event timeline (`chrome_trace`, for https://ui.perfetto.dev and
+``chrome://tracing``), as a stacked area plot (`plot_png`, which needs
+matplotlib) or as an interactive HTML timeline (`plot_html`, which needs
 plotly; both: ``pip install 'metrale-core[report]'``). ``metrale report`` is the
 command line over these.
 
 The replay starts from the live set before the first event
-(:func:`initial_live`): an allocation whose ``alloc`` fell off the front of the
+(`initial_live`): an allocation whose ``alloc`` fell off the front of the
 bounded log, or came before recording began, counts as live from the start.
 """
 
@@ -60,7 +60,7 @@ OTHER_SITES: Final = "other sites"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SiteTimeline:
-    """Live bytes per call site over time, as :func:`live_by_site` replays a snapshot.
+    """Live bytes per call site over time, as `live_by_site` replays a snapshot.
 
     Step 0 is the live set before the first event, placed at the first event's
     time; step ``i + 1`` is the live set just after event ``i``; each step holds
@@ -70,11 +70,11 @@ class SiteTimeline:
 
     :param times: per step, seconds since the backend opened; never decreasing.
     :param labels: the series: the ``top`` call sites by peak live bytes, largest first, in
-        short form (see :func:`site_labels`), then ``"other sites"`` when more sites remain.
+        short form (see `site_labels`), then ``"other sites"`` when more sites remain.
     :param sites: per series, the full ``file:line`` call sites it sums.
     :param series: per series, its live bytes at each step.
     :param totals: the live bytes of every site at each step.
-    :param end: when the snapshot was saved (:attr:`MemorySnapshot.elapsed`), if the snapshot
+    :param end: when the snapshot was saved (`MemorySnapshot.elapsed`), if the snapshot
         says and it is not before the last step; else ``None``.
     """
 
@@ -138,7 +138,7 @@ def live_by_site(snapshot: MemorySnapshot, top: int = 8) -> SiteTimeline:
     by when each change was recorded) are held at the previous time.
 
     :raises InvalidArgumentError: ``top`` is less than 1.
-    :raises SnapshotError: the log contradicts itself (see :func:`initial_live`).
+    :raises SnapshotError: the log contradicts itself (see `initial_live`).
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InvalidArgumentError(f"top must be a whole number of call sites, at least 1, not {top!r}")
@@ -188,7 +188,7 @@ def chrome_trace(snapshot: MemorySnapshot, top: int = 8) -> dict[str, Any]:
     """The snapshot as a Chrome trace-event JSON object, for https://ui.perfetto.dev or ``chrome://tracing``.
 
     One counter event (``"ph": "C"``) named ``"live bytes"`` per step of
-    :func:`live_by_site`, with one argument per series (its live bytes), so
+    `live_by_site`, with one argument per series (its live bytes), so
     ``chrome://tracing`` draws them as one stacked counter track and Perfetto
     as one track per call site (``live bytes app.py:12``); and one counter
     ``"total"`` with the argument ``"live bytes"`` (Perfetto: ``total live
@@ -270,7 +270,7 @@ def _history_note(snapshot: MemorySnapshot) -> str:
 def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 8) -> None:
     """Plot live memory over time, stacked by the ``top`` call sites, to a PNG file.
 
-    A stacked step plot of :func:`live_by_site`, 10 x 5.5 inches at 120 dpi:
+    A stacked step plot of `live_by_site`, 10 x 5.5 inches at 120 dpi:
     time since the backend opened on x (milliseconds; seconds past 10 s), live
     memory on y (KiB, MiB or GiB, by the peak), the peak of the total marked.
     The bands are stacked with the sites still holding memory when the
@@ -380,7 +380,7 @@ def plot_html(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int =
     """Write an interactive timeline of live memory by call site to one HTML file, opened in a browser with no
     network (plotly's JavaScript is inside the file).
 
-    The stacked step areas of :func:`live_by_site`, one per call site (the ``top`` ones, the rest summed as
+    The stacked step areas of `live_by_site`, one per call site (the ``top`` ones, the rest summed as
     ``"other sites"``): hover over a band for its call site (in full), its live bytes then, and the total; drag
     to zoom, double-click to zoom back out; click a site in the legend to hide it. Time since the backend
     opened on x, in milliseconds (seconds past 10 s); live memory on y in the unit of the peak; the peak of

@@ -1,12 +1,12 @@
 """``MetraleSettings``: the one place metrale reads the environment.
 
-The core's settings are the fields of :class:`MetraleSettings`. Each installed
-plugin may contribute a model of its own, a :class:`PluginSettings` subclass
+The core's settings are the fields of [`MetraleSettings`][metrale_core.MetraleSettings]. Each installed
+plugin may contribute a model of its own, a [`PluginSettings`][metrale_core.plugin.PluginSettings] subclass
 returned by its ``metrale_settings`` hook and read from ``METRALE_<NAME>_*``
 (``<NAME>`` is the plugin's entry-point name). ``MetraleSettings`` finds those
 models through the entry-point group, validates them with the core's fields,
 accepts and exposes their values as ``<name>_<field>`` and hands a plugin its
-model through :meth:`MetraleSettings.plugin`.
+model through [`MetraleSettings.plugin`][metrale_core.MetraleSettings.plugin].
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ Size: TypeAlias = Annotated[int, _SIZE_VALIDATOR]
 
 
 def is_size(field: FieldInfo) -> bool:
-    """Whether a settings field is declared with :data:`Size` (the settings table marks it)."""
+    """Whether a settings field is declared with [`Size`][metrale_core.plugin.Size] (the settings table marks it)."""
     return any(item is _SIZE_VALIDATOR for item in field.metadata)
 
 
@@ -121,17 +121,18 @@ def _holds_int(field: FieldInfo) -> bool:
 
 def _is_integer(field: FieldInfo) -> bool:
     """Whether a field is a plain integer, ``int`` or ``int | None``, that parses no text of its own (no
-    validator in its annotation, as :data:`Size` has): those take decimal or ``0x`` hex."""
+    validator in its annotation, as [`Size`][metrale_core.plugin.Size] has): those take decimal or ``0x`` hex."""
     return _holds_int(field) and not any(isinstance(item, _OWN_PARSERS) for item in field.metadata)
 
 
-#: Validators in a field's annotation that read its input themselves (:data:`Size`'s among them).
+#: Validators in a field's annotation that read its input themselves ([`Size`][metrale_core.plugin.Size]'s among them).
 _OWN_PARSERS: Final = (BeforeValidator, PlainValidator, WrapValidator)
 
 
 def _integers(model: type[BaseSettings], value: Any, info: pydantic.ValidationInfo) -> Any:
-    """Every plain integer field of a settings model, the core's and a plugin's, reads as :data:`Size` does
-    without the units: decimal or ``0x`` hex, no ``bool`` (a size parses itself, with its units)."""
+    """Every plain integer field of a settings model, the core's and a plugin's, reads as
+    [`Size`][metrale_core.plugin.Size] does without the units: decimal or ``0x`` hex, no ``bool`` (a size parses itself,
+    with its units)."""
     field = model.model_fields.get(info.field_name or "")
     if field is None or value is None or not _is_integer(field):
         return value
@@ -142,7 +143,7 @@ class PluginSettings(BaseSettings):
     """The base of a plugin's own settings: a pydantic-settings model read from ``METRALE_<NAME>_*``.
 
     A subclass names its prefix, ``METRALE_`` and the plugin's entry-point name
-    in capitals, and declares fields as ``MetraleSettings`` does::
+    in capitals, and declares fields as ``MetraleSettings`` does:
 
         class FakeSettings(PluginSettings):
             model_config = SettingsConfigDict(env_prefix="METRALE_FAKE_")
@@ -151,11 +152,11 @@ class PluginSettings(BaseSettings):
 
     and the plugin's ``metrale_settings`` hook returns the class. Its fields
     are then settings like the core's: ``METRALE_FAKE_MEMORY_BYTES``, the
-    keyword and attribute ``fake_memory_bytes`` of :class:`MetraleSettings`,
+    keyword and attribute ``fake_memory_bytes`` of [`MetraleSettings`][metrale_core.MetraleSettings],
     a row of the settings table, and known to the unknown-variable warning.
     Models are frozen, refuse unknown keywords, count an empty variable as
     unset, read every plain ``int`` field in decimal or ``0x`` hex as the
-    core's integers are, and a bad value raises :class:`~metrale_core.ConfigError`.
+    core's integers are, and a bad value raises [`ConfigError`][metrale_core.ConfigError].
     """
 
     model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
@@ -354,12 +355,12 @@ class MetraleSettings(BaseSettings):
     written in decimal or ``0x`` hex, never as a ``bool``; sizes (``redzone``
     and every ``*_bytes`` field) also accept ``KiB``/``MiB``/``GiB``,
     case-insensitive, with or without a space. A bad value raises
-    :class:`~metrale_core.ConfigError` naming the variable or keyword, the
+    [`ConfigError`][metrale_core.ConfigError] naming the variable or keyword, the
     value as written and what is allowed; nothing else escapes.
 
     The settings of installed plugins (``fake_memory_bytes``, from
     ``METRALE_FAKE_MEMORY_BYTES``) are keywords and attributes too, validated
-    here; a plugin reads its own with :meth:`plugin`.
+    here; a plugin reads its own with [`plugin`][metrale_core.MetraleSettings.plugin].
     """
 
     model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
@@ -487,7 +488,7 @@ class MetraleSettings(BaseSettings):
     def updated(self, **changes: Any) -> MetraleSettings:
         """A copy with ``changes`` applied and validated (unlike pydantic's ``model_copy``).
 
-        A bad value raises :class:`~metrale_core.ConfigError` naming the field.
+        A bad value raises [`ConfigError`][metrale_core.ConfigError] naming the field.
         """
         return type(self)(**{**self.model_dump(), **changes})
 

@@ -1,8 +1,8 @@
-"""The memory snapshot format, both ways: :func:`write_snapshot` writes the ledger, its history and
-the stats as JSON (``backend.save_snapshot(path)``), :func:`load_snapshot` reads one back and checks
-it, for ``metrale report`` (:mod:`metrale_core._report` builds the report from what it read).
+"""The memory snapshot format, both ways: `write_snapshot` writes the ledger, its history and
+the stats as JSON (``backend.save_snapshot(path)``), `load_snapshot` reads one back and checks
+it, for ``metrale report`` (`metrale_core._report` builds the report from what it read).
 
-The format (``"format": "metrale-memory-snapshot"``, ``"version": 1``), one JSON object::
+The format (``"format": "metrale-memory-snapshot"``, ``"version": 1``), one JSON object:
 
     {"format", "version", "backend", "device", "ordinal", "total", "created",
      "elapsed", "history_limit", "dropped",
@@ -15,16 +15,16 @@ The format (``"format": "metrale-memory-snapshot"``, ``"version": 1``), one JSON
 monotonic clock (``elapsed`` is optional for a reader); ``op`` is ``alloc``, ``free`` or ``sweep``
 (the teardown sweep took the allocation). ``history_limit`` is the bound of the event log
 (``memory_history``), ``dropped`` how many events fell off its front; ``events`` is empty when
-``memory_history`` is ``0``. An allocation has exactly an :class:`~metrale_core.AllocRecord`'s
+``memory_history`` is ``0``. An allocation has exactly an [`AllocRecord`][metrale_core.AllocRecord]'s
 fields, ``index`` its creation number on the ledger. ``stats`` is the backend's
-:class:`~metrale_core.MemoryStats`, free-form for a reader. A reader ignores fields it does not know.
+[`MemoryStats`][metrale_core.MemoryStats], free-form for a reader. A reader ignores fields it does not know.
 
 A reader finds the live set before the first event by walking the log backwards from the end state
 (``live``): an allocation was not live before its ``alloc``, and was live before its ``free`` or
 ``sweep``. So an allocation whose ``alloc`` fell off the front of the bounded log, or came before
 recording began, counts as live from the start. A file that cannot be read, is not JSON, is not a
 metrale snapshot, is of a newer version, or whose log contradicts itself or the ``live`` list (an
-allocation freed twice, or freed yet listed as live) is refused with a :class:`SnapshotError`
+allocation freed twice, or freed yet listed as live) is refused with a [`SnapshotError`][metrale_core.SnapshotError]
 naming it.
 """
 
@@ -109,7 +109,7 @@ def write_snapshot(
 
 
 def snapshot_path(path: object, what: str) -> Path:
-    """``path`` (a ``str`` or an ``os.PathLike`` of one) as a :class:`~pathlib.Path`; else ``InvalidArgumentError``."""
+    """``path`` (a ``str`` or an ``os.PathLike`` of one) as a `Path`; else ``InvalidArgumentError``."""
     try:
         text = os.fspath(path)  # type: ignore[call-overload]
     except Exception:  # not a path at all, or an __fspath__ that fails
@@ -126,7 +126,7 @@ _TEMPORARY: Final = itertools.count()
 def _write_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``: a reader sees the old
     file or the new one, never half of one. On any failure the temporary file is removed and nothing of
-    ``path`` changed; the failure is a :class:`SnapshotError` naming ``path`` and the reason."""
+    ``path`` changed; the failure is a [`SnapshotError`][metrale_core.SnapshotError] naming ``path`` and the reason."""
     tmp = path.parent / f".{path.name[:100] or 'snapshot'}.{os.getpid()}.{next(_TEMPORARY)}.tmp"  # unique per call
     created = done = False
     try:
@@ -166,7 +166,7 @@ class SnapshotEvent:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemorySnapshot:
-    """A memory snapshot as :func:`load_snapshot` read it.
+    """A memory snapshot as `load_snapshot` read it.
 
     :param backend: the backend's name, e.g. ``"fake"``.
     :param device: the device's name as the backend reports it.
@@ -204,7 +204,8 @@ class MemorySnapshot:
 
 
 class _Reader:
-    """Typed field access on parsed JSON, every failure a :class:`SnapshotError` naming the file."""
+    """Typed field access on parsed JSON, every failure a [`SnapshotError`][metrale_core.SnapshotError] naming the
+    file."""
 
     __slots__ = ("path",)
 
@@ -271,7 +272,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> MemorySnapshot:
     """Read and check a memory snapshot written by ``backend.save_snapshot(path)``.
 
     Besides each field's type, it checks that the event log agrees with itself
-    and with the ``live`` list (see :func:`initial_live`). Fields it does not
+    and with the ``live`` list (see `initial_live`). Fields it does not
     know are ignored.
 
     :raises SnapshotError: the file cannot be read, is not JSON, is not a metrale

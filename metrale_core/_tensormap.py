@@ -1,4 +1,5 @@
-"""Tensor-map specs and the rules of ``cuTensorMapEncodeTiled``: :class:`TensorMapSpec`, :func:`check_tensor_map`.
+"""Tensor-map specs and the rules of ``cuTensorMapEncodeTiled``: [`TensorMapSpec`][metrale_core.TensorMapSpec],
+[`check_tensor_map`][metrale_core.check_tensor_map].
 
 A tensor map (a TMA descriptor) is the 128 bytes a Hopper kernel's Tensor Memory Accelerator reads to move a tile
 between global and shared memory. The driver refuses a bad one with a bare ``CUDA_ERROR_INVALID_VALUE``, or accepts
@@ -43,7 +44,8 @@ _OOB_FILLS: Final = ("zero", "nan")
 _SWIZZLE_SPAN: Final = {"32b": 32, "64b": 64, "128b": 128, "128b_atom_32b": 128, "128b_atom_32b_flip_8b": 128,
                         "128b_atom_64b": 128}
 
-#: Every rule :func:`check_tensor_map` enforces, by the name a :class:`TensorMapError` carries in ``rule``.
+#: Every rule [`check_tensor_map`][metrale_core.check_tensor_map] enforces, by the name a
+#: [`TensorMapError`][metrale_core.TensorMapError] carries in ``rule``.
 TENSOR_MAP_RULES: Final = {
     "compute_capability": "tensor maps need a device of compute capability 9.0 or later (the TMA)",
     "rank": "1 to 5 dimensions",
@@ -93,9 +95,9 @@ class TensorMapSpec:
     ``shape``, ``strides`` (bytes), ``box`` and ``element_strides`` (default all 1) are tuples of one length,
     **outermost dimension first**, as in numpy; ``strides[-1]`` equals the element size (the innermost
     dimension is contiguous). CUDA's ``globalDim``, ``globalStrides``, ``boxDim`` and ``elementStrides``
-    are these reversed, without the innermost stride (:meth:`encoding`). A wrong type, an unknown name or
-    lengths that differ raise :class:`~metrale_core.InvalidArgumentError` here; the driver's own rules are
-    :func:`check_tensor_map`'s.
+    are these reversed, without the innermost stride ([`encoding`][metrale_core.TensorMapSpec.encoding]). A wrong type,
+    an unknown name or lengths that differ raise [`InvalidArgumentError`][metrale_core.InvalidArgumentError] here; the
+    driver's own rules are [`check_tensor_map`][metrale_core.check_tensor_map]'s.
     """
 
     dtype: str
@@ -189,9 +191,9 @@ class TensorMapSpec:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TensorMapEncoding:
-    """A :class:`TensorMapSpec` as a backend's ``RawDevice.tensor_map_encode`` receives it: the arguments of
-    ``cuTensorMapEncodeTiled`` in CUDA's order and enums (dimensions innermost first; ``global_strides`` has
-    ``rank - 1`` entries, the innermost stride being the element size)."""
+    """A [`TensorMapSpec`][metrale_core.TensorMapSpec] as a backend's ``RawDevice.tensor_map_encode`` receives it: the
+    arguments of ``cuTensorMapEncodeTiled`` in CUDA's order and enums (dimensions innermost first; ``global_strides``
+    has ``rank - 1`` entries, the innermost stride being the element size)."""
 
     data_type: int
     rank: int
@@ -205,9 +207,10 @@ class TensorMapEncoding:
     oob_fill: int
 
     def spec(self) -> TensorMapSpec:
-        """The :class:`TensorMapSpec` this encodes (for a backend that checks what it is given with
-        :func:`check_tensor_map`); an enum out of range, or lengths that are not the rank's, raise
-        :class:`~metrale_core.InvalidArgumentError` with ``CUDA_ERROR_INVALID_VALUE``, as the driver refuses."""
+        """The [`TensorMapSpec`][metrale_core.TensorMapSpec] this encodes (for a backend that checks what it is given
+        with [`check_tensor_map`][metrale_core.check_tensor_map]); an enum out of range, or lengths that are not the
+        rank's, raise [`InvalidArgumentError`][metrale_core.InvalidArgumentError] with ``CUDA_ERROR_INVALID_VALUE``, as
+        the driver refuses."""
         bad = error_for_code("CUDA_ERROR_INVALID_VALUE", f"tensor map encoding {self}")
         enums = [as_index(v) for v in (self.data_type, self.interleave, self.swizzle, self.l2_promotion,
                                        self.oob_fill, self.rank)]
@@ -245,7 +248,7 @@ def check_tensor_map(
     compute_capability: tuple[int, int] = (9, 0),
     smem_per_sm: int = 233472,
 ) -> None:
-    """Raise :class:`~metrale_core.TensorMapError` where ``cuTensorMapEncodeTiled`` would refuse ``spec`` at
+    """Raise [`TensorMapError`][metrale_core.TensorMapError] where ``cuTensorMapEncodeTiled`` would refuse ``spec`` at
     ``address`` on a device of ``compute_capability`` with ``smem_per_sm`` bytes of shared memory per
     multiprocessor; return ``None`` where it would accept. The driver's rules and nothing else: the address
     is not followed (the driver accepts NULL and host pointers), and overlapping strides pass.

@@ -1,9 +1,9 @@
-"""Tensor maps of one backend: :class:`TensorMap` and its owner, the :class:`TensorMapFront`.
+"""Tensor maps of one backend: [`TensorMap`][metrale_core.TensorMap] and its owner, the `TensorMapFront`.
 
-The front checks a map with :func:`~metrale_core.check_tensor_map` and the device's own values (compute
+The front checks a map with [`check_tensor_map`][metrale_core.check_tensor_map] and the device's own values (compute
 capability, shared memory per multiprocessor), then metrale's rules (the buffer live on this backend, the
 tensor within it), then has the backend encode it. It keeps the live maps weakly, to warn when a buffer under
-one is freed, and chooses GEMM tiles with the device's multiprocessor count (:func:`~metrale_core.n_tile`).
+one is freed, and chooses GEMM tiles with the device's multiprocessor count ([`n_tile`][metrale_core.n_tile]).
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ class TensorMap:
     """A tensor map (TMA descriptor) over a live buffer of one backend, from ``backend.tensor_map``.
 
     ``image`` is the 128 bytes a kernel receives: pass the map itself as the argument of a kernel's 128-byte
-    ``.param .align 64 .b8`` parameter (``const __grid_constant__ CUtensorMap``). :meth:`replace_address`
-    points it at another buffer, checked again; a launch reads the map as it is at that launch (a captured
-    graph keeps what it captured, as the driver's kernel node keeps its parameter's bytes).
+    ``.param .align 64 .b8`` parameter (``const __grid_constant__ CUtensorMap``).
+    [`replace_address`][metrale_core.TensorMap.replace_address] points it at another buffer, checked again; a launch
+    reads the map as it is at that launch (a captured graph keeps what it captured, as the driver's kernel node keeps
+    its parameter's bytes).
     """
 
     __slots__ = ("__weakref__", "_ctx", "_front", "_state", "spec")
@@ -54,7 +55,7 @@ class TensorMap:
 
     @property
     def offset(self) -> int:
-        """Where the tensor starts in :attr:`buffer`, in bytes."""
+        """Where the tensor starts in [`buffer`][metrale_core.TensorMap.buffer], in bytes."""
         return self._state[1]
 
     @property
@@ -179,5 +180,5 @@ class TensorMapFront:
         return n_tile(m, n, num_sms=self._device()[1], **options)  # type: ignore[arg-type]
 
 
-#: The keywords ``backend.n_tile`` passes on to :func:`~metrale_core.n_tile`.
+#: The keywords ``backend.n_tile`` passes on to [`n_tile`][metrale_core.n_tile].
 _N_TILE_OPTIONS = frozenset({"candidates", "block_m", "groups", "occupancy", "element_bytes", "swizzle_bytes"})

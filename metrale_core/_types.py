@@ -1,7 +1,7 @@
 """The records of the public contract: immutable values that hold no backend and call nothing.
 
 The bottom of metrale's layers (above the errors and the settings): every other module may
-use them. :class:`~metrale_core.DeviceBuffer` and :class:`~metrale_core.DeviceArray`, the
+use them. [`DeviceBuffer`][metrale_core.DeviceBuffer] and [`DeviceArray`][metrale_core.DeviceArray], the
 handles to memory that know how to export themselves, are one layer up, in ``_buffer``.
 """
 
@@ -83,7 +83,7 @@ class ForeignMemory:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AllocRecord:
-    """One allocation on the ledger; the same fields as its :class:`DeviceBuffer`."""
+    """One allocation on the ledger; the same fields as its [`DeviceBuffer`][metrale_core.DeviceBuffer]."""
 
     ptr: int
     nbytes: int
@@ -144,19 +144,17 @@ class BackendInfo:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LaunchArg:
-    """One kernel argument, checked against its parameter and packed as the kernel receives it.
-
-    ``data`` is the parameter's bytes (little-endian); ``pointer`` is the
-    device address where the argument is a buffer or a raw pointer;
-    ``tensor_map`` the :class:`~metrale_core.TensorMap` (as it was at the
-    launch) where the parameter is a tensor-map slot, ``data`` then its image.
-    """
+    """One kernel argument, checked against its parameter and packed as the kernel receives it."""
 
     param: Param
+    """The kernel parameter it fills."""
     data: bytes
+    """The parameter's bytes (little-endian); for a tensor-map slot, the map's image."""
     pointer: int | None = None
-    #: A :class:`~metrale_core.TensorMap` (typed ``object``: records sit below the maps' layer).
+    """The device address where the argument is a buffer or a raw pointer, else ``None``."""
     tensor_map: object = None
+    """The [`TensorMap`][metrale_core.TensorMap] (as it was at the launch) where the parameter is a tensor-map
+    slot, else ``None`` (typed ``object``: records sit below the maps' layer)."""
 
     @classmethod
     def _make(
@@ -190,7 +188,7 @@ CLASS_SWAP: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class _UnfrozenArg:
-    """:class:`LaunchArg`'s slots with a plain ``__init__``: how :meth:`LaunchArg._make` builds one."""
+    """[`LaunchArg`][metrale_core.LaunchArg]'s slots with a plain ``__init__``: how `LaunchArg._make` builds one."""
 
     __slots__ = LaunchArg.__slots__
 

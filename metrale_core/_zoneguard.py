@@ -1,14 +1,14 @@
 """The zone guard: red zones from fill to verdict, for one backend.
 
-It owns the red-zone bookkeeping (:class:`~metrale_core._redzone.RedZones`), the fills
+It owns the red-zone bookkeeping (`RedZones`), the fills
 queued on the default stream and how many of them are known done, the quarantine of freed
 zoned buffers, every kind of check (a free's own zones, a batch of quarantined buffers,
-``scan_redzones()``, the in-graph checks of :mod:`~metrale_core._graphcheck`, and where those
+``scan_redzones()``, the in-graph checks of `_graphcheck`, and where those
 cannot run the scans queued behind or waiting after graph launches), the scan kernel's module,
 one scratch pool for all of them, and the report (observers, then a log line or a
-:class:`~metrale_core.RedZoneError`).
+[`RedZoneError`][metrale_core.RedZoneError]).
 
-Checks run one at a time per backend (:attr:`ZoneGuard.lock`): the scratch is shared, a free
+Checks run one at a time per backend (`ZoneGuard.lock`): the scratch is shared, a free
 waits for a check that may read its zone, and a graph launch holds it while the zone table
 is made current, so no check reads memory being released.
 """
@@ -181,7 +181,7 @@ class ZoneGuard:
         #: Where the live zones lie (and the table the device-side scan reads).
         self.zones = RedZones(ctx.settings)
         #: Whether this guard ever queues fills (red zones are on): where not, work on any stream has no fill
-        #: to wait for, and the hot paths skip :meth:`settle_for`.
+        #: to wait for, and the hot paths skip `settle_for`.
         self.fills: Final = self.zones.size > 0
         #: One scan at a time; a free holds it while it reads and releases its zones.
         self.lock = threading.RLock()
@@ -227,10 +227,10 @@ class ZoneGuard:
 
     def guard(self, buf: DeviceBuffer, layout: Layout, *, filled: bool = False) -> None:
         """Fill the zones of a new allocation on the default stream (unless ``filled``: a block from
-        :meth:`reuse`) and start watching them.
+        `reuse`) and start watching them.
 
         Work on the default stream runs after the fill; work on any other stream waits for it
-        (:meth:`settle_for`), so an overrun is never erased by a late fill. No wait here.
+        (`settle_for`), so an overrun is never erased by a late fill. No wait here.
         """
         zones = self.zones.zones_for(buf, layout)
         if not filled:
@@ -336,7 +336,7 @@ class ZoneGuard:
 
     def _trim(self, bound: int) -> None:
         """Release blocks kept for reuse, oldest layout first, until they and the quarantine hold at
-        most ``bound`` bytes (``0``: all of them). The caller holds :attr:`lock`."""
+        most ``bound`` bytes (``0``: all of them). The caller holds `lock`."""
         stats = self._stats
         while self._reuse and stats.reusable_bytes + stats.quarantined_bytes > bound:
             layout = next(iter(self._reuse))
@@ -526,7 +526,7 @@ class ZoneGuard:
 
     def _in_graph(self) -> GraphChecks | None:
         """The in-graph checks, opened on first use; ``None`` where graphs are not checked inside (off,
-        or the backend cannot: then :attr:`check_mode` says why, and the queued scans stand in)."""
+        or the backend cannot: then `check_mode` says why, and the queued scans stand in)."""
         if self._checks is not None or self._checks_off:
             return self._checks
         settings = self._ctx.settings
@@ -589,7 +589,7 @@ class ZoneGuard:
                 self._checks.drop(check)
 
     def before_graph_launch(self, check: GraphCheck | None, stream: Stream) -> None:
-        """Before a graph is launched on ``stream`` (the caller holds :attr:`lock` through the launch):
+        """Before a graph is launched on ``stream`` (the caller holds `lock` through the launch):
         judge the checks that finished since (never this launch's own), and make the table current."""
         checks = self._checks
         if check is None or checks is None:

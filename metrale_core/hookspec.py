@@ -1,8 +1,8 @@
 """The hook specification: the whole contract between metrale and a backend plugin.
 
 A backend plugin is a module (or object) with functions marked by
-:data:`hookimpl`, registered in the entry-point group ``metrale.backends``;
-the entry point's name is the backend's name::
+[`hookimpl`][metrale_core.hookimpl], registered in the entry-point group ``metrale.backends``;
+the entry point's name is the backend's name:
 
     # pyproject.toml of the plugin's distribution
     [project.entry-points."metrale.backends"]
@@ -15,7 +15,7 @@ the entry point's name is the backend's name::
     def metrale_backend(settings):
         return BackendRegistration(open=MyRawDevice.open, probe=MyRawDevice.probe)
 
-What a backend needs is importable from :mod:`metrale_core.plugin`.
+What a backend needs is importable from [`metrale_core.plugin`][metrale_core.plugin].
 
 Every hook is documented with the same template: what it is for, how the
 results of several plugins combine, its parameters, and what it returns.
@@ -57,14 +57,14 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration | None:
     Called once for each plugin, on its own (never as one call over all
     plugins), whenever backends are discovered, so that a plugin that fails
     cannot hide the others. The result is validated at the boundary: anything
-    but a :class:`~metrale_core.BackendRegistration` makes the backend
+    but a [`BackendRegistration`][metrale_core.BackendRegistration] makes the backend
     unavailable, with a reason naming the plugin's distribution.
 
     **Results:** one per plugin; not combined.
 
     :param settings: the settings discovery runs with. Read them, never the
         environment.
-    :returns: a :class:`~metrale_core.BackendRegistration`, or ``None`` when
+    :returns: a [`BackendRegistration`][metrale_core.BackendRegistration], or ``None`` when
         the plugin provides no backend (it is then listed as unavailable).
     """
     raise RuntimeError("hook specification: never called directly")  # pragma: no cover
@@ -77,15 +77,15 @@ def metrale_kernel_implementations(settings: MetraleSettings) -> Iterable[Kernel
     Called for each plugin on its own when a backend opens; the fake backend
     runs a launch of ``(module, kernel)`` through the implementation
     registered for it. A plugin that raises, or returns something other than
-    :class:`~metrale_core.KernelImplementation` records, is skipped with a
+    [`KernelImplementation`][metrale_core.KernelImplementation] records, is skipped with a
     WARNING naming it.
 
     **Results:** the records of every plugin are concatenated; where two
     plugins implement one kernel, the one registered last wins.
 
     :param settings: the settings the backend opens with.
-    :returns: an iterable of :class:`~metrale_core.KernelImplementation`
-        (made with :func:`~metrale_core.kernel_implementation`).
+    :returns: an iterable of [`KernelImplementation`][metrale_core.KernelImplementation]
+        (made with [`kernel_implementation`][metrale_core.kernel_implementation]).
     """
     raise RuntimeError("hook specification: never called directly")  # pragma: no cover
 
@@ -102,17 +102,17 @@ def metrale_redzone_violation(backend: str, violation: RedZoneViolation) -> None
     **Results:** ignored.
 
     :param backend: the name of the backend that found it.
-    :param violation: the :class:`~metrale_core.RedZoneViolation`.
+    :param violation: the [`RedZoneViolation`][metrale_core.RedZoneViolation].
     """
     raise RuntimeError("hook specification: never called directly")  # pragma: no cover
 
 
 @hookspec
 def metrale_settings() -> type[PluginSettings] | None:
-    """Declare the plugin's own settings: a :class:`~metrale_core.plugin.PluginSettings` subclass.
+    """Declare the plugin's own settings: a [`PluginSettings`][metrale_core.plugin.PluginSettings] subclass.
 
     Called for each plugin on its own, once per process (again only when
-    ``sys.path`` changes), when the first :class:`~metrale_core.MetraleSettings`
+    ``sys.path`` changes), when the first [`MetraleSettings`][metrale_core.MetraleSettings]
     is built; it takes no settings, since it says what they are. The model's
     ``env_prefix`` must be ``METRALE_`` and the entry point's name in capitals
     (``METRALE_FAKE_`` for ``fake``). Each field ``memory_bytes`` of it is then
@@ -126,7 +126,7 @@ def metrale_settings() -> type[PluginSettings] | None:
 
     **Results:** one per plugin; not combined.
 
-    :returns: the plugin's :class:`~metrale_core.plugin.PluginSettings`
+    :returns: the plugin's [`PluginSettings`][metrale_core.plugin.PluginSettings]
         subclass, or ``None`` when it has no settings of its own.
     """
     raise RuntimeError("hook specification: never called directly")  # pragma: no cover

@@ -1,24 +1,26 @@
 """Everything a backend plugin needs from metrale, in one public module.
 
-A backend imports from here (or from :mod:`metrale_core`), never from a
-private ``metrale_core._*`` module::
+A backend imports from here (or from [`metrale_core`][metrale_core]), never from a
+private ``metrale_core._*`` module:
 
     from metrale_core.plugin import BackendRegistration, RawDevice, error_for_code, hookimpl
 
-- the contract: :class:`RawDevice` (the raw layer a backend implements),
-  :class:`BackendRegistration` (what its ``metrale_backend`` hook returns),
-  :data:`hookimpl` (the marker of its hooks), :class:`PluginSettings` and
-  :data:`Size` (its own settings, through the ``metrale_settings`` hook);
-- the records a raw layer takes and returns: :class:`Baseline`,
-  :class:`ForeignMemory`, :class:`LaunchArg`, :class:`KernelImplementation`,
-  :class:`TensorMapEncoding` (and :class:`TensorMap`, what a tensor-map
-  argument's :attr:`LaunchArg.tensor_map` holds), :func:`check_tensor_map`
-  (the driver's rules, for a backend that refuses as the driver does);
-- the error table: :func:`error_for_code` (the typed error for a CUDA result
-  name or code), :func:`cuda_code` (a name's code) and :func:`is_sticky`
+- the contract: [`RawDevice`][metrale_core.RawDevice] (the raw layer a backend implements),
+  [`BackendRegistration`][metrale_core.BackendRegistration] (what its ``metrale_backend`` hook returns),
+  [`hookimpl`][metrale_core.hookimpl] (the marker of its hooks), [`PluginSettings`][metrale_core.plugin.PluginSettings]
+  and [`Size`][metrale_core.plugin.Size] (its own settings, through the ``metrale_settings`` hook);
+- the records a raw layer takes and returns: [`Baseline`][metrale_core.Baseline],
+  [`ForeignMemory`][metrale_core.ForeignMemory], [`LaunchArg`][metrale_core.LaunchArg],
+  [`KernelImplementation`][metrale_core.KernelImplementation], [`TensorMapEncoding`][metrale_core.TensorMapEncoding]
+  (and [`TensorMap`][metrale_core.TensorMap], what a tensor-map argument's
+  [`LaunchArg.tensor_map`][metrale_core.LaunchArg.tensor_map] holds),
+  [`check_tensor_map`][metrale_core.check_tensor_map] (the driver's rules, for a backend that refuses as the driver
+  does);
+- the error table: [`error_for_code`][metrale_core.error_for_code] (the typed error for a CUDA result
+  name or code), [`cuda_code`][metrale_core.cuda_code] (a name's code) and [`is_sticky`][metrale_core.plugin.is_sticky]
   (whether a result poisons the context, as a device fault does);
-- helpers: :func:`as_index` (an ``int``-like argument as an ``int``, or
-  ``None``) and :func:`format_bytes` (a byte count as people read it).
+- helpers: [`as_index`][metrale_core.plugin.as_index] (an ``int``-like argument as an ``int``, or
+  ``None``) and [`format_bytes`][metrale_core.plugin.format_bytes] (a byte count as people read it).
 """
 
 from __future__ import annotations

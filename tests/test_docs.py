@@ -1,7 +1,8 @@
-"""Every Python example of the docs runs, and prints what the docs say it prints.
+"""Every Python example and console example (``$ metrale ...``) of the docs runs, and prints what the docs say.
 
-The outputs in the docs were made on a machine without a GPU, with
-``METRALE_BACKEND=fake`` (the docs say so); ``tools/docs_examples.py --update``
+The outputs in the docs were made on a machine without a GPU, the Python
+examples' with ``METRALE_BACKEND=fake``, the console examples' with no
+``METRALE_*`` variable (the docs say so); ``tools/docs_examples.py --update``
 rewrites them. On a machine where a GPU answers, the examples that print what
 the machine has would differ, so this runs only where none does.
 """
@@ -25,6 +26,9 @@ EXAMPLES = [e for e in docs_examples.examples() if e.mode != "skip"]
 
 def test_the_docs_have_examples() -> None:
     assert len(EXAMPLES) >= 30, [e.name for e in EXAMPLES]
+    consoles = [e for e in EXAMPLES if e.console]
+    assert len(consoles) >= 10, [e.name for e in consoles]
+    assert any(c.text.startswith("metrale preflight") for e in consoles for c in e.commands)
 
 
 @pytest.mark.skipif(

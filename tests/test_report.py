@@ -378,7 +378,7 @@ def test_plot_png(tmp_path: Path, history: str) -> None:
 def test_plot_without_matplotlib_says_what_to_install(snapshot_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(ConfigError, match=r"pip install 'metrale\[report\]'"):
+    with pytest.raises(ConfigError, match=r"pip install 'metrale-core\[report\]'"):
         plot_png(load_snapshot(snapshot_path), snapshot_path.with_suffix(".png"))
 
 

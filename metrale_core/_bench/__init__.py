@@ -2,22 +2,22 @@
 
 Everything runs in one process and one run, so the ratios compare like with like: the operations
 of a comparison take turns round by round (the order rotating), and each figure is the median of
-its rounds. The raw driver calls come from the backend's :class:`~metrale_core.Baseline` (the
+its rounds. The raw driver calls come from the backend's [`Baseline`][metrale_core.Baseline] (the
 CUDA backend's is ``cuda.bindings``; the fake's is numpy), so no vendor type reaches this package;
 CuPy and PyTorch are imported only if installed, and only where the backend's memory is CUDA
 device memory (a buffer's ``__dlpack_device__()`` says so), which they can share.
 
-Nothing here asserts a speed: :class:`Goal` records whether a ratio met its target, for a person
+Nothing here asserts a speed: `Goal` records whether a ratio met its target, for a person
 to read; goals are a GPU's, so there are none where the device memory is host memory.
 
 One layer per module, each importing only those before it:
 
-- :mod:`.model`: :class:`Figure`, :class:`Goal`, :class:`Result`, :class:`BenchReport` (data);
-- :mod:`.timing`: operations taking turns, medians, ratios, sizes;
-- :mod:`.peers`: CuPy and PyTorch, found or skipped with the reason;
-- :mod:`.context`: :class:`~.context.Bench`, what a measurement works with;
-- :mod:`.memory` and :mod:`.launches`: the measurements;
-- :mod:`.run`: :data:`MEASUREMENTS`, :func:`pick` and :func:`run_bench`.
+- `.model`: `Figure`, `Goal`, `Result`, `BenchReport` (data);
+- `.timing`: operations taking turns, medians, ratios, sizes;
+- `.peers`: CuPy and PyTorch, found or skipped with the reason;
+- `.context`: `Bench`, what a measurement works with;
+- `.memory` and `.launches`: the measurements;
+- `.run`: `MEASUREMENTS`, `pick` and `run_bench`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The bench's results as data: a :class:`Figure` per timed operation, a :class:`Goal` per target,
-a :class:`Result` per measurement and the :class:`BenchReport` of a whole run, with its table and
+"""The bench's results as data: a `Figure` per timed operation, a `Goal` per target,
+a `Result` per measurement and the `BenchReport` of a whole run, with its table and
 its JSON."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ __all__ = ["BenchReport", "Figure", "Goal", "Result"]
 class Figure:
     """One timed operation.
 
-    :param label: what was timed, unique within its :class:`Result`.
+    :param label: what was timed, unique within its `Result`.
     :param source: whose code ran: ``"metrale"``, or a peer with its version (``"cupy 14.2.0"``).
     :param unit: ``"us"`` (lower is better) or ``"GB/s"`` (higher is better).
     :param value: the median over the rounds; ``None`` when the figure was skipped.

@@ -29,7 +29,7 @@ _REPLAYS: Final = 20
 
 
 def _device_us(gpu: GpuBackend, launch: Callable[[Stream], None], repeat: int) -> float:
-    """Median device time of one ``launch(stream)`` (one kernel), in microseconds: :data:`_REPLAYS` of them
+    """Median device time of one ``launch(stream)`` (one kernel), in microseconds: `_REPLAYS` of them
     captured into a graph, replayed between two events, so no host time shows between the kernels."""
     stream = gpu.create_stream()
     start, end = gpu.create_event(), gpu.create_event()

@@ -1,6 +1,6 @@
 """Conformance testing for any backend: a Hypothesis state machine and a bad-input table.
 
-A backend author runs the same tests metrale runs on its own backends::
+A backend author runs the same tests metrale runs on its own backends:
 
     # tests/test_conformance.py of a plugin
     from metrale_core.testing import backend_state_machine
@@ -10,13 +10,13 @@ A backend author runs the same tests metrale runs on its own backends::
 The state machine drives the backend through random programs of
 allocations, frees (double frees too), copies, memsets, captures and
 replays, capture-rule violations, sweeps, red-zone overruns, an
-:class:`~metrale_core.Arena` (pieces, a full arena, resets) and, where the
+[`Arena`][metrale_core.Arena] (pieces, a full arena, resets) and, where the
 backend has ``inject_fault``, driver failures and reclaim-and-retry after an
 out-of-memory error. After every step it checks the ledger and ``stats()``
 against a model and every read against the bytes the model expects.
 
 The optional primitives (kernels, interop, a baseline, tensor maps) are probed by
-:func:`backend_capabilities`; a test that needs one skips, with the reason,
+[`backend_capabilities`][metrale_core.testing.backend_capabilities]; a test that needs one skips, with the reason,
 on a backend that lacks it (``backend_params(needs=...)``), and the machine
 leaves out the rules that need it.
 

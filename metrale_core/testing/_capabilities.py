@@ -1,10 +1,11 @@
 """Which optional primitives a backend has: the probe behind the tests' skips.
 
-A :class:`~metrale_core.RawDevice` must implement its abstract methods; the others are optional,
+A [`RawDevice`][metrale_core.RawDevice] must implement its abstract methods; the others are optional,
 and their defaults raise ``CUDA_ERROR_NOT_SUPPORTED`` (see ``metrale_core/_raw.py``). A test that
 needs an optional primitive skips, with the reason, on a backend that lacks it, rather than
-failing: :func:`backend_capabilities` says which of :data:`CAPABILITIES` a backend has, and
-:func:`backend_params` (``needs=``) and metrale's own ``needs`` marker use it.
+failing: [`backend_capabilities`][metrale_core.testing.backend_capabilities] says which of
+[`CAPABILITIES`][metrale_core.testing.CAPABILITIES] a backend has, and
+[`backend_params`][metrale_core.testing.backend_params] (``needs=``) and metrale's own ``needs`` marker use it.
 
 A capability is missing only where the backend says so, by answering ``CUDA_ERROR_NOT_SUPPORTED``
 (or by keeping ``RawDevice``'s default, which does): any other failure of a probe counts as
@@ -46,7 +47,7 @@ class Capabilities:
     missing: Mapping[str, str]
 
     def has(self, capability: str) -> bool:
-        """Whether the backend has ``capability`` (one of :data:`CAPABILITIES`)."""
+        """Whether the backend has ``capability`` (one of [`CAPABILITIES`][metrale_core.testing.CAPABILITIES])."""
         return self.why_not(capability) is None
 
     def why_not(self, capability: str) -> str | None:
@@ -114,8 +115,8 @@ _PROBES: Final[Mapping[str, Callable[[GpuBackend], str | None]]] = {
 
 
 def probe_capabilities(gpu: GpuBackend) -> Capabilities:
-    """Probe the open backend ``gpu`` for every one of :data:`CAPABILITIES` (it allocates, loads the
-    shipped ``vector`` module and frees what it made)."""
+    """Probe the open backend ``gpu`` for every one of [`CAPABILITIES`][metrale_core.testing.CAPABILITIES] (it
+    allocates, loads the shipped ``vector`` module and frees what it made)."""
     missing = {}
     for capability, probe in _PROBES.items():
         why = probe(gpu)

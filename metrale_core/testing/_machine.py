@@ -1,5 +1,5 @@
-"""The conformance state machine: :class:`BackendMachine`, the memory rules and the tensor-map rules with the
-rules for kernel launches, captures, red zones, injected driver failures and interop."""
+"""The conformance state machine: [`BackendMachine`][metrale_core.testing.BackendMachine], the memory rules and the
+tensor-map rules with the rules for kernel launches, captures, red zones, injected driver failures and interop."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The state machine's model and helpers: what the backend should hold, and how a rule reaches it.
 
-The rules (``_memory_rules``, ``_machine``) build on :class:`MachineModel`;
+The rules (``_memory_rules``, ``_machine``) build on `MachineModel`;
 the invariants here check the backend against the model after every step.
 """
 
@@ -69,7 +69,7 @@ Pool = dict[int, tuple[DeviceBuffer, Contents]]
 class MachineModel(RuleBasedStateMachine):
     """The backend a program drives, the model of what it should hold, and the invariants between them."""
 
-    #: The backend the machine opens; :func:`~metrale_core.testing.backend_state_machine` binds it.
+    #: The backend the machine opens; [`backend_state_machine`][metrale_core.testing.backend_state_machine] binds it.
     backend_name: ClassVar[str | None] = None
     settings: ClassVar[MetraleSettings | None] = None
     #: Programs torn down in this process (every COLLECT_EVERY of them, a full collection).
@@ -194,7 +194,7 @@ class MachineModel(RuleBasedStateMachine):
         return bytes(out)
 
     def _launch_graph(self, exe: GraphExec, stream: Stream) -> None:
-        """Launch, expecting the launch's check (see :meth:`_graph_checks`) to raise where zones changed and
+        """Launch, expecting the launch's check (see `_graph_checks`) to raise where zones changed and
         the settings say so: at the launch, or with ``redzone_scan_queued`` at the stream's synchronize after
         it. A full check judges the live zones and the quarantined ones, and releases the quarantine."""
         settings = self.gpu.settings

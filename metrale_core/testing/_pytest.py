@@ -20,7 +20,7 @@ def backend_params(
     installed, is a param skipped with the reason, so a test report says
     why it did not run there (with ``expected=("cuda",)``, a machine
     without the CUDA backend installed still shows ``cuda``, skipped).
-    With ``needs`` (names of :data:`~metrale_core.testing.CAPABILITIES`), an
+    With ``needs`` (names of [`CAPABILITIES`][metrale_core.testing.CAPABILITIES]), an
     available backend that lacks one of them is skipped too, with the reason
     (each such backend is opened once, here, to probe it).
     """
@@ -46,7 +46,7 @@ def backend_params(
 def backend_state_machine(
     name: str, settings: MetraleSettings | None = None
 ) -> type[BackendMachine]:
-    """A :class:`BackendMachine` subclass bound to backend ``name`` and ``settings``.
+    """A [`BackendMachine`][metrale_core.testing.BackendMachine] subclass bound to backend ``name`` and ``settings``.
 
     ``backend_state_machine("mybackend").TestCase`` is a ``unittest.TestCase``
     that pytest collects.

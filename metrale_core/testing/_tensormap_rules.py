@@ -76,6 +76,8 @@ class TensorMapRules(MemoryRules):
     def _expected(buf: DeviceBuffer, offset: int, rows: int, cols: int) -> type[MetraleError] | None:
         """What a map of ``rows x cols`` bytes at ``offset`` of ``buf`` (live) gets: the driver's alignment
         rule first, then metrale's extent."""
+        if offset > buf.nbytes:  # past the buffer: metrale refuses that before the driver's rules
+            return InvalidBufferError
         if (buf.ptr + offset) % 16:
             return TensorMapError
         return InvalidBufferError if offset + rows * cols > buf.nbytes else None

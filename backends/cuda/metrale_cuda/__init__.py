@@ -15,6 +15,8 @@ from ._plugin import open_device, probe
 if TYPE_CHECKING:
     from ._device import CudaDevice
 
+__version__ = "0.2.0"
+
 __all__ = ["CudaDevice", "open_device", "probe"]
 
 

@@ -74,6 +74,8 @@ _log = logging.getLogger("metrale.cuda")
 
 _NAME_LENGTH: Final = 256
 _CLOSED_KEY: Final = -1  # never a context handle: a closed device always takes the slow path
+#: ``CU_EVENT_DISABLE_TIMING``: the events that order foreign streams only order (cheaper to record).
+_EVENT_ORDER_ONLY: Final = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING if drv is not None else 0
 
 
 class _ThreadState(threading.local):
@@ -249,6 +251,10 @@ class CudaDevice(RawDevice):
         self._streams: set[_Stream] = set()
         self._orphans = _Stream(None)  # host objects of destroyed streams, until synchronize()
         self._captures: dict[_Stream, list[object]] = {}
+        #: A stream of this module's own that no work is issued to, only waits: each stream destroyed since it
+        #: was made leaves its pending work here (an event recorded, waited for), so order_foreign_stream
+        #: orders a foreign stream after the work of destroyed streams too. Made on the first destroy.
+        self._graveyard: Any = None
         self._name: str | None = None
         self._integrated: bool | None = None
 
@@ -404,6 +410,54 @@ class CudaDevice(RawDevice):
         """Nothing to undo: the pointer was the other library's all along."""
 
     @_bound_checked
+    def order_foreign_stream(self, stream: int) -> None:
+        """``cuStreamWaitEvent(stream, event, 0)`` after ``cuEventRecord(event, s)``, for each stream ``s`` of
+        this device (and the stream that holds the pending work of destroyed ones): later work on the
+        consumer's ``stream`` (1: the legacy default stream, 2: the per-thread one, else a ``CUstream``'s
+        address) runs after everything issued here so far; the host waits for nothing. One event, made for
+        the call (``CU_EVENT_DISABLE_TIMING``) and recorded once per stream: a wait takes the record
+        just before it, and the driver keeps a destroyed event until the work it marks is done."""
+        foreign = drv.CUstream(stream)
+        with self._lock:
+            handles = [s.handle for s in self._streams]
+            if self._graveyard is not None:
+                handles.append(self._graveyard)
+        what = f"cuStreamWaitEvent of the consumer's stream {stream:#x}"
+        event = call1(drv.cuEventCreate, "cuEventCreate", _EVENT_ORDER_ONLY)
+        try:
+            for handle in handles:
+                call(drv.cuEventRecord, "cuEventRecord", event, handle)
+                call(drv.cuStreamWaitEvent, what, foreign, event, 0)
+        finally:
+            call_teardown(drv.cuEventDestroy, "cuEventDestroy", event)
+
+    def _bury(self, s: _Stream) -> None:
+        """Before ``s`` is destroyed: the graveyard stream waits for the work ``s`` leaves pending (an event
+        recorded on ``s``), so :meth:`order_foreign_stream` still orders foreign streams after it. No query
+        and no wait (a capture may run elsewhere in the process); a capturing stream is left alone, and a
+        failure only costs the ordering of what ``s`` left pending (logged)."""
+        if s in self._captures:
+            return
+        event = None
+        try:
+            with self._lock:
+                if self._graveyard is None:
+                    self._bind_checked()  # a stream of the current context: make sure it is ours
+                    self._graveyard = call1(drv.cuStreamCreate, "cuStreamCreate", _d.STREAM_NON_BLOCKING)
+                graveyard = self._graveyard
+            event = call1(drv.cuEventCreate, "cuEventCreate", _EVENT_ORDER_ONLY)
+            call(drv.cuEventRecord, "cuEventRecord", event, s.handle)
+            call(drv.cuStreamWaitEvent, "cuStreamWaitEvent", graveyard, event, 0)
+        except MetraleError as exc:
+            _log.debug("destroy of %r: its pending work is not ordered before foreign streams: %s", s, exc)
+        finally:
+            if event is not None:
+                try:
+                    call_teardown(drv.cuEventDestroy, "cuEventDestroy", event)
+                except MetraleError as exc:
+                    _log.debug("destroy of %r: cuEventDestroy failed: %s", s, exc)
+
+    @_bound_checked
     def address_range(self, ptr: int) -> tuple[int, int]:
         """``cuMemGetAddressRange``: the base and size of the allocation holding ``ptr``."""
         what = f"cuMemGetAddressRange of {ptr:#x}"
@@ -437,6 +491,12 @@ class CudaDevice(RawDevice):
                 stream.keep.clear()
             self._streams.clear()
             self._captures.clear()
+            graveyard, self._graveyard = self._graveyard, None
+        if graveyard is not None:  # (it holds only waits: destroying it never cuts work short)
+            try:
+                call_teardown(drv.cuStreamDestroy, "cuStreamDestroy", graveyard)
+            except Exception as exc:
+                _log.debug("close of CUDA device %d: destroying its ordering stream failed: %s", self._ordinal, exc)
         key, self._key = self._key, _CLOSED_KEY
         if held:
             _KEPT_AFTER_CLOSE.extend(held)
@@ -582,8 +642,10 @@ class CudaDevice(RawDevice):
 
     @_bound
     def stream_destroy(self, stream: object) -> None:
-        """``cuStreamDestroy``; host objects still in flight wait for the next ``synchronize``."""
+        """``cuStreamDestroy``; host objects still in flight wait for the next ``synchronize``, and the work
+        still pending on it for foreign streams that :meth:`order_foreign_stream` orders later."""
         s = cast(_Stream, stream)
+        self._bury(s)
         call_teardown(drv.cuStreamDestroy, "cuStreamDestroy", s.handle)
         with self._lock:
             self._streams.discard(s)

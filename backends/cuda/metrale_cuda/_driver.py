@@ -1,11 +1,11 @@
 """The one gate between metrale and ``cuda.bindings.driver``.
 
-Every driver call goes through :func:`call`, :func:`call1`, :func:`invoke` or
-:func:`call_teardown`; every ``CUresult`` goes through :func:`check`. A foreign
+Every driver call goes through `call`, `call1`, `invoke` or
+`call_teardown`; every ``CUresult`` goes through `check`. A foreign
 exception (the bindings' ``DynamicLibNotFoundError`` when no driver library
 is installed, a ``RuntimeError`` for a symbol the driver lacks, a
 ``TypeError`` or ``OverflowError`` for an argument the bindings refuse) is
-converted by :func:`foreign_error`, so only :class:`~metrale_core.MetraleError`
+converted by `foreign_error`, so only [`MetraleError`][metrale_core.MetraleError]
 leaves this package.
 
 The symbols whose names differ between cuda-bindings 12.x and 13.x are looked
@@ -88,7 +88,7 @@ def check(result: int, what: str, *, requested: int = 0) -> None:
     """Raise the metrale error for a failed ``CUresult``; return on ``CUDA_SUCCESS``.
 
     The one place a driver result becomes an exception: the class, ``code`` and
-    ``name`` come from :func:`metrale_core.error_for_code`, with the driver's
+    ``name`` come from [`metrale_core.error_for_code`][metrale_core.error_for_code], with the driver's
     own name for a code metrale's table does not know.
     """
     if not result:  # CUresult is an int enum; CUDA_SUCCESS is 0
@@ -151,7 +151,7 @@ def call1(fn: Callable[..., Any], what: str, *args: object, requested: int = 0) 
 
 
 def call_teardown(fn: Callable[..., Any], what: str, *args: object) -> None:
-    """Call a destroy or free; a result in :data:`TEARDOWN_NOOPS` is not a failure."""
+    """Call a destroy or free; a result in `TEARDOWN_NOOPS` is not a failure."""
     try:
         out = fn(*args)
     except Exception as exc:
@@ -161,7 +161,7 @@ def call_teardown(fn: Callable[..., Any], what: str, *args: object) -> None:
 
 
 def teardown_failed(err: Any, what: str) -> None:
-    """A destroy or free returned ``err`` (not success): a result in :data:`TEARDOWN_NOOPS` is logged
+    """A destroy or free returned ``err`` (not success): a result in `TEARDOWN_NOOPS` is logged
     and not a failure; anything else raises."""
     if int(err) in TEARDOWN_NOOPS:
         _log.debug("%s: %s at teardown, nothing left to release", what, _driver_error_name(int(err)))
@@ -219,9 +219,10 @@ def bindings_version() -> str:
 
 
 def init_driver() -> int:
-    """``cuInit(0)`` and the device count; raises :class:`BackendUnavailableError` with a reason.
+    """``cuInit(0)`` and the device count; raises [`BackendUnavailableError`][metrale_core.BackendUnavailableError] with
+    a reason.
 
-    The reasons are the ones :func:`metrale_cuda.probe` reports, in words a
+    The reasons are the ones [`metrale_cuda.probe`][metrale_cuda.probe] reports, in words a
     user can act on.
     """
     if drv is None:

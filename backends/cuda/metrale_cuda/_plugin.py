@@ -7,12 +7,13 @@ probed or opened.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Final
 
 from metrale_core import MetraleError, MetraleSettings
 from metrale_core.plugin import BackendRegistration, RawDevice, hookimpl
 
-__all__ = ["PREFERENCE", "metrale_backend", "open_device", "probe"]
+__all__ = ["PREFERENCE", "metrale_backend", "open_device", "probe", "versions"]
 
 _log = logging.getLogger("metrale.cuda")
 
@@ -50,6 +51,26 @@ def open_device(settings: MetraleSettings, ordinal: int) -> RawDevice:
     return CudaDevice.open(ordinal)
 
 
+def versions() -> Mapping[str, str]:
+    """cuda-bindings' version and the CUDA version the driver supports, for ``metrale --version``.
+
+    Needs no device and no ``cuInit`` (``cuDriverGetVersion`` answers before
+    it); never raises: ``"not found"`` where no driver library answers.
+    """
+    try:
+        from ._driver import IMPORT_ERROR, bindings_version, drv
+    except Exception as exc:  # never raises
+        return {"cuda-bindings": f"not importable ({type(exc).__name__})", "driver": "not found"}
+    if drv is None:
+        return {"cuda-bindings": f"not importable ({IMPORT_ERROR})", "driver": "not found"}
+    try:
+        err, version = drv.cuDriverGetVersion()
+        driver = "not found" if int(err) else f"CUDA {int(version) // 1000}.{int(version) % 1000 // 10}"
+    except Exception:  # no libcuda: the bindings raise where they would load it
+        driver = "not found"
+    return {"cuda-bindings": bindings_version(), "driver": driver}
+
+
 @hookimpl
 def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
     """The CUDA backend: available where an NVIDIA driver and a device answer."""
@@ -58,4 +79,5 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
         probe=probe,
         description="NVIDIA GPUs through the CUDA driver API (cuda-bindings)",
         preference=PREFERENCE,
+        versions=versions,
     )

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from ._launch import FakeLaunch, MisalignedAddressError
     from ._settings import FakeSettings
 
+__version__ = "0.2.0"
+
 __all__ = ["FAULT_OPS", "FakeBackend", "FakeDevice", "FakeLaunch", "FakeSettings", "MisalignedAddressError"]
 
 _WHERE = {

@@ -1,4 +1,4 @@
-"""``FakeBackend``: a :class:`~metrale_core.GpuBackend` with the fake's own extras."""
+"""``FakeBackend``: a [`GpuBackend`][metrale_core.GpuBackend] with the fake's own extras."""
 
 from __future__ import annotations
 

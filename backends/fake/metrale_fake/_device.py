@@ -271,6 +271,13 @@ class FakeDevice(RawDevice):
         with self._lock:
             return self._device.place(memory.nbytes, "external", data)
 
+    def order_foreign_stream(self, stream: int) -> None:
+        """The consumer of the fake's memory is host code (its tensors are on the CPU), whatever stream it
+        names: the work queued on every stream runs now, before it reads."""
+        with self._lock:
+            self._fault("", "order foreign stream")
+            self._drain_all()
+
     def forget_memory(self, ptr: int) -> None:
         with self._lock:
             self._drain_all()

@@ -52,7 +52,7 @@ class FakeLaunch:
         """The first ``count`` elements of ``dtype`` at a pointer argument's ``view``, as a kernel's typed
         loads and stores see them: past the allocation (and its red zone) is an illegal address
         (``IndexError``), and a pointer not aligned to the element size is a misaligned address
-        (:class:`MisalignedAddressError`), as on a GPU, where both fault the context."""
+        ([`MisalignedAddressError`][metrale_fake.MisalignedAddressError]), as on a GPU, where both fault the context."""
         size = np.dtype(dtype).itemsize
         nbytes = count * size
         if len(view) < nbytes:
@@ -98,7 +98,7 @@ def no_implementation(module: str, kernel: str) -> MetraleError:
 def kernel_arg(arg: LaunchArg, tail: np.ndarray | None) -> object:
     """What an implementation gets for ``arg``: for a pointer, ``tail``, the bytes from it to the end of its
     allocation (``None``: outside any, so an empty view that faults at any access); a numpy scalar of the
-    parameter's type; a struct's bytes; or, for a tensor-map slot, the :class:`~metrale_core.TensorMap` as it was
+    parameter's type; a struct's bytes; or, for a tensor-map slot, the [`TensorMap`][metrale_core.TensorMap] as it was
     at the launch."""
     if arg.tensor_map is not None:
         return arg.tensor_map

@@ -2,7 +2,7 @@
 allocations that live in it.
 
 The process's fake address space, from ``0x5500_0000_0000`` up to ``2**63``, is cut into one
-window per :class:`~metrale_fake.FakeDevice`, as separate devices have separate ranges: a buffer
+window per [`FakeDevice`][metrale_fake.FakeDevice], as separate devices have separate ranges: a buffer
 of one device is never an address of another. A window's lower half is the device's pinned host
 memory, its upper half its device memory (allocations and imported memory); the first device's
 halves start at ``0x5500_0000_0000`` and ``0x7F00_0000_0000``. A half is 42 TiB, or twice the
@@ -11,8 +11,8 @@ and the gaps. Every address is 256-byte aligned, positive and below ``2**63``, s
 64-bit kernel argument. A window is a device's until the device object is gone; another device gets
 it only once no fresh one is left.
 
-Inside a half, an allocation of ``nbytes`` takes :func:`span` ``(nbytes)`` addresses: itself and
-at least :data:`GAP` unmapped bytes after it, rounded up to :data:`ALIGN`. That span is its size
+Inside a half, an allocation of ``nbytes`` takes `span` ``(nbytes)`` addresses: itself and
+at least `GAP` unmapped bytes after it, rounded up to `ALIGN`. That span is its size
 class. With address reuse on (always for host memory; for device memory unless
 ``fake_reuse_addresses`` is off), a new allocation takes the most recently freed range of its size
 class, as CUDA's allocator hands a freed address out again at once; else a fresh range above every
@@ -22,12 +22,12 @@ fresh range left (after 42 TiB of ranges or more) gives a freed range of the sma
 (reuse on), or is out of memory.
 
 An allocation's bytes are a numpy array of zeros, as ever: memory never written reads as zeros. An
-array of device memory no view was ever taken of (:meth:`AddressSpace.place_zeros`, never read or
+array of device memory no view was ever taken of (`AddressSpace.place_zeros`, never read or
 written since) is still all zeros when the allocation is freed, and nothing but the space references
 it: the space keeps it, with its record, for the next allocation of exactly its size, which then
 needs no fresh ``numpy.zeros``. The arrays kept are bounded by the space's ``keep_bytes`` (the fake
-device's capacity, at most :data:`KEEP_BYTES`), each counting the span its allocation had (its bytes
-and a gap of :data:`GAP` at least, so that tiny ones are bounded too); past it the sizes kept first
+device's capacity, at most `KEEP_BYTES`), each counting the span its allocation had (its bytes
+and a gap of `GAP` at least, so that tiny ones are bounded too); past it the sizes kept first
 are let go first, and ``close()`` lets every one go. An array a view was taken of (a copy, a memset, a
 kernel, an export) goes with its allocation, as before, and pinned host memory (its view is its
 owner's at once) is never kept.
@@ -171,7 +171,7 @@ _WINDOWS: Final = _Windows()
 
 def take_window(capacity: int) -> Window:
     """A window of the process's fake address space for a device of ``capacity`` bytes, its own until
-    :meth:`give_back`: fresh while any is left, then one a device gone gave back."""
+    `give_back`: fresh while any is left, then one a device gone gave back."""
     return _WINDOWS.take(capacity)
 
 
@@ -199,7 +199,7 @@ class AddressSpace:
     """The addresses ``[lo, hi)`` and the allocations in them, found by any address inside.
 
     ``keep_bytes``: the most bytes of freed, never-touched arrays of zeros it keeps for the next
-    allocation of their size (:meth:`place_zeros`); ``0`` keeps none.
+    allocation of their size (`place_zeros`); ``0`` keeps none.
 
     Not thread-safe: the device calls it under its lock.
     """
@@ -226,7 +226,7 @@ class AddressSpace:
     @property
     def kept_bytes(self) -> int:
         """What the freed arrays of zeros kept for the next allocations of their sizes count against
-        ``keep_bytes``: each the span its allocation had (its bytes, :data:`GAP` and more)."""
+        ``keep_bytes``: each the span its allocation had (its bytes, `GAP` and more)."""
         return self._keep_bytes - self._room
 
     def place(self, nbytes: int, kind: str, data: np.ndarray) -> int:
@@ -241,7 +241,7 @@ class AddressSpace:
     def place_zeros(self, nbytes: int, kind: str, what: str) -> int:
         """The base of a new allocation of ``nbytes`` zeroed bytes: a kept array of its size if there is
         one, else a fresh one (``CUDA_ERROR_OUT_OF_MEMORY`` naming ``what`` where the host cannot give
-        it); out of memory as :meth:`place` if no range is left."""
+        it); out of memory as `place` if no range is left."""
         kept = self._kept.get(nbytes)
         if kept:
             alloc = kept.pop()
@@ -296,7 +296,7 @@ class AddressSpace:
         return self.remove_unless(base, _NO_KINDS)
 
     def remove_unless(self, base: int, kinds: frozenset[str]) -> Allocation | None:
-        """:meth:`remove` the allocation at ``base`` unless it is of one of ``kinds``; ``None`` (and
+        """`remove` the allocation at ``base`` unless it is of one of ``kinds``; ``None`` (and
         nothing changed) if none starts there or it is of one of them."""
         allocs = self._allocs
         alloc = allocs.get(base)

@@ -1,7 +1,7 @@
 """``FakeSettings``: the fake backend's own settings, read from ``METRALE_FAKE_*``.
 
 Contributed through the ``metrale_settings`` hook, so each field is also a
-keyword and attribute of :class:`~metrale_core.MetraleSettings` with the
+keyword and attribute of [`MetraleSettings`][metrale_core.MetraleSettings] with the
 prefix ``fake_`` (``MetraleSettings(fake_memory_bytes="1 MiB")``, as ever).
 """
 

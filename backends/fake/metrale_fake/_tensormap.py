@@ -1,8 +1,10 @@
 """The fake's tensor maps: the 128-byte image (a deterministic packing of the encoding and the address) and the
-Tensor Memory Accelerator's tile copies, in numpy, for fake kernel implementations (:class:`FakeLaunch`).
+Tensor Memory Accelerator's tile copies, in numpy, for fake kernel implementations
+([`FakeLaunch`][metrale_fake.FakeLaunch]).
 
 A fake image is not the driver's: kernels on the fake never read it (their implementations get the
-:class:`~metrale_core.TensorMap` itself), only :meth:`FakeDevice.tensor_map_replace_address` does.
+[`TensorMap`][metrale_core.TensorMap] itself), only
+[`FakeDevice.tensor_map_replace_address`][metrale_fake.FakeDevice.tensor_map_replace_address] does.
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def tma_load(read: Callable[[int, int], np.ndarray], tmap: TensorMap, coords: Se
 def tma_store(
     read: Callable[[int, int], np.ndarray], tmap: TensorMap, coords: Sequence[int], tile: np.ndarray
 ) -> None:
-    """Write ``tile`` (shared memory, as :func:`tma_load` lays it out) to the box of ``tmap`` at ``coords``, as
+    """Write ``tile`` (shared memory, as `tma_load` lays it out) to the box of ``tmap`` at ``coords``, as
     the TMA stores from shared memory through the map's swizzle: elements outside the tensor are not written."""
     shape, offsets, inside, dtype, size = _plan(tmap, coords)
     data = np.ascontiguousarray(tile, dtype=dtype)

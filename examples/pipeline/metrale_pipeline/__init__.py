@@ -40,6 +40,6 @@ from __future__ import annotations
 
 from ._pipeline import BLOCK, MAX_SIZE, Pipeline, PipelineResult, Vector, run_pipeline
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["BLOCK", "MAX_SIZE", "Pipeline", "PipelineResult", "Vector", "__version__", "run_pipeline"]

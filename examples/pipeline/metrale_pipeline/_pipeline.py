@@ -33,7 +33,7 @@ class Pipeline:
     Made once: device buffers ``a``, ``b``, ``out``, ``acc``; pinned staging
     for the batch in and for ``out`` back; a stream; two timing events; the
     graph of one step (copy the staging into ``a``, two ``vector_add``
-    launches, copy ``out`` into the staging). :meth:`close` releases all of
+    launches, copy ``out`` into the staging). [`close`][metrale_pipeline.Pipeline.close] releases all of
     it, newest first, also when construction failed half-way; then nothing
     of the pipeline is left on the backend's ledger.
     """
@@ -158,7 +158,8 @@ class PipelineResult:
 
 
 def run_pipeline(gpu: GpuBackend, *, batches: int, size: int, seed: int = 0) -> PipelineResult:
-    """Run ``batches`` batches of ``size`` random float32 through a :class:`Pipeline` on ``gpu``."""
+    """Run ``batches`` batches of ``size`` random float32 through a [`Pipeline`][metrale_pipeline.Pipeline] on
+    ``gpu``."""
     if batches < 1 or not 1 <= size <= MAX_SIZE:
         raise ValueError(f"batches must be at least 1 and size 1 to {MAX_SIZE}, got {batches} and {size}")
     rng = np.random.default_rng(seed)

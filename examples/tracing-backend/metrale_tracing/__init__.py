@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from ._device import TracingBackend, TracingDevice
     from ._settings import TracingSettings
 
+__version__ = "0.2.0"
+
 __all__ = ["TracingBackend", "TracingDevice", "TracingSettings"]
 
 # Public names load on first use (PEP 562): loading the plugin for its settings imports no fake device.

@@ -20,7 +20,7 @@ _PRIMITIVES: Final = sorted(
     RawDevice.__abstractmethods__
     | {"bind_to_thread", "compute_capability", "module_load", "module_unload", "module_function", "launch",
        "add_kernel_implementations", "export_memory", "import_memory", "forget_memory", "address_range",
-       "baseline", "multiprocessors", "tensor_map_encode", "tensor_map_replace_address"}
+       "order_foreign_stream", "baseline", "multiprocessors", "tensor_map_encode", "tensor_map_replace_address"}
 )
 
 
