@@ -1,7 +1,7 @@
 """metrale: a backend-neutral GPU runtime for Python host applications.
 
 Open a backend, allocate, copy, capture graphs; the allocation ledger, red
-zones and capture rules hold the same on every backend::
+zones and capture rules hold the same on every backend:
 
     from metrale_core import open_backend
 

@@ -1,11 +1,12 @@
-"""Handles to device memory: :class:`DeviceBuffer` and its typed view :class:`DeviceArray`.
+"""Handles to device memory: [`DeviceBuffer`][metrale_core.DeviceBuffer] and its typed view
+[`DeviceArray`][metrale_core.DeviceArray].
 
 A buffer is an immutable value (pointer, size, kind, creation index, call site) with a weak
 reference to the device context that made it, its owner. Whether it is live is the owner's
 to say, by the buffer's creation index and the size the owner recorded, never by the
 address or size the buffer carries. Both export themselves to other array libraries (the
 CUDA array interface, DLPack, numpy's ``__array__``) through their owner's export table
-(:class:`BufferOwner`), which checks liveness and waits for the device's work first.
+(`BufferOwner`), which checks liveness and waits for the device's work first.
 """
 
 from __future__ import annotations
@@ -51,12 +52,12 @@ class BufferOwner(Protocol):
 
 @runtime_checkable
 class StreamOrdering(Protocol):
-    """What an export table that orders a DLPack consumer's stream offers besides :class:`BufferOwner`
+    """What an export table that orders a DLPack consumer's stream offers besides `BufferOwner`
     (a closed backend's table does not: its ``export`` refuses every export)."""
 
     def export_for_stream(self, buf: DeviceBuffer, view: DeviceArray, what: str, stream: int) -> ForeignMemory:
-        """:meth:`BufferOwner.export` for a consumer that names its DLPack ``stream``: the backend's work is
-        ordered before that stream on the device, not waited for (none at all for :data:`NO_SYNC`)."""
+        """`BufferOwner.export` for a consumer that names its DLPack ``stream``: the backend's work is
+        ordered before that stream on the device, not waited for (none at all for `NO_SYNC`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,13 +67,13 @@ class DeviceBuffer:
     :param ptr: the device address handed to the user (256-byte aligned).
     :param nbytes: the bytes asked for (never rounded or padded).
     :param kind: ``"device"``, ``"managed"``, ``"arena"``, or ``"external"`` (another
-        library's memory, from :meth:`GpuBackend.wrap <metrale_core.GpuBackend.wrap>`).
+        library's memory, from [`GpuBackend.wrap`][metrale_core.GpuBackend.wrap]).
     :param index: the creation index, from one per-process sequence.
     :param site: the caller's ``"file:line"``.
 
     A buffer from a backend exports itself to other array libraries as one-dimensional
     ``uint8`` (``__cuda_array_interface__``, ``__dlpack__``, and ``__array__`` on the fake);
-    :meth:`view` gives a typed, shaped :class:`~metrale_core.DeviceArray`.
+    [`view`][metrale_core.DeviceBuffer.view] gives a typed, shaped [`DeviceArray`][metrale_core.DeviceArray].
     """
 
     ptr: int
@@ -80,7 +81,7 @@ class DeviceBuffer:
     kind: str
     index: int
     site: str
-    #: A weak reference to the :class:`~metrale_core._context.DeviceContext` that made it (its owner:
+    #: A weak reference to the `DeviceContext` that made it (its owner:
     #: liveness checks it first, exports go through it); not part of its value.
     _owner: Any = dataclasses.field(default=None, compare=False, repr=False, hash=False)
 
@@ -113,10 +114,10 @@ class DeviceBuffer:
 
         A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` (slow, and
         its ``__setattr__`` keeps the interpreter from specializing the stores); this builds the
-        value in :class:`_Unfrozen`, a class of the same slots whose plain ``__init__`` stores them
+        value in `_Unfrozen`, a class of the same slots whose plain ``__init__`` stores them
         directly, and then gives it this class (allowed: the layouts are the same). Only for
         ``DeviceBuffer`` itself: a subclass goes through its own ``__init__``; so does every buffer on a
-        free-threaded build, where assigning ``__class__`` stops every thread (:data:`CLASS_SWAP`).
+        free-threaded build, where assigning ``__class__`` stops every thread (`CLASS_SWAP`).
         """
         if cls is not DeviceBuffer or not CLASS_SWAP:
             return cls(ptr, nbytes, kind, index, site, owner)
@@ -126,7 +127,8 @@ class DeviceBuffer:
 
 
 class _Unfrozen:
-    """:class:`DeviceBuffer`'s slots with a plain ``__init__``: how :meth:`DeviceBuffer._make` builds one."""
+    """[`DeviceBuffer`][metrale_core.DeviceBuffer]'s slots with a plain ``__init__``: how `DeviceBuffer._make` builds
+    one."""
 
     __slots__ = DeviceBuffer.__slots__
 
@@ -146,7 +148,7 @@ _NATIVE_ORDER: Final = ("=", "|", "<") if sys.byteorder == "little" else ("|", "
 def dtype_name(dtype: object) -> str:
     """The name of ``dtype`` (a string, a numpy dtype or scalar type), checked against the ones metrale exports.
 
-    ``bfloat16`` and the float8 types (:data:`~metrale_core._dlpack.ML_DTYPES`) need the optional package
+    ``bfloat16`` and the float8 types (`ML_DTYPES`) need the optional package
     ``ml_dtypes``, imported here on first use: without it they are refused with advice to install it.
     """
     try:
@@ -242,14 +244,14 @@ def _dlpack_stream(stream: object) -> int | None:
 
 class DeviceArray:
     """A typed, C-contiguous view of a device buffer, for other array libraries. Made by
-    :meth:`DeviceBuffer.view <metrale_core.DeviceBuffer.view>`.
+    [`DeviceBuffer.view`][metrale_core.DeviceBuffer.view].
 
     - ``__cuda_array_interface__`` (version 3) on a backend whose memory is CUDA device memory;
     - ``__dlpack__`` / ``__dlpack_device__``: a DLPack tensor on the CUDA device, or on the CPU
       for the fake backend, whose device memory is host memory;
     - ``__array__`` on the fake: a numpy array over the fake's device memory, no copy.
 
-    ``dtype`` is one of :data:`~metrale_core._dlpack.DTYPES`: numpy's integer and float types,
+    ``dtype`` is one of `DTYPES`: numpy's integer and float types,
     and ``bfloat16`` and the float8 types through the optional package ``ml_dtypes`` (DLPack
     names them; the CUDA array interface cannot, so those views export through DLPack only).
 

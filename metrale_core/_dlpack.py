@@ -6,7 +6,7 @@ uint64_t flags; DLTensor dl_tensor; }`` in a ``"dltensor_versioned"`` capsule, m
 consumer passes ``max_version`` with a major version of 1 or more; and the legacy form,
 ``DLManagedTensor { DLTensor dl_tensor; void *manager_ctx; void (*deleter)(...); }`` in a
 ``"dltensor"`` capsule, for consumers that ask for no version. A capsule made here owns one
-managed tensor and the Python objects that keep its memory valid (:data:`_LIVE`, by the
+managed tensor and the Python objects that keep its memory valid (`_LIVE`, by the
 tensor's address); they are let go exactly once, whichever comes first of the consumer's call
 of the deleter (it renamed the capsule ``"used_..."`` and owns the tensor) and the capsule's
 death unconsumed (still named ``"dltensor..."``: its destructor calls the release). The
@@ -113,13 +113,13 @@ ML_DTYPES: Final = frozenset(name for name, (code, _) in _CODES.items() if code 
 
 
 def itemsize(name: str) -> int | None:
-    """The bytes of one element of dtype ``name`` (such as ``"float32"``); ``None`` if not one of :data:`DTYPES`."""
+    """The bytes of one element of dtype ``name`` (such as ``"float32"``); ``None`` if not one of `DTYPES`."""
     code = _CODES.get(name)
     return None if code is None else code[1] // 8
 
 
 def numpy_dtype(name: str) -> Any:
-    """numpy's dtype of ``name`` (one of :data:`DTYPES`); ``bfloat16`` and the float8 types through ``ml_dtypes``.
+    """numpy's dtype of ``name`` (one of `DTYPES`); ``bfloat16`` and the float8 types through ``ml_dtypes``.
 
     Raises ``ImportError`` when ``name`` needs ``ml_dtypes`` and it is not installed.
     """
@@ -244,7 +244,7 @@ def make_capsule(
     them for ``ndim > 0``).
 
     The managed tensor, its shape and its strides lie in one block of 8-byte words, owned by the
-    entry in :data:`_LIVE` that the release removes.
+    entry in `_LIVE` that the release removes.
     """
     code, bits = _CODES[dtype]
     ndim = len(nbytes_shape)

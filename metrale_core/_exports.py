@@ -1,7 +1,7 @@
 """The export table: one backend's memory handed to other libraries, and theirs taken in.
 
-It answers the exports of :class:`~metrale_core.DeviceBuffer` and
-:class:`~metrale_core.DeviceArray` (the :class:`~metrale_core._buffer.BufferOwner` of this
+It answers the exports of [`DeviceBuffer`][metrale_core.DeviceBuffer] and
+[`DeviceArray`][metrale_core.DeviceArray] (the `BufferOwner` of this
 backend's buffers: checked live, after the device's work: waited for on the host, or, for a
 DLPack consumer that names its stream, ordered before that stream on the device with
 ``RawDevice.order_foreign_stream``), counts the DLPack tensors and

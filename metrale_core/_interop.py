@@ -1,5 +1,5 @@
 """Taking in another library's memory: what a CUDA-array-interface, DLPack or buffer-protocol
-exporter holds, as :class:`~metrale_core.ForeignMemory` for ``GpuBackend.wrap``.
+exporter holds, as [`ForeignMemory`][metrale_core.ForeignMemory] for ``GpuBackend.wrap``.
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def _dlpack_capsule(export: Callable[..., object]) -> object:
 
 def foreign_memory(obj: object) -> tuple[ForeignMemory, Callable[[], None] | None]:
     """What ``obj`` (a CUDA-array-interface, DLPack or buffer-protocol exporter) holds, and how to give
-    it back; raises :class:`~metrale_core.InvalidArgumentError` for anything metrale cannot wrap, whatever
-    the producer claims or raises."""
+    it back; raises [`InvalidArgumentError`][metrale_core.InvalidArgumentError] for anything metrale cannot wrap,
+    whatever the producer claims or raises."""
     who = type(obj).__name__
     cai = _attribute(obj, "__cuda_array_interface__")
     if isinstance(cai, dict):

@@ -1,13 +1,13 @@
-"""The raw primitives a backend implements: :class:`RawDevice`.
+"""The raw primitives a backend implements: [`RawDevice`][metrale_core.RawDevice].
 
 A backend plugin implements this class and nothing of metrale's semantics:
 the ledger, red zones, bounds checks, stale-handle checks and the capture
-rules all live in the core (behind :class:`metrale_core.GpuBackend`), which
+rules all live in the core (behind [`metrale_core.GpuBackend`][metrale_core.GpuBackend]), which
 calls these primitives only after its own checks have passed. So a backend
 that forgets an invariant cannot break it. The core also decides when a
 primitive may block: it never calls a waiting primitive (a synchronize, a
 query) while a capture in global mode runs anywhere in the process, and it
-tells :meth:`RawDevice.copy_dtoh` whether it may wait (``may_wait``); a
+tells [`RawDevice.copy_dtoh`][metrale_core.RawDevice.copy_dtoh] whether it may wait (``may_wait``); a
 primitive never decides that on its own.
 
 Conventions for implementers:
@@ -17,8 +17,8 @@ Conventions for implementers:
 - Pointers are plain ``int`` device addresses. Raw-pointer operations reach
   the primitives unchecked; a primitive refuses an address outside any
   allocation exactly as the driver does (``CUDA_ERROR_INVALID_VALUE``).
-- Every failure is raised as a :class:`~metrale_core.MetraleError`, built by
-  :func:`metrale_core.error_for_code` from CUDA's result code or name. No
+- Every failure is raised as a [`MetraleError`][metrale_core.MetraleError], built by
+  [`metrale_core.error_for_code`][metrale_core.error_for_code] from CUDA's result code or name. No
   foreign exception may escape.
 - Work on a stream in capture mode is recorded into the capture, not run.
 - Every method may be called from any thread.
@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AllocKind", "Baseline", "CopyDirection", "ForeignMemory", "RawDevice"]
 
-#: The directions of :meth:`Baseline.copy`: device to device, pinned host to device, device to pinned host.
+#: The directions of [`Baseline.copy`][metrale_core.Baseline.copy]: device to device, pinned host to device, device to
+#: pinned host.
 CopyDirection = Literal["dtod", "htod", "dtoh"]
 
 
@@ -47,10 +48,11 @@ class Baseline(abc.ABC):
     """The vendor's own API, called directly with nothing of metrale in between: what ``metrale bench``
     times metrale against.
 
-    A backend returns one from :meth:`RawDevice.baseline`. Each factory prepares one operation the way
-    a user without metrale would write it (allocating what it needs, owned by the baseline until
-    :meth:`close`) and returns a callable that performs it once. Operations on a stream are queued
-    on the baseline's own stream and not waited for; :meth:`synchronize` waits for them.
+    A backend returns one from [`RawDevice.baseline`][metrale_core.RawDevice.baseline]. Each factory prepares one
+    operation the way a user without metrale would write it (allocating what it needs, owned by the baseline until
+    [`close`][metrale_core.Baseline.close]) and returns a callable that performs it once. Operations on a stream are
+    queued on the baseline's own stream and not waited for; [`synchronize`][metrale_core.Baseline.synchronize] waits for
+    them.
     """
 
     @property
@@ -124,7 +126,7 @@ class RawDevice(abc.ABC):
 
     @abc.abstractmethod
     def free(self, ptr: int, kind: AllocKind) -> None:
-        """Release memory :meth:`alloc` returned."""
+        """Release memory [`alloc`][metrale_core.RawDevice.alloc] returned."""
 
     @abc.abstractmethod
     def alloc_host(self, nbytes: int) -> tuple[int, memoryview]:
@@ -132,12 +134,13 @@ class RawDevice(abc.ABC):
 
     @abc.abstractmethod
     def free_host(self, ptr: int) -> None:
-        """Release memory :meth:`alloc_host` returned."""
+        """Release memory [`alloc_host`][metrale_core.RawDevice.alloc_host] returned."""
 
     def alloc_host_mapped(self, nbytes: int) -> tuple[int, memoryview, int]:
         """Pinned host memory the device can address too (``cuMemHostAlloc`` with
         ``CU_MEMHOSTALLOC_DEVICEMAP``): its host address, a writable byte view, and the device
-        address kernels write it at (``cuMemHostGetDevicePointer``). Released with :meth:`free_host`.
+        address kernels write it at (``cuMemHostGetDevicePointer``). Released with
+        [`free_host`][metrale_core.RawDevice.free_host].
 
         Optional: the core's in-graph red-zone checks leave their verdicts here; a backend without
         it keeps the checks queued behind each graph launch instead.
@@ -154,7 +157,7 @@ class RawDevice(abc.ABC):
     def copy_htod(self, dst: int, src: memoryview, stream: object, *, pinned: bool) -> None:
         """Copy all of ``src`` (host bytes) to ``dst``, on ``stream``.
 
-        ``pinned`` says ``src`` is a view of :meth:`alloc_host` memory; a copy
+        ``pinned`` says ``src`` is a view of [`alloc_host`][metrale_core.RawDevice.alloc_host] memory; a copy
         from pageable memory has consumed ``src`` when this returns.
         """
 
@@ -182,7 +185,7 @@ class RawDevice(abc.ABC):
 
     @abc.abstractmethod
     def stream_destroy(self, stream: object) -> None:
-        """Destroy a stream of :meth:`stream_create`."""
+        """Destroy a stream of [`stream_create`][metrale_core.RawDevice.stream_create]."""
 
     @abc.abstractmethod
     def stream_synchronize(self, stream: object) -> None:
@@ -202,7 +205,7 @@ class RawDevice(abc.ABC):
 
     @abc.abstractmethod
     def event_destroy(self, event: object) -> None:
-        """Destroy an event of :meth:`event_create`."""
+        """Destroy an event of [`event_create`][metrale_core.RawDevice.event_create]."""
 
     @abc.abstractmethod
     def event_record(self, event: object, stream: object) -> None:
@@ -248,11 +251,11 @@ class RawDevice(abc.ABC):
 
     @abc.abstractmethod
     def graph_destroy(self, graph: object) -> None:
-        """Destroy a graph of :meth:`end_capture`."""
+        """Destroy a graph of [`end_capture`][metrale_core.RawDevice.end_capture]."""
 
     @abc.abstractmethod
     def graph_exec_destroy(self, graph_exec: object) -> None:
-        """Destroy an executable graph of :meth:`graph_instantiate`."""
+        """Destroy an executable graph of [`graph_instantiate`][metrale_core.RawDevice.graph_instantiate]."""
 
     # -- kernel modules (optional: the defaults say the backend runs no kernels) --------
 
@@ -265,7 +268,7 @@ class RawDevice(abc.ABC):
         raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} runs no kernels: module_load")
 
     def module_unload(self, module: object) -> None:
-        """Unload a module of :meth:`module_load`."""
+        """Unload a module of [`module_load`][metrale_core.RawDevice.module_load]."""
         raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} runs no kernels: module_unload")
 
     def module_function(self, module: object, kernel: str) -> object:
@@ -292,13 +295,14 @@ class RawDevice(abc.ABC):
     def tensor_map_encode(self, encoding: TensorMapEncoding, address: int) -> bytes:
         """The 128 bytes of a tensor map (``cuTensorMapEncodeTiled``) of ``encoding`` at ``address``.
 
-        The core has checked it with :func:`~metrale_core.check_tensor_map` and the device's values first; a
-        backend refuses what the driver refuses all the same (``CUDA_ERROR_INVALID_VALUE``).
+        The core has checked it with [`check_tensor_map`][metrale_core.check_tensor_map] and the device's values first;
+        a backend refuses what the driver refuses all the same (``CUDA_ERROR_INVALID_VALUE``).
         """
         raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} has no tensor maps: tensor_map_encode")
 
     def tensor_map_replace_address(self, image: bytes, address: int) -> bytes:
-        """``image`` (of :meth:`tensor_map_encode`) pointed at ``address`` (``cuTensorMapReplaceAddress``)."""
+        """``image`` (of [`tensor_map_encode`][metrale_core.RawDevice.tensor_map_encode]) pointed at ``address``
+        (``cuTensorMapReplaceAddress``)."""
         raise error_for_code(
             "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} has no tensor maps: tensor_map_replace_address"
         )
@@ -328,21 +332,23 @@ class RawDevice(abc.ABC):
         legacy default stream, 2 for the per-thread default stream, any other integer a ``CUstream``'s
         address (the consumer's to keep valid). The core calls it for a DLPack export whose consumer
         names its stream, never during a capture. Optional: without it (this default,
-        ``CUDA_ERROR_NOT_SUPPORTED``) the core waits for the device (:meth:`synchronize`) instead.
+        ``CUDA_ERROR_NOT_SUPPORTED``) the core waits for the device
+        ([`synchronize`][metrale_core.RawDevice.synchronize]) instead.
         """
         raise error_for_code(
             "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} orders no foreign streams: order_foreign_stream"
         )
 
     def forget_memory(self, ptr: int) -> None:  # noqa: B027 - optional hook, default no-op
-        """Stop addressing memory of :meth:`import_memory` (it stays its owner's to free)."""
+        """Stop addressing memory of [`import_memory`][metrale_core.RawDevice.import_memory] (it stays its owner's to
+        free)."""
 
     def address_range(self, ptr: int) -> tuple[int, int]:
         """``(base, nbytes)`` of the one allocation the device knows that holds address ``ptr``
         (``cuMemGetAddressRange``); an address inside none raises ``CUDA_ERROR_NOT_FOUND``.
 
-        The core asks it of every pointer :meth:`import_memory` returns, and refuses a wrap whose
-        extent runs past that allocation: a producer that claims more than it owns must never let
+        The core asks it of every pointer [`import_memory`][metrale_core.RawDevice.import_memory] returns, and refuses a
+        wrap whose extent runs past that allocation: a producer that claims more than it owns must never let
         metrale write into a neighbour. A backend that imports memory implements it; without it,
         ``wrap`` is refused with ``CUDA_ERROR_NOT_SUPPORTED``.
         """

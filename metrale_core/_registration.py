@@ -27,16 +27,16 @@ class BackendRegistration:
     """What a backend plugin provides.
 
     :param open: builds the backend's raw layer for a device ordinal. It may
-        raise :class:`~metrale_core.BackendUnavailableError` (or any
-        :class:`~metrale_core.MetraleError`) when the device cannot be opened.
+        raise [`BackendUnavailableError`][metrale_core.BackendUnavailableError] (or any
+        [`MetraleError`][metrale_core.MetraleError]) when the device cannot be opened.
     :param probe: says whether the backend can run here: ``None`` when it can,
         else the reason in words a user can act on. It must be cheap and must
         never raise; a probe that raises counts as unavailable. It runs for
-        :func:`~metrale_core.available_backends` (``metrale backends``), for
+        [`available_backends`][metrale_core.available_backends] (``metrale backends``), for
         ``auto``, and for an open by name only when this backend is the one
         asked for.
     :param backend_class: the class of the backend object
-        :func:`~metrale_core.open_backend` returns: :class:`~metrale_core.GpuBackend`
+        [`open_backend`][metrale_core.open_backend] returns: [`GpuBackend`][metrale_core.GpuBackend]
         or a subclass that adds methods of its own (the fake adds
         ``inject_fault``). A subclass adds; it does not override the core's
         methods.

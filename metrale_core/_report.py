@@ -24,7 +24,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from ._errors import ConfigError, InvalidArgumentError
 from ._snapshot import (  # the format, read and written in one module; re-exported for report's callers
@@ -254,6 +254,31 @@ def format_time(seconds: float, span: float | None = None) -> str:
     return f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
 
 
+class _TimeAxis(NamedTuple):
+    """The x axis both plots share: the event times and the end of the last step, in one unit."""
+
+    xs: list[float]  #: each step's time, then the end of the last step (seconds or milliseconds)
+    in_seconds: bool  #: the axis is in seconds (it runs to 10 s or more), else in milliseconds
+    suffix: str  #: "s" or "ms"
+
+    def at(self, x: float) -> str:
+        """A point of the axis as the plots write it: ``12.40 s``, ``50.0 ms``, ``4496 ms``."""
+        if self.in_seconds:
+            return f"{x:.2f} s"
+        return f"{x:.1f} ms" if x < 100 else f"{x:.0f} ms"
+
+
+def _time_axis(timeline: SiteTimeline) -> _TimeAxis:
+    """The last step lasts until the snapshot was saved: until then, or for a little while (3% of the span)."""
+    times = list(timeline.times)
+    last = times[-1]
+    span = last - times[0]
+    end = timeline.end if timeline.end is not None and timeline.end > last else last + max(span * 0.03, 1e-6)
+    in_seconds = end >= 10
+    factor = 1.0 if in_seconds else 1e3
+    return _TimeAxis([t * factor for t in times] + [end * factor], in_seconds, "s" if in_seconds else "ms")
+
+
 def _history_note(snapshot: MemorySnapshot) -> str:
     if not snapshot.events:
         if snapshot.history_limit == 0:
@@ -324,18 +349,13 @@ def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 
         texts = [band[4] for band in bands]
         colors = [band[5] for band in bands]
         if snapshot.events:
-            last = timeline.times[-1]
-            span = last - timeline.times[0]
-            # the last step lasts until the snapshot was saved: until then, or for a little while
-            end = timeline.end if timeline.end is not None and timeline.end > last else last + max(span * 0.03, 1e-6)
-            in_seconds = end >= 10
-            factor, suffix = (1.0, "s") if in_seconds else (1e3, "ms")
-            xs = [t * factor for t in timeline.times] + [end * factor]
+            axis = _time_axis(timeline)
+            xs = axis.xs
             if bands:
                 ys = [band[6] + band[6][-1:] for band in bands]
                 ax.stackplot(xs, ys, labels=texts, colors=colors, step="post", linewidth=0)
             px, py = xs[peak_step], peak / scale
-            at = f"{px:.2f} s" if in_seconds else (f"{px:.1f} ms" if px < 100 else f"{px:.0f} ms")
+            at = axis.at(px)
             ax.plot([px], [py], marker="v", color="#222222", markersize=7, linestyle="none")
             where = (px - xs[0]) / ((xs[-1] - xs[0]) or 1.0)  # keep the label inside the axes at either edge
             ha, dx = ("right", 6) if where > 0.85 else ("left", -6) if where < 0.15 else ("center", 0)
@@ -344,7 +364,7 @@ def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 
                 ha=ha, va="bottom", fontsize=10,
             )
             ax.set_xlim(xs[0], xs[-1])
-            ax.set_xlabel(f"time since the backend opened ({suffix})")
+            ax.set_xlabel(f"time since the backend opened ({axis.suffix})")
             when = f" at {at}"
         else:
             bottom = 0.0
@@ -400,13 +420,8 @@ def plot_html(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int =
     peak_step = timeline.peak_step
     peak = timeline.totals[peak_step]
     unit, scale = _byte_unit(peak)
-    times = list(timeline.times)
-    last = times[-1]
-    span = last - times[0]
-    end = timeline.end if timeline.end is not None and timeline.end > last else last + max(span * 0.03, 1e-6)
-    in_seconds = end >= 10
-    factor, suffix = (1.0, "s") if in_seconds else (1e3, "ms")
-    xs = [t * factor for t in times] + [end * factor]
+    axis = _time_axis(timeline)
+    xs, suffix = axis.xs, axis.suffix
     totals = [*timeline.totals, timeline.totals[-1]]
     fig = go.Figure()
     palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]

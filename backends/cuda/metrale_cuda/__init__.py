@@ -1,8 +1,8 @@
 """metrale's CUDA backend: NVIDIA GPUs through ``cuda.bindings.driver``.
 
 metrale finds it through the ``metrale.backends`` entry point ``cuda``; open it
-with ``metrale_core.open_backend("cuda")``. :class:`CudaDevice` is its raw
-layer; :func:`probe` says whether it can run here. ``cuda.bindings`` is
+with ``metrale_core.open_backend("cuda")``. [`CudaDevice`][metrale_cuda.CudaDevice] is its raw
+layer; [`probe`][metrale_cuda.probe] says whether it can run here. ``cuda.bindings`` is
 imported only when the backend is probed or opened.
 """
 

@@ -1,4 +1,4 @@
-"""The CUDA raw layer: :class:`CudaDevice`, one device's primitives over ``cuda.bindings.driver``.
+"""The CUDA raw layer: [`CudaDevice`][metrale_cuda.CudaDevice], one device's primitives over ``cuda.bindings.driver``.
 
 Handles it gives out: streams, graphs and executable graphs are small
 wrappers of the bindings' objects (they carry the host objects a copy or a
@@ -8,11 +8,11 @@ graph still reads, see below); events are the bindings' ``CUevent``.
 (``cuDevicePrimaryCtxRetain``), shared with the CUDA runtime (CuPy, PyTorch)
 of the same process. Each method makes it current on the calling thread where
 this module did not already, in one place, the decorator it carries:
-:func:`_bound` checks a thread-local that records the context this module
+`_bound` checks a thread-local that records the context this module
 last made current on each thread, so a call on the hot path costs one
 comparison, not a driver call. Calls that create or size something in "the
 current context" (allocations, streams, events, ``synchronize``,
-``mem_get_info``) carry :func:`_bound_checked` instead, which also asks
+``mem_get_info``) carry `_bound_checked` instead, which also asks
 ``cuCtxGetCurrent``, so code outside metrale that switched the context on
 this thread cannot make them land on another device.
 
@@ -26,7 +26,7 @@ Whether the raw layer may wait is the core's decision, never this module's:
 the core synchronizes before it closes a device whenever no capture runs in
 the process, so a device closed with host objects still held is one the core
 could not wait for; it hands them to a module-level list kept for the rest of
-the process (see :meth:`CudaDevice.close`) rather than let the device read
+the process (see [`CudaDevice.close`][metrale_cuda.CudaDevice.close]) rather than let the device read
 freed memory.
 """
 
@@ -234,14 +234,14 @@ class _GraphExec:
 class CudaDevice(RawDevice):
     """One CUDA device's raw primitives, in its primary context.
 
-    Build one with :meth:`open`. Several may be open at once, on several
+    Build one with [`open`][metrale_cuda.CudaDevice.open]. Several may be open at once, on several
     ordinals or on one (they then share the primary context, each holding a
     reference to it). Every method may be called from any thread and raises
-    only :class:`~metrale_core.MetraleError`.
+    only [`MetraleError`][metrale_core.MetraleError].
     """
 
     def __init__(self, ordinal: int, device: Any, context: Any) -> None:
-        """Adopt a retained primary context; use :meth:`open` rather than this."""
+        """Adopt a retained primary context; use [`open`][metrale_cuda.CudaDevice.open] rather than this."""
         self._ordinal = ordinal
         self._device = device
         self._ctx = context
@@ -262,7 +262,7 @@ class CudaDevice(RawDevice):
     def open(cls, ordinal: int) -> CudaDevice:
         """Retain ``ordinal``'s primary context and make it current on this thread.
 
-        Raises :class:`~metrale_core.BackendUnavailableError` naming the
+        Raises [`BackendUnavailableError`][metrale_core.BackendUnavailableError] naming the
         ordinal and the reason when the device cannot be opened.
         """
         try:
@@ -433,9 +433,9 @@ class CudaDevice(RawDevice):
 
     def _bury(self, s: _Stream) -> None:
         """Before ``s`` is destroyed: the graveyard stream waits for the work ``s`` leaves pending (an event
-        recorded on ``s``), so :meth:`order_foreign_stream` still orders foreign streams after it. No query
-        and no wait (a capture may run elsewhere in the process); a capturing stream is left alone, and a
-        failure only costs the ordering of what ``s`` left pending (logged)."""
+        recorded on ``s``), so [`order_foreign_stream`][metrale_cuda.CudaDevice.order_foreign_stream] still orders
+        foreign streams after it. No query and no wait (a capture may run elsewhere in the process); a capturing stream
+        is left alone, and a failure only costs the ordering of what ``s`` left pending (logged)."""
         if s in self._captures:
             return
         event = None
@@ -475,7 +475,7 @@ class CudaDevice(RawDevice):
 
         Destroys nothing the core owns: the core has destroyed its streams,
         events and graphs and freed its memory before it calls this, and has
-        waited for the device (:meth:`synchronize`, which lets go of every
+        waited for the device ([`synchronize`][metrale_cuda.CudaDevice.synchronize], which lets go of every
         host object in flight) whenever waiting was allowed. Host objects
         still held here mean it was not (a capture was running in the
         process): they are kept for the rest of the process, logged at DEBUG,
@@ -517,7 +517,7 @@ class CudaDevice(RawDevice):
     def alloc(self, nbytes: int, kind: AllocKind) -> int:
         """``cuMemAlloc`` (``"device"``, ``"arena"``) or ``cuMemAllocManaged`` (``"managed"``).
 
-        Bound as :func:`_bound_checked` binds (it creates in "the current context"), written out
+        Bound as `_bound_checked` binds (it creates in "the current context"), written out
         here because it is the hot path: one wrapper frame less."""
         try:  # _bind_checked's question, asked here: a frame less on the hot path
             err, current = drv.cuCtxGetCurrent()
@@ -543,7 +543,7 @@ class CudaDevice(RawDevice):
     def free(self, ptr: int, kind: AllocKind) -> None:
         """``cuMemFree`` (every kind).
 
-        Bound as :func:`_bound` binds, not asking the driver: a free names its memory by address,
+        Bound as `_bound` binds, not asking the driver: a free names its memory by address,
         which unified addressing maps to the allocation's own context whichever is current (a
         context switched by foreign code cannot make it land elsewhere)."""
         if _THREAD.ctx != self._key:
@@ -589,7 +589,7 @@ class CudaDevice(RawDevice):
         call_teardown(drv.cuMemFreeHost, "cuMemFreeHost", ptr)
 
     def memset(self, ptr: int, value: int, nbytes: int, stream: object) -> None:
-        """``cuMemsetD8Async``. Bound as :func:`_bound` binds, written out: a hot path."""
+        """``cuMemsetD8Async``. Bound as `_bound` binds, written out: a hot path."""
         if _THREAD.ctx != self._key:
             self._bind()
         try:
@@ -643,7 +643,8 @@ class CudaDevice(RawDevice):
     @_bound
     def stream_destroy(self, stream: object) -> None:
         """``cuStreamDestroy``; host objects still in flight wait for the next ``synchronize``, and the work
-        still pending on it for foreign streams that :meth:`order_foreign_stream` orders later."""
+        still pending on it for foreign streams that
+        [`order_foreign_stream`][metrale_cuda.CudaDevice.order_foreign_stream] orders later."""
         s = cast(_Stream, stream)
         self._bury(s)
         call_teardown(drv.cuStreamDestroy, "cuStreamDestroy", s.handle)
@@ -752,7 +753,7 @@ class CudaDevice(RawDevice):
 
     def graph_launch(self, graph_exec: object, stream: object) -> None:
         """``cuGraphLaunch``; the graph's host objects stay alive until the stream is idle. Bound as
-        :func:`_bound` binds, written out: a hot path."""
+        `_bound` binds, written out: a hot path."""
         if _THREAD.ctx != self._key:
             self._bind()
         e: _GraphExec = graph_exec  # type: ignore[assignment]  # (no cast(): a call on a hot path)
@@ -852,7 +853,7 @@ class CudaDevice(RawDevice):
         args: Sequence[LaunchArg],
     ) -> None:
         """``cuLaunchKernel`` with each argument's packed bytes, written into the kernel's slots kept for
-        this thread (:class:`_ArgSlots`; the driver copies them at the call). Bound as :func:`_bound`
+        this thread (`_ArgSlots`; the driver copies them at the call). Bound as `_bound`
         binds, written out: a hot path."""
         if _THREAD.ctx != self._key:
             self._bind()

@@ -43,7 +43,7 @@ def probe(settings: MetraleSettings) -> str | None:
 def open_device(settings: MetraleSettings, ordinal: int) -> RawDevice:
     """Open CUDA device ``ordinal`` in its primary context.
 
-    Raises :class:`~metrale_core.BackendUnavailableError` naming the ordinal
+    Raises [`BackendUnavailableError`][metrale_core.BackendUnavailableError] naming the ordinal
     and the reason when it cannot.
     """
     from ._device import CudaDevice

@@ -1,7 +1,7 @@
 """The fake device: memory in host arrays, streams as queues, graphs as recorded work.
 
 It speaks CUDA's vocabulary: where the driver fails, it raises the error
-:func:`metrale_core.error_for_code` gives for the driver's result code. Its
+[`metrale_core.error_for_code`][metrale_core.error_for_code] gives for the driver's result code. Its
 address space (its own window, freed addresses handed out again) is
 ``_memory``'s.
 """
@@ -40,13 +40,14 @@ from ._work import CAPTURES, FakeEvent, FakeGraph, FakeModule, FakeStream, Work,
 
 __all__ = ["FAULT_OPS", "FakeDevice"]
 
-#: The raw operations :meth:`FakeDevice.inject_fault` can make fail.
+#: The raw operations [`FakeDevice.inject_fault`][metrale_fake.FakeDevice.inject_fault] can make fail.
 FAULT_OPS: Final = frozenset(
     {"alloc", "free", "memcpy", "memset", "graph_instantiate", "graph_launch", "synchronize", "is_capturing",
      "launch"}
 )
 
-_NOT_FREED: Final = frozenset({"external", "mapped"})  # device memory :meth:`FakeDevice.free` refuses
+_NOT_FREED: Final = frozenset({"external", "mapped"})  # device memory [`FakeDevice.free`][metrale_fake.FakeDevice.free]
+                                                       # refuses
 
 
 class FakeDevice(RawDevice):
@@ -200,7 +201,8 @@ class FakeDevice(RawDevice):
 
     def alloc_host_mapped(self, nbytes: int) -> tuple[int, memoryview, int]:
         """Pinned host memory that kernels address too: its bytes are also placed among the device's
-        addresses (kind ``"mapped"``: never freed by :meth:`free`), so a kernel's write shows in the view."""
+        addresses (kind ``"mapped"``: never freed by [`free`][metrale_fake.FakeDevice.free]), so a kernel's write shows
+        in the view."""
         with self._lock:
             self._fault("alloc", f"alloc_host_mapped of {nbytes} bytes")
             CAPTURES.bar("alloc_host")
@@ -258,8 +260,9 @@ class FakeDevice(RawDevice):
     def import_memory(self, memory: ForeignMemory) -> int:
         """Host memory gets a range of the fake's device addresses, backed by the memory itself.
 
-        The fake cannot know how large the producer's host allocation really is: :meth:`address_range`
-        answers the extent claimed, and only a claim past the host's memory is refused."""
+        The fake cannot know how large the producer's host allocation really is:
+        [`address_range`][metrale_fake.FakeDevice.address_range] answers the extent claimed, and only a claim past the
+        host's memory is refused."""
         if memory.device != "cpu":
             raise error_for_code(
                 "CUDA_ERROR_INVALID_DEVICE",

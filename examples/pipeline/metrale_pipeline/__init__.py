@@ -23,7 +23,7 @@ What it demonstrates, with the public ``metrale_core`` API and the shipped
   empty (``live_alloc_len() == 0``) before the backend closes, so its
   teardown sweep has nothing to report.
 
-Use it from Python::
+Use it from Python:
 
     from metrale_core import open_backend
     from metrale_pipeline import run_pipeline

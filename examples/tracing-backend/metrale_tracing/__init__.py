@@ -2,7 +2,7 @@
 
 It wraps the fake device (``metrale_fake.FakeDevice``) and records every raw
 call the core makes, so a host application can see exactly which driver
-calls its metrale calls turn into::
+calls its metrale calls turn into:
 
     from metrale_core import open_backend
 
