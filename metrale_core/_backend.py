@@ -315,6 +315,45 @@ class GpuBackend:
         self._streams.copy_device(dst, src, nbytes, dst_offset, src_offset, stream)
 
     @gated
+    def copy_peer(
+        self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int | None = None, *, dst_offset: int = 0,
+        src_offset: int = 0, stream: Stream | None = None,
+    ) -> None:
+        """Copy from a buffer of another backend of this process (another device, or another backend on the
+        same device) into one of this backend's, queued on one of this backend's streams (CUDA:
+        ``cuMemcpyPeerAsync``, direct where [`enable_peer_access`][metrale_core.GpuBackend.enable_peer_access]
+        was called, through the host where it was not). Recorded into a capture like any copy; launching
+        the graph later is refused once ``src`` is no longer live. Order it after the source's writes
+        yourself (synchronize the source's stream, or wait for an event), as with CUDA.
+
+        :param dst: a live buffer of this backend.
+        :param src: a live buffer of any open backend of the same plugin in this process (this one too).
+        :param nbytes: how many bytes; ``None``: the rest of ``src`` from ``src_offset``.
+        :param dst_offset: where in ``dst`` the bytes go.
+        :param src_offset: where in ``src`` they start.
+        :param stream: a stream of this backend; ``None``: [`default_stream`][metrale_core.GpuBackend.default_stream].
+        :raises InvalidBufferError: a buffer is not live (or ``src``'s backend is closed), or a range runs past
+            its end.
+        :raises InvalidArgumentError: the two backends are of different plugins, or an argument is malformed.
+        """
+        self._streams.copy_peer(dst, src, nbytes, dst_offset, src_offset, stream)
+
+    @gated
+    def enable_peer_access(self, peer: GpuBackend) -> None:
+        """Let this backend's device read and write ``peer``'s memory directly, so `copy_peer` from it takes
+        the direct path (CUDA: ``cuCtxEnablePeerAccess``). Doing it twice, or for a backend on the same device,
+        does nothing.
+
+        :raises DriverError: ``CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`` where the two devices cannot reach each
+            other (``copy_peer`` still works, through the host).
+        :raises InvalidArgumentError: ``peer`` is not a backend of the same plugin.
+        :raises BackendClosedError: ``peer`` is closed.
+        """
+        if not isinstance(peer, GpuBackend):
+            raise invalid_argument("enable_peer_access", "another GpuBackend of this process", peer)
+        self._streams.enable_peer_access(peer._ctx)
+
+    @gated
     def create_stream(self) -> Stream:
         """A new non-blocking stream, owned by this backend."""
         return self._streams.create_stream()

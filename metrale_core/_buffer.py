@@ -34,7 +34,7 @@ from ._types import CLASS_SWAP, WORD_LIMIT, ForeignMemory, as_index
 if TYPE_CHECKING:
     from typing_extensions import CapsuleType  # (pydantic's dependency; types.CapsuleType from Python 3.13)
 
-__all__ = ["NO_SYNC", "BufferOwner", "DeviceArray", "DeviceBuffer", "StreamOrdering", "dtype_name"]
+__all__ = ["NO_SYNC", "BufferOwner", "DeviceArray", "DeviceBuffer", "PeerSource", "StreamOrdering", "dtype_name"]
 
 #: DLPack's ``stream=-1``: the consumer asks the producer for no synchronization at all.
 NO_SYNC: Final = -1
@@ -58,6 +58,19 @@ class StreamOrdering(Protocol):
     def export_for_stream(self, buf: DeviceBuffer, view: DeviceArray, what: str, stream: int) -> ForeignMemory:
         """`BufferOwner.export` for a consumer that names its DLPack ``stream``: the backend's work is
         ordered before that stream on the device, not waited for (none at all for `NO_SYNC`)."""
+
+
+@runtime_checkable
+class PeerSource(Protocol):
+    """What an export table offers another backend of the process that copies from its buffers
+    (``copy_peer``); a closed backend's table does not."""
+
+    def peer_source(self, buf: DeviceBuffer, offset: int, nbytes: int | None, what: str) -> tuple[int, int, Any]:
+        """``(pointer, nbytes, raw device)`` of bytes of ``buf``, checked live and in bounds: the plugin's
+        raw device, which the copying backend's plugin reads them from."""
+
+    def peer_is_live(self, buf: DeviceBuffer) -> bool:
+        """Whether ``buf`` is still a live buffer of this (open) backend: for a graph that copies from it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -109,7 +109,9 @@ class Capture:
     """One capture in progress: the device context it belongs to (``owner``), whether it is
     invalidated, and what it touched (the buffers, host buffers and kernel registries its work uses)."""
 
-    __slots__ = ("active", "buffers", "check", "host_buffers", "invalidated", "owner", "reason", "registries")
+    __slots__ = (
+        "active", "buffers", "check", "host_buffers", "invalidated", "owner", "peers", "reason", "registries",
+    )
 
     def __init__(self, owner: object) -> None:
         self.owner = owner
@@ -119,6 +121,9 @@ class Capture:
         self.buffers: dict[int, DeviceBuffer] = {}  # creation index -> buffer
         self.host_buffers: dict[int, object] = {}  # id -> HostBuffer
         self.registries: dict[int, object] = {}  # id -> KernelRegistry whose kernels the capture launched
+        #: Buffers of other backends the work copies from (``copy_peer``), each with its owner's liveness
+        #: check: (id of the owner's check, creation index) -> (buffer, check).
+        self.peers: dict[tuple[int, int], tuple[DeviceBuffer, Callable[[DeviceBuffer], bool]]] = {}
         #: The red-zone check the graph ends with (the zone guard's, opaque here), or ``None``.
         self.check: Any = None
 

@@ -204,6 +204,7 @@ _CODES: Final[dict[str, int]] = {
     "CUDA_ERROR_MAP_FAILED": 205,
     "CUDA_ERROR_NO_BINARY_FOR_GPU": 209,
     "CUDA_ERROR_ECC_UNCORRECTABLE": 214,
+    "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED": 217,
     "CUDA_ERROR_INVALID_PTX": 218,
     "CUDA_ERROR_INVALID_HANDLE": 400,
     "CUDA_ERROR_ILLEGAL_STATE": 401,
@@ -212,6 +213,8 @@ _CODES: Final[dict[str, int]] = {
     "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
     "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701,
     "CUDA_ERROR_LAUNCH_TIMEOUT": 702,
+    "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED": 704,
+    "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED": 705,
     "CUDA_ERROR_CONTEXT_IS_DESTROYED": 709,
     "CUDA_ERROR_ASSERT": 710,
     "CUDA_ERROR_HARDWARE_STACK_ERROR": 714,
@@ -258,6 +261,8 @@ _ADVICE: Final[dict[str, str]] = {
     "CUDA_ERROR_OUT_OF_MEMORY": "free buffers you no longer need, or ask for less",
     "CUDA_ERROR_NO_DEVICE": "no CUDA device is visible: check CUDA_VISIBLE_DEVICES and nvidia-smi",
     "CUDA_ERROR_INVALID_DEVICE": "the ordinal is past the last device: see nvidia-smi",
+    "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED": "these two devices cannot reach each other directly (nvidia-smi topo "
+    "-m shows the links); copy_peer still copies between them, through the host",
     "CUDA_ERROR_NOT_READY": "the work has not finished yet; this is not a failure",
     "CUDA_ERROR_INVALID_HANDLE": "the handle was destroyed or belongs to another context",
     "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": "this call is not allowed while a stream is "

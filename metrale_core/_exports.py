@@ -22,6 +22,7 @@ from ._errors import DriverError, InvalidArgumentError, InvalidBufferError, Metr
 from ._holdings import Holdings
 from ._interop import foreign_memory
 from ._ledger import call_site, next_index
+from ._raw import RawDevice
 from ._types import ForeignMemory
 from ._zoneguard import ZoneGuard
 
@@ -74,6 +75,20 @@ class ExportTable:
             return memory
         finally:
             ctx.leave()
+
+    # -- PeerSource: another backend of the process copies from this one's buffers ---------------
+
+    def peer_source(self, buf: DeviceBuffer, offset: int, nbytes: int | None, what: str) -> tuple[int, int, RawDevice]:
+        ctx = self.ctx
+        ctx.enter()
+        try:
+            ptr, n, _ = self._holdings.span(buf, offset, nbytes, what)
+            return ptr, n, ctx.plugin
+        finally:
+            ctx.leave()
+
+    def peer_is_live(self, buf: DeviceBuffer) -> bool:
+        return not self.ctx.closed and self._holdings.is_live(buf)
 
     def _order(self, stream: int) -> None:
         """Order the consumer's stream ``stream`` after the backend's work, on the device; a backend without

@@ -290,7 +290,7 @@ class HostBuffer(_Handle):
 class Graph(_Handle):
     """Work recorded by a stream capture; instantiate it to run it."""
 
-    __slots__ = ("_owner", "buffers", "check", "host_buffers", "registries")
+    __slots__ = ("_owner", "buffers", "check", "host_buffers", "peers", "registries")
     _what = "graph"
     _destroy_op = "graph_destroy"
 
@@ -305,6 +305,8 @@ class Graph(_Handle):
         self.host_buffers: tuple[Any, ...] = tuple(capture.host_buffers.values())
         #: The kernel registries whose kernels it launches.
         self.registries: tuple[Any, ...] = tuple(capture.registries.values())
+        #: Buffers of other backends it copies from, each with its owner's liveness check.
+        self.peers: tuple[tuple[DeviceBuffer, Any], ...] = tuple(capture.peers.values())
 
     @gated
     def instantiate(self) -> GraphExec:
@@ -312,7 +314,9 @@ class Graph(_Handle):
         raw = self._live()
         exec_raw = self._ctx.raw.graph_instantiate(raw)
         return self._owner.adopt(
-            GraphExec(self._owner, exec_raw, self.buffers, self.host_buffers, self.registries, self.check)
+            GraphExec(
+                self._owner, exec_raw, self.buffers, self.host_buffers, self.registries, self.check, self.peers
+            )
         )
 
     def close(self) -> None:
@@ -324,7 +328,7 @@ class Graph(_Handle):
 class GraphExec(_Handle):
     """An instantiated graph: ``launch`` replays its work on a stream."""
 
-    __slots__ = ("_owner", "buffers", "check", "host_buffers", "live_at", "registries")
+    __slots__ = ("_owner", "buffers", "check", "host_buffers", "live_at", "peers", "registries")
     _what = "executable graph"
     _destroy_op = "graph_exec_destroy"
 
@@ -336,6 +340,7 @@ class GraphExec(_Handle):
         host_buffers: tuple[Any, ...],
         registries: tuple[Any, ...] = (),
         check: Any = None,
+        peers: tuple[tuple[DeviceBuffer, Any], ...] = (),
     ) -> None:
         super().__init__(owner.ctx, raw)
         self._owner = owner
@@ -349,6 +354,8 @@ class GraphExec(_Handle):
         self.host_buffers = host_buffers
         #: Held: the modules of its kernels stay loaded while it lives.
         self.registries = registries
+        #: Buffers of other backends its work copies from, each with its owner's liveness check.
+        self.peers = peers
         #: For its owner: the ledger's ``taken`` count when every one of its buffers was last found on the
         #: ledger (``-1``: never), so a launch while no record came off since checks none of them again.
         self.live_at = -1

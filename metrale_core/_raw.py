@@ -356,6 +356,30 @@ class RawDevice(abc.ABC):
             "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} knows no address ranges: address_range"
         )
 
+    # -- several devices (optional) -------------------------------------------------------
+
+    def device_uuid(self) -> str:
+        """The device's UUID as ``nvidia-smi -L`` writes it (``"GPU-1a2b…"``), or ``""`` where the backend
+        has none; it names the device in every report's origin. Optional: ``""`` by default."""
+        return ""
+
+    def copy_peer(self, dst: int, src_device: RawDevice, src: int, nbytes: int, stream: object) -> None:
+        """Copy ``nbytes`` from ``src`` on ``src_device`` (another raw device of the same plugin, possibly
+        on the same device ordinal) to ``dst`` on this device, ordered on ``stream``, one of this device's
+        (CUDA: ``cuMemcpyPeerAsync``). Recorded into a capture as any copy. The core checked both ranges
+        live and in bounds. Optional: without it (``CUDA_ERROR_NOT_SUPPORTED``) ``copy_peer`` is refused.
+        A ``src_device`` this backend cannot read raises ``CUDA_ERROR_INVALID_DEVICE``."""
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} copies between no devices: copy_peer")
+
+    def enable_peer_access(self, peer: RawDevice) -> None:
+        """Let this device read and write ``peer``'s memory directly (CUDA: ``cuDeviceCanAccessPeer``, then
+        ``cuCtxEnablePeerAccess``); enabling it twice, or for the same device, does nothing. Devices that
+        cannot reach each other raise ``CUDA_ERROR_PEER_ACCESS_UNSUPPORTED``. Optional: by default
+        ``CUDA_ERROR_NOT_SUPPORTED``."""
+        raise error_for_code(
+            "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} has no peer access: enable_peer_access"
+        )
+
     # -- benchmarks (optional) -------------------------------------------------------------
 
     def baseline(self) -> Baseline:

@@ -22,6 +22,10 @@ def _no_versions() -> Mapping[str, str]:
     return {}
 
 
+def _one_device(settings: MetraleSettings) -> int:
+    return 1
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class BackendRegistration:
     """What a backend plugin provides.
@@ -55,6 +59,12 @@ class BackendRegistration:
         ``driver``, ``"not found"`` where no driver answers). It runs without a
         probe or an open, so it must be cheap, must work where the backend
         cannot run, and should not raise (one that raises is reported as such).
+    :param device_count: how many devices the backend can open here: ordinals ``0 .. count - 1`` (the
+        CUDA backend asks the driver, so ``CUDA_VISIBLE_DEVICES`` applies; the fake reads its
+        ``device_count`` setting). ``metrale info`` lists them, and
+        [`placement`][metrale_core.placement] picks a rank's ordinal among them. It runs only where the
+        backend is available (after its probe), and may raise a
+        [`MetraleError`][metrale_core.MetraleError]. Optional: one device by default.
     """
 
     open: Callable[[MetraleSettings, int], RawDevice]
@@ -63,3 +73,4 @@ class BackendRegistration:
     description: str = ""
     preference: int = 0
     versions: Callable[[], Mapping[str, str]] = _no_versions
+    device_count: Callable[[MetraleSettings], int] = _one_device

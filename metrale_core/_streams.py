@@ -13,12 +13,12 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from ._buffer import DeviceBuffer
+from ._buffer import DeviceBuffer, PeerSource
 from ._capture import Capture, active_captures, forbid_during_capture, invalidated_error
 from ._context import DeviceContext, invalid_argument, raise_raw
-from ._errors import BackendClosedError, InvalidBufferError, MetraleError, capture_error
+from ._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError, MetraleError, capture_error
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
-from ._holdings import Holdings, positive_size
+from ._holdings import Holdings, integer, positive_size
 from ._pressure import StatsCounter
 from ._types import as_index
 from ._zoneguard import ZoneGuard
@@ -107,7 +107,7 @@ class StreamFront:
     def launch_graph(self, graph: GraphExec, stream: Stream | None) -> None:
         holdings = self._holdings
         is_live = holdings.is_live
-        plain = graph.check is None
+        plain = graph.check is None and not graph.peers
         for registry in graph.registries:  # (loops, not any() over a generator: both are short)
             if registry.unloaded:
                 plain = False
@@ -146,6 +146,13 @@ class StreamFront:
                     f"({buf.nbytes} bytes from {buf.site}), which is no longer live; its "
                     f"address may belong to another allocation now. Capture the graph again "
                     f"with live buffers"
+                )
+        for buf, peer_is_live in graph.peers:
+            if not peer_is_live(buf):
+                raise InvalidBufferError(
+                    f"GraphExec.launch: the graph copies from allocation #{buf.index} of another backend "
+                    f"({buf.nbytes} bytes from {buf.site}), which is no longer live (freed, or its backend "
+                    f"closed). Capture the graph again with live buffers"
                 )
         for registry in graph.registries:
             if registry.closed:
@@ -213,8 +220,10 @@ class StreamFront:
         buffers: Iterable[DeviceBuffer | None],
         work: Callable[[object], None],
         host_buffers: Iterable[HostBuffer | None] = (),
+        peer: tuple[DeviceBuffer, PeerSource] | None = None,
     ) -> None:
-        """Run ``work`` on ``target``'s raw stream, recording what it touches if the stream captures."""
+        """Run ``work`` on ``target``'s raw stream, recording what it touches if the stream captures
+        (``peer``: a buffer of another backend it reads, with that backend's export table)."""
         self.guard.settle_for(target)
         capture = target.capture
         if capture is not None:
@@ -226,6 +235,8 @@ class StreamFront:
             for hb in host_buffers:
                 if hb is not None:
                     capture.host_buffers[id(hb)] = hb
+            if peer is not None:
+                capture.peers[(id(peer[1]), peer[0].index)] = (peer[0], peer[1].peer_is_live)
         work(target.raw)
 
     def memset(self, dst: object, value: object, offset: object, nbytes: object, stream: Stream | None) -> None:
@@ -296,6 +307,50 @@ class StreamFront:
         target = self.resolve(stream, what)
         raw = self._raw
         self.issue(target, what, (dst_buf, src_buf), lambda s: raw.copy_dtod(dst_ptr, src_ptr, n, s) if n else None)
+
+    def copy_peer(
+        self, dst: object, src: object, nbytes: object, dst_offset: object, src_offset: object, stream: Stream | None
+    ) -> None:
+        what = "copy_peer"
+        if not isinstance(src, DeviceBuffer):
+            raise invalid_argument(what, "a DeviceBuffer (of any backend of this process) as the source", src)
+        if not isinstance(dst, DeviceBuffer):
+            raise invalid_argument(what, "a DeviceBuffer of this backend as the destination", dst)
+        count = None if nbytes is None else positive_size(nbytes, what)
+        context = src._owner() if src._owner is not None else None
+        table = getattr(context, "exports", None)
+        if not isinstance(table, PeerSource):
+            raise InvalidBufferError(
+                f"{what}: the source, allocation #{src.index} ({src.nbytes} bytes from {src.site}), is not a live "
+                f"buffer of an open backend (its backend was closed, or it was not made by one)"
+            )
+        if context is not self.ctx and type(getattr(context, "plugin", None)) is not type(self.ctx.plugin):
+            raise InvalidArgumentError(
+                f"{what}: the source belongs to backend {getattr(context, 'name', '?')!r} and the destination to "
+                f"{self.ctx.name!r}: a peer copy runs between backends of one plugin; copy through the host "
+                f"(copy_to_host, then copy_to_device)"
+            )
+        src_ptr, n, src_raw = table.peer_source(src, integer(src_offset, what, "src_offset"), count, what)
+        dst_ptr, n, dst_buf = self._holdings.span(dst, dst_offset, n, what)
+        target = self.resolve(stream, what)
+        raw = self._raw
+        own = context is self.ctx
+        self.issue(
+            target, what, (dst_buf, src if own else None),
+            lambda s: raw.copy_peer(dst_ptr, src_raw, src_ptr, n, s) if n else None,
+            peer=None if own else (src, table),
+        )
+
+    def enable_peer_access(self, context: DeviceContext) -> None:
+        what = "enable_peer_access"
+        if context.closed:
+            raise context.closed_error()
+        if type(context.plugin) is not type(self.ctx.plugin):
+            raise InvalidArgumentError(
+                f"{what}: backend {context.name!r} is another plugin's than {self.ctx.name!r}; peer access runs "
+                f"between backends of one plugin"
+            )
+        self._raw.enable_peer_access(context.plugin)
 
     # -- streams, events, waits ----------------------------------------------------------------
 

@@ -36,6 +36,7 @@ import ctypes
 import functools
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
@@ -256,6 +257,7 @@ class CudaDevice(RawDevice):
         #: orders a foreign stream after the work of destroyed streams too. Made on the first destroy.
         self._graveyard: Any = None
         self._name: str | None = None
+        self._uuid: str | None = None
         self._integrated: bool | None = None
 
     @classmethod
@@ -275,7 +277,8 @@ class CudaDevice(RawDevice):
         if not 0 <= ordinal < count:
             raise BackendUnavailableError(
                 f"CUDA device {ordinal} does not exist: the driver reports {count} device(s), "
-                f"ordinals 0..{count - 1} (see nvidia-smi and CUDA_VISIBLE_DEVICES)"
+                f"ordinals 0..{count - 1} (see nvidia-smi and CUDA_VISIBLE_DEVICES)",
+                code=101, name="CUDA_ERROR_INVALID_DEVICE",
             )
         try:
             device = call1(drv.cuDeviceGet, "cuDeviceGet", ordinal)
@@ -629,6 +632,50 @@ class CudaDevice(RawDevice):
     def copy_dtod(self, dst: int, src: int, nbytes: int, stream: object) -> None:
         """``cuMemcpyDtoDAsync``."""
         call(drv.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync", dst, src, nbytes, cast(_Stream, stream).handle)
+
+    @_bound
+    def copy_peer(self, dst: int, src_device: RawDevice, src: int, nbytes: int, stream: object) -> None:
+        """``cuMemcpyPeerAsync`` from ``src_device``'s context to this one's (the same primary context where
+        both are on one ordinal): direct where peer access is enabled, through the host where it is not."""
+        if not isinstance(src_device, CudaDevice) or src_device._closed:
+            raise error_for_code(
+                "CUDA_ERROR_INVALID_DEVICE", f"copy_peer: the source is not an open CUDA device ({src_device!r})"
+            )
+        call(
+            drv.cuMemcpyPeerAsync, "cuMemcpyPeerAsync", dst, self._ctx, src, src_device._ctx, nbytes,
+            cast(_Stream, stream).handle,
+        )
+
+    @_bound
+    def enable_peer_access(self, peer: RawDevice) -> None:
+        """``cuDeviceCanAccessPeer``, then ``cuCtxEnablePeerAccess`` (this device's context current); nothing
+        for the same ordinal (one primary context) or where it is already enabled."""
+        if not isinstance(peer, CudaDevice) or peer._closed:
+            raise error_for_code(
+                "CUDA_ERROR_INVALID_DEVICE", f"enable_peer_access: the peer is not an open CUDA device ({peer!r})"
+            )
+        if peer._ordinal == self._ordinal:
+            return
+        if not int(call1(drv.cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", self._device, peer._device)):
+            raise error_for_code(
+                "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+                f"enable_peer_access: CUDA device {self._ordinal} cannot access device {peer._ordinal}",
+            )
+        try:
+            call(drv.cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", peer._ctx, 0)
+        except MetraleError as exc:
+            if exc.name != "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED":
+                raise
+
+    def device_uuid(self) -> str:
+        """``cuDeviceGetUuid``, written as ``nvidia-smi -L`` writes it: ``GPU-`` and the UUID."""
+        if self._uuid is None:
+            get = getattr(drv, "cuDeviceGetUuid_v2", None) or drv.cuDeviceGetUuid
+            raw = call1(get, "cuDeviceGetUuid", self._device)
+            data = getattr(raw, "bytes", raw)
+            data = data.encode("latin-1") if isinstance(data, str) else bytes(data)
+            self._uuid = f"GPU-{uuid.UUID(bytes=data[:16])}"
+        return self._uuid
 
     # -- streams and events ---------------------------------------------------
 

@@ -51,6 +51,13 @@ def open_device(settings: MetraleSettings, ordinal: int) -> RawDevice:
     return CudaDevice.open(ordinal)
 
 
+def device_count(settings: MetraleSettings) -> int:
+    """The devices the driver reports (``cuDeviceGetCount``, after ``CUDA_VISIBLE_DEVICES``)."""
+    from ._driver import init_driver
+
+    return init_driver()
+
+
 def versions() -> Mapping[str, str]:
     """cuda-bindings' version and the CUDA version the driver supports, for ``metrale --version``.
 
@@ -80,4 +87,5 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
         description="NVIDIA GPUs through the CUDA driver API (cuda-bindings)",
         preference=PREFERENCE,
         versions=versions,
+        device_count=device_count,
     )

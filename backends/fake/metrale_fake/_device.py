@@ -9,8 +9,10 @@ address space (its own window, freed addresses handed out again) is
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Final, cast
@@ -59,6 +61,7 @@ class FakeDevice(RawDevice):
         self._integrated = own.integrated
         self._defer = own.defer
         self._ordinal = ordinal
+        self._peer_access = own.peer_access
         self._lock = threading.RLock()
         self._used = 0  # bytes of device allocations (imported memory is its owner's)
         self._host_used = 0  # bytes of pinned host memory
@@ -368,6 +371,44 @@ class FakeDevice(RawDevice):
                 target[:] = source  # numpy handles overlap as memmove does
 
             self._submit(stream, work)
+
+    def copy_peer(self, dst: int, src_device: RawDevice, src: int, nbytes: int, stream: object) -> None:
+        """A real copy from another fake device's memory, ordered on this device's ``stream`` (the bytes are
+        read when the copy runs, as the GPU's copy engine reads them)."""
+        if not isinstance(src_device, FakeDevice):
+            raise error_for_code(
+                "CUDA_ERROR_INVALID_DEVICE", f"fake copy_peer: the source is not an open fake device ({src_device!r})"
+            )
+        with src_device._lock:  # one device's lock at a time: copies both ways on two threads cannot deadlock
+            src_device._fault("memcpy", f"peer copy of {nbytes} bytes from {src:#x}")
+            source = src_device._resolve(src, nbytes, "copy_peer (source)")
+        with self._lock:
+            self._fault("memcpy", f"peer copy of {nbytes} bytes to {dst:#x}")
+            target = self._resolve(dst, nbytes, "copy_peer")
+
+            def work() -> None:
+                target[:] = source
+
+            self._submit(stream, work)
+
+    def enable_peer_access(self, peer: RawDevice) -> None:
+        """Nothing to enable between fake devices; refused where the ``peer_access`` setting says they cannot
+        reach each other, as ``cuDeviceCanAccessPeer`` answering 0 is."""
+        if not isinstance(peer, FakeDevice):
+            raise error_for_code(
+                "CUDA_ERROR_INVALID_DEVICE", f"fake enable_peer_access: the peer is not a fake device ({peer!r})"
+            )
+        if peer._ordinal != self._ordinal and not (self._peer_access and peer._peer_access):
+            raise error_for_code(
+                "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+                f"fake enable_peer_access: fake device {self._ordinal} cannot access device {peer._ordinal} "
+                f"(METRALE_FAKE_PEER_ACCESS is off)",
+            )
+
+    def device_uuid(self) -> str:
+        """A UUID of this fake device: its process, ordinal and address range (a fake device is its process's
+        own), written as ``nvidia-smi -L`` writes a GPU's: ``FAKE-`` and the UUID."""
+        return f"FAKE-{uuid.uuid5(uuid.NAMESPACE_OID, f'{os.getpid()}:{self._ordinal}:{self._window.device[0]}')}"
 
     # -- streams and events ------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from metrale_core import MetraleSettings
+from metrale_core import BackendUnavailableError, MetraleSettings, cuda_code
 from metrale_core.plugin import BackendRegistration, KernelImplementation, PluginSettings, hookimpl
 
 from ._settings import FakeSettings
@@ -18,9 +18,20 @@ if TYPE_CHECKING:
 
 
 def _open(settings: MetraleSettings, ordinal: int) -> FakeDevice:
+    count = _device_count(settings)
+    if not 0 <= ordinal < count:  # as the CUDA backend refuses it
+        raise BackendUnavailableError(
+            f"fake device {ordinal} does not exist: the fake has {count} device(s), ordinals 0..{count - 1} "
+            f"(METRALE_FAKE_DEVICE_COUNT sets how many)",
+            code=cuda_code("CUDA_ERROR_INVALID_DEVICE"), name="CUDA_ERROR_INVALID_DEVICE",
+        )
     from ._device import FakeDevice
 
     return FakeDevice(settings, ordinal)
+
+
+def _device_count(settings: MetraleSettings) -> int:
+    return settings.plugin(FakeSettings).device_count
 
 
 @hookimpl
@@ -33,6 +44,7 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
         backend_class=FakeBackend,
         description="in-memory device for development and tests without a GPU",
         preference=0,  # auto opens it only where no backend over real hardware is available
+        device_count=_device_count,
     )
 
 

@@ -26,6 +26,17 @@ class FakeSettings(PluginSettings):
         16 << 30, gt=0,
         description="The fake device's capacity; an allocation past it raises `OutOfMemoryError`.",
     )
+    device_count: int = Field(
+        1, ge=1, le=64,
+        description="How many fake devices this process sees, ordinals `0 .. device_count - 1`, each with its own "
+        "capacity and address range; opening a higher ordinal is refused as CUDA refuses it.",
+    )
+    peer_access: bool = Field(
+        True,
+        description="Whether two fake devices can reach each other directly: off, `enable_peer_access` between two "
+        "ordinals is refused with `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED` (`copy_peer` still copies, as CUDA does "
+        "through the host).",
+    )
     integrated: bool = Field(
         False,
         description="The fake reports an integrated device, so `memory_info().effective_free` follows the host's "
