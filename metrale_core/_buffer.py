@@ -12,6 +12,7 @@ CUDA array interface, DLPack, numpy's ``__array__``) through their owner's expor
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import reprlib
 import sys
@@ -181,7 +182,12 @@ def dtype_name(dtype: object) -> str:
         except ImportError:
             raise InvalidArgumentError(
                 f"view: dtype {name} comes from the optional package ml_dtypes, which is not installed; "
-                f"install it with: pip install ml-dtypes"
+                f"install it with: pip install 'ml-dtypes>=0.5'"
+            ) from None
+        except AttributeError:  # float8_e3m4, float8_e4m3 and float8_e8m0fnu came in ml_dtypes 0.5
+            raise InvalidArgumentError(
+                f"view: dtype {name} is not in the installed ml_dtypes (it came in 0.5); upgrade it with: "
+                f"pip install 'ml-dtypes>=0.5'"
             ) from None
     return name
 
@@ -218,6 +224,16 @@ def _typestr(name: str, size: int) -> str:
     return ("|" if size == 1 else "<") + name[0] + str(size)
 
 
+def _pair(value: object) -> tuple[int | None, ...]:
+    """The first three items of ``value`` as integers (``None`` where one is not), for a check that there
+    are exactly two; ``()`` for what is not iterable or fails to be read. Never more than three are read:
+    an endless iterator is refused, not run."""
+    try:
+        return tuple(as_index(part) for part in itertools.islice(value, 3))  # type: ignore[call-overload]
+    except Exception:  # not iterable, or an iterable that fails
+        return ()
+
+
 def _dlpack_version(max_version: object) -> tuple[int, int] | None:
     """The DLPack version to export for a consumer's ``max_version``: ``None`` (the legacy capsule) for
     ``None`` or a major version 0, else the newest 1.x both sides know."""
@@ -225,10 +241,7 @@ def _dlpack_version(max_version: object) -> tuple[int, int] | None:
         return None
     if max_version == (1, 0) and type(max_version) is tuple:  # numpy's, the common case
         return (1, 0)
-    try:
-        parts = tuple(as_index(part) for part in max_version)  # type: ignore[attr-defined]
-    except Exception:  # not iterable, or an iterable that fails
-        parts = ()
+    parts = _pair(max_version)
     if len(parts) != 2 or None in parts or any(part < 0 for part in parts if part is not None):
         raise InvalidArgumentError(
             f"__dlpack__: max_version must be None or a (major, minor) pair of integers, "
@@ -378,23 +391,20 @@ class DeviceArray:
         order = _dlpack_stream(stream)
         asked: tuple[int | None, ...] | None = None
         if dl_device is not None:
-            try:
-                asked = tuple(as_index(part) for part in dl_device)  # type: ignore[attr-defined]
-            except Exception:  # not iterable, or an iterable that fails
-                asked = ()
+            asked = _pair(dl_device)
             if len(asked) != 2 or None in asked:
                 raise InvalidArgumentError(
                     f"__dlpack__: dl_device must be a (device type, device id) pair of integers, "
                     f"got {reprlib.repr(dl_device)}"
                 )
         backend = self._backend()
+        if asked is not None and asked != (device := self.__dlpack_device__()):  # refused before any wait
+            raise BufferError(f"metrale's memory is on DLPack device {device}, not {dl_device}")
         if order is not None and isinstance(backend, StreamOrdering):
             memory = backend.export_for_stream(self.buffer, self, "__dlpack__", order)
         else:
             memory = backend.export(self.buffer, self, "__dlpack__")
         device = (DLPACK_CUDA, memory.device_id) if memory.device == "cuda" else (DLPACK_CPU, 0)
-        if asked is not None and asked != device:
-            raise BufferError(f"metrale's memory is on DLPack device {device}, not {dl_device}")
         index = self.buffer.index
         backend.export_held(index, +1)
         try:

@@ -90,6 +90,36 @@ def _capability(gpu: Any) -> list[int] | None:
         return None
 
 
+def _snapshot_stats(snapshot: MemorySnapshot, model: Any) -> Any:
+    """The `MemoryStats` a snapshot's free-form ``stats`` hold: a counter it does not give is 0 (a map,
+    empty), as a snapshot of an older version has fewer; a counter of the wrong type is a ``SnapshotError``."""
+    import dataclasses
+    import json
+
+    from ._errors import SnapshotError
+
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(model):
+        value = snapshot.stats.get(field.name)
+        mapping = field.type in ("dict[str, int]", dict[str, int])
+        if value is None:
+            values[field.name] = {} if mapping else 0
+            continue
+        good = (
+            isinstance(value, dict) and all(isinstance(k, str) and type(v) is int for k, v in value.items())
+            if mapping else type(value) is int
+        )
+        if not good:
+            need = "a map of kinds to byte counts" if mapping else "an integer"
+            raise SnapshotError(
+                f"{snapshot.name}: stats field {field.name!r} must be {need}, not {json.dumps(value)[:60]}; the "
+                f"file is damaged or was not written by metrale",
+                path=snapshot.source,
+            )
+        values[field.name] = dict(value) if mapping else value
+    return model(**values)
+
+
 def _stats(settings: MetraleSettings, args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
@@ -99,13 +129,7 @@ def _stats(settings: MetraleSettings, args: argparse.Namespace) -> int:
         from ._report import load_snapshot
 
         snapshot = load_snapshot(Path(args.snapshot))
-        fields = {f.name for f in dataclasses.fields(MemoryStats)}
-        known = {k: v for k, v in snapshot.stats.items() if k in fields}
-        try:
-            stats = MemoryStats(**known)
-        except TypeError:  # a snapshot of another version, without every counter: zeros where it says nothing
-            stats = MemoryStats(**{**{f: 0 for f in fields if f not in ("current_bytes", "peak_bytes")},
-                                   "current_bytes": {}, "peak_bytes": {}, **known})
+        stats = _snapshot_stats(snapshot, MemoryStats)
         title = f"{snapshot.backend}:{snapshot.ordinal}, {snapshot.device} (snapshot {args.snapshot}, saved " \
                 f"{snapshot.created})"
         live = list(snapshot.live)

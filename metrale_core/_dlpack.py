@@ -7,11 +7,12 @@ consumer passes ``max_version`` with a major version of 1 or more; and the legac
 ``DLManagedTensor { DLTensor dl_tensor; void *manager_ctx; void (*deleter)(...); }`` in a
 ``"dltensor"`` capsule, for consumers that ask for no version. A capsule made here owns one
 managed tensor and the Python objects that keep its memory valid (`_LIVE`, by the
-tensor's address); they are let go exactly once, whichever comes first of the consumer's call
-of the deleter (it renamed the capsule ``"used_..."`` and owns the tensor) and the capsule's
-death unconsumed (still named ``"dltensor..."``: its destructor calls the release). The
-deleter and the destructor are C callbacks made by ctypes, which take the GIL themselves: a
-consumer may call the deleter from any thread, with or without the GIL (PyTorch drops it).
+tensor's address); they are let go exactly once, by `reap`, whichever comes first of the
+consumer's call of the deleter (it renamed the capsule ``"used_..."`` and owns the tensor) and
+the capsule's death unconsumed (still named ``"dltensor..."``, held by this module alone). The
+deleter is a C callback made by ctypes, which takes the GIL itself: a consumer may call it from
+any thread, with or without the GIL (PyTorch drops it); it only records the address. The capsules
+have no destructor: see `reap` for why.
 
 Why ctypes and not numpy's or cuda-python's producers: numpy's ``ndarray.__dlpack__`` exports
 only numpy's own CPU arrays, and cuda.core's ``Buffer.__dlpack__`` exports bytes (one
@@ -27,6 +28,7 @@ import dataclasses
 import importlib
 import math
 import struct
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -164,50 +166,69 @@ _capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _capsule_set_name = ctypes.pythonapi.PyCapsule_SetName
 _capsule_set_name.restype = ctypes.c_int
 _capsule_set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
-# The destructor gets the capsule as a borrowed PyObject *; these variants take it as an address.
-_raw_is_valid_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_IsValid", ctypes.pythonapi)
-)
-_raw_get_pointer_fn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi)
-)
 
-# Live exports: the managed tensor's address -> (on_release, the block holding it, keepalive). The block is
-# a ctypes array: its memory stays valid exactly as long as its entry here.
-_LIVE: dict[int, tuple[Any, ...]] = {}
+# Live exports: the managed tensor's address -> [on_release, the block holding it, keepalive, the capsule while
+# it may die unconsumed (else None), its name]. The block is a ctypes array: its memory stays valid exactly
+# as long as its entry here.
+_LIVE: dict[int, list[Any]] = {}
 _LIVE_LOCK = threading.Lock()
+#: Addresses of managed tensors whose deleter a consumer called, let go at the next `reap`.
+_DELETED: dict[int, None] = {}
+#: `reap` looks for capsules dropped unconsumed once `_LIVE` holds ``_SCAN_AT[0]`` entries (then twice as many as
+#: it left), and always when asked directly (`live_exports`, a ``free`` that checks for held tensors).
+_SCAN_AT = [64]
 
 
-def _release(address: int) -> None:
-    """Let go of the export at ``address``, once: a second call (a consumer that calls the deleter twice,
-    or a capsule destroyed after its deleter ran) finds nothing."""
+def _on_delete(address: int | None, _deleted: dict[int, None] = _DELETED) -> None:
+    """The deleter a consumer calls (either form), from any thread, perhaps with its own exception pending
+    or while the interpreter shuts down: it only records the address, one store and no call (any call
+    would turn a pending exception into a ``SystemError``), and `reap` does the rest."""
+    if address:
+        _deleted[address] = None
+
+
+def reap(*, scan: bool = True) -> None:
+    """Let go of the exports that are done: those whose deleter ran, and (with ``scan``) those whose capsule
+    died unconsumed, which only this module still holds. Their ``on_release`` runs here, on the caller's
+    thread, outside every lock of this module.
+
+    A capsule made here has no destructor: a destructor runs Python code wherever the capsule dies, in a
+    consumer's error path (numpy refusing a dtype drops the capsule with its exception pending: a Python
+    callback then replaces that exception with a ``SystemError``) or at interpreter exit after the callback's
+    code is gone (a crash). Holding the capsule and looking at its reference count here costs neither."""
+    released: list[Any] = []
     with _LIVE_LOCK:
-        entry = _LIVE.pop(address, None)
-    if entry is not None:
-        on_release = entry[0]
+        while _DELETED:
+            address = _DELETED.popitem()[0]
+            entry = _LIVE.pop(address, None)
+            if entry is not None:
+                released.append(entry[0])
+        if scan:
+            for address, entry in list(_LIVE.items()):
+                capsule = entry[3]
+                # three references: the entry, `capsule` and getrefcount's argument; more: a consumer holds it
+                if capsule is None or sys.getrefcount(capsule) > 3:
+                    continue
+                if _capsule_is_valid(capsule, entry[4]):  # unconsumed, and nobody else holds it: ours to let go
+                    del _LIVE[address]
+                    released.append(entry[0])
+                else:  # consumed (renamed "used_..."): the consumer calls the deleter when it is done
+                    entry[3] = None
+            _SCAN_AT[0] = max(64, 2 * len(_LIVE))
+    for on_release in released:
         if on_release is not None:
             on_release()
 
 
-def _on_delete(address: int | None) -> None:  # the consumer is done with the tensor (either form)
-    if address:
-        _release(address)
+def _immortal(callback: Any) -> Any:
+    """Keep a ctypes callback for the life of the process: a consumer may call it during the interpreter's
+    final collection, after module globals are gone, and its code must still be there."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(callback))
+    return callback
 
 
-def _on_capsule_death(capsule: int) -> None:  # the capsule died: unconsumed, its tensor is ours to let go
-    for name in (_VERSIONED, _LEGACY):
-        if _raw_is_valid_fn(capsule, name):
-            address = _raw_get_pointer_fn(capsule, name)
-            if address:
-                _release(address)
-            return
-    # renamed "used_...": the consumer owns the tensor and calls its deleter
-
-
-# The C callbacks; module globals, so they live as long as any capsule that points at them.
-_deleter: Any = _Deleter(_on_delete)
-_capsule_destructor: Any = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_on_capsule_death)
-_destructor_address: Final = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
+# The C callback every managed tensor names as its deleter.
+_deleter: Any = _immortal(_Deleter(_on_delete))
 
 
 # The structs as ``make_capsule`` writes them, in one ``struct.pack_into`` each (native sizes and alignment, as
@@ -263,19 +284,17 @@ def make_capsule(
         name = _VERSIONED
     if ndim:
         struct.pack_into(f"@{2 * ndim}q", block, head.size, *nbytes_shape, *_c_strides(nbytes_shape))
+    if _DELETED or len(_LIVE) >= _SCAN_AT[0]:
+        reap(scan=len(_LIVE) >= _SCAN_AT[0])
+    capsule: CapsuleType = _capsule_new(address, name, None)  # no destructor: see reap
     with _LIVE_LOCK:
-        _LIVE[address] = (on_release, block, keepalive)
-    try:
-        capsule: CapsuleType = _capsule_new(address, name, _destructor_address)
-        return capsule
-    except BaseException:  # no capsule: nobody will call the deleter, and the caller undoes its own count
-        with _LIVE_LOCK:
-            _LIVE.pop(address, None)
-        raise
+        _LIVE[address] = [on_release, block, keepalive, capsule, name]
+    return capsule
 
 
 def live_exports() -> int:
-    """How many capsules made here are still held by a consumer (or not yet consumed)."""
+    """How many capsules made here are still held by a consumer (or not yet consumed), after a `reap`."""
+    reap()
     with _LIVE_LOCK:
         return len(_LIVE)
 

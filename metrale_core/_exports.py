@@ -18,6 +18,7 @@ from collections.abc import Callable
 from ._buffer import NO_SYNC, DeviceArray, DeviceBuffer
 from ._capture import forbid_during_capture, resume_calls, suspend_calls
 from ._context import DeviceContext
+from ._dlpack import reap
 from ._errors import DriverError, InvalidArgumentError, InvalidBufferError, MetraleError, cuda_code
 from ._holdings import Holdings
 from ._interop import foreign_memory
@@ -69,7 +70,7 @@ class ExportTable:
                 elif stream != NO_SYNC:
                     self._order(stream)
             memory = self._raw.export_memory(buf.ptr, buf.nbytes)
-            if buf.kind in ("device", "managed"):  # what free() releases, and so warns about
+            if wait and buf.kind in ("device", "managed"):  # exported (not only asked where): free() warns
                 with ctx.lock:
                     self._viewed.setdefault(buf.index, weakref.WeakSet()).add(view)
             return memory
@@ -117,6 +118,8 @@ class ExportTable:
             return
         if not self._exported and not self._viewed:  # nothing exported: no lock (a free's common case)
             return
+        if self._exported:
+            reap()  # tensors whose deleter ran, or whose capsule died unconsumed, are counted off first
         with self.ctx.lock:
             tensors = self._exported.pop(buf.index, 0)
             views = self._viewed.pop(buf.index, None)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +53,26 @@ def test_bad_settings_exit_nonzero_with_one_line(command: str) -> None:
 def test_unavailable_backend_is_one_line_error() -> None:
     out = metrale("info", METRALE_BACKEND="nonexistent")
     assert out.returncode == 1 and "BackendUnavailableError" in out.stderr and out.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("stats", "ok"),
+    [({"alloc_count": 3}, True), ({}, True), ({"current_bytes": [1, 2]}, False), ({"alloc_count": "lots"}, False),
+     ({"allocated_bytes": {"device": 1.5}}, False)],
+    ids=["older", "empty", "list", "string", "float"],
+)
+def test_stats_of_a_snapshot_of_another_version_or_damaged(tmp_path: Path, stats: dict[str, object], ok: bool) -> None:
+    """An older snapshot's missing counters read as zeros; counters of the wrong type are one line."""
+    from metrale_core import open_backend
+
+    with open_backend("fake") as gpu:
+        path = gpu.save_snapshot(tmp_path / "s.json")
+    doc = json.loads(path.read_text())
+    doc["stats"] = stats
+    path.write_text(json.dumps(doc))
+    for args in (("stats", str(path)), ("stats", str(path), "--json")):
+        out = metrale(*args)
+        if ok:
+            assert out.returncode == 0 and not out.stderr, out.stderr
+        else:
+            assert out.returncode == 1 and "SnapshotError" in out.stderr and out.stderr.count("\n") == 1, out.stderr

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import itertools
 import logging
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -474,9 +477,78 @@ def test_without_ml_dtypes_the_view_says_how_to_install_it(fake: GpuBackend, mon
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now raises ImportError
     buf = fake.alloc(16)
     for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-        with pytest.raises(InvalidArgumentError, match="pip install ml-dtypes"):
+        with pytest.raises(InvalidArgumentError, match=r"pip install 'ml-dtypes>=0.5'"):
             buf.view(name)
     assert buf.view("float16").nbytes == 16  # numpy's own types need nothing more
+    fake.free(buf)
+
+
+def test_an_ml_dtypes_without_a_float8_type_is_an_invalid_argument(
+    fake: GpuBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ml_dtypes 0.4 has no float8_e3m4, float8_e4m3 or float8_e8m0fnu."""
+    import types
+
+    old = types.ModuleType("ml_dtypes")
+    monkeypatch.setitem(sys.modules, "ml_dtypes", old)
+    buf = fake.alloc(16)
+    with pytest.raises(InvalidArgumentError, match=r"came in 0.5.*ml-dtypes>=0.5"):
+        buf.view("float8_e3m4")
+    fake.free(buf)
+
+
+def test_a_consumer_that_refuses_a_capsule_keeps_its_error_and_releases_it(fake: GpuBackend) -> None:
+    """numpy drops a capsule of a dtype it does not know with its own exception pending: the exception
+    reaches the caller as numpy raised it (no SystemError) and the export is let go."""
+    pytest.importorskip("ml_dtypes")
+    buf = fake.alloc(64)
+    before = dlpack.live_exports()
+    with pytest.raises(Exception) as raised:
+        np.from_dlpack(buf.view("bfloat16"))
+    assert not isinstance(raised.value, SystemError), raised.value
+    gc.collect()
+    assert dlpack.live_exports() == before
+    fake.free(buf)
+
+
+@pytest.mark.parametrize("form", ["class attribute", "cycle"])
+def test_exports_alive_at_interpreter_exit_do_not_crash_it(form: str, tmp_path: Path) -> None:
+    """A capsule or a consumer's array collected in the interpreter's final collection, after module globals
+    are gone, must not call freed code."""
+    hold = (
+        "class Holder:\n    cap = buf.__dlpack__()\n" if form == "class attribute"
+        else "h = type('H', (), {})()\nh.me = h\nh.arr = np.from_dlpack(buf)\n"
+    )
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "import numpy as np\nfrom metrale_core import open_backend\n"
+        "gpu = open_backend('fake')\nbuf = gpu.alloc(64)\n" + hold + "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
+
+
+def test_a_refused_dl_device_waits_for_nothing_and_records_nothing(
+    tracing: GpuBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    buf = tracing.alloc(64)
+    for kwargs in ({"dl_device": (2, 0)}, {"stream": 0x7F00_1234_5600, "dl_device": (2, 0)}):
+        def refused(kwargs: dict[str, object] = kwargs) -> None:
+            with pytest.raises(BufferError):
+                buf.__dlpack__(**kwargs)
+
+        _, calls = _calls_during(tracing, refused)
+        assert not {"synchronize", "order_foreign_stream"} & set(calls), (kwargs, calls)  # asked where, no more
+    with caplog.at_level(logging.WARNING, logger="metrale"):
+        tracing.free(buf)
+    assert not [r for r in caplog.records if "still hold" in r.getMessage()], "a refused export recorded a view"
+
+
+@pytest.mark.parametrize("argument", ["max_version", "dl_device"])
+def test_an_endless_iterator_is_refused_not_run(fake: GpuBackend, argument: str) -> None:
+    buf = fake.alloc(16)
+    with pytest.raises(InvalidArgumentError, match=argument):
+        buf.__dlpack__(**{argument: itertools.count()})
     fake.free(buf)
 
 
