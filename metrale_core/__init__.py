@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._arena import Arena
     from ._backend import GpuBackend
     from ._buffer import DeviceArray, DeviceBuffer
-    from ._discovery import ENTRY_POINT_GROUP, available_backends, open_backend
+    from ._discovery import ENTRY_POINT_GROUP, available_backends, device_count, open_backend
     from ._errors import (
         ArchitectureError,
         ArenaFullError,
@@ -49,13 +49,15 @@ if TYPE_CHECKING:
     from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
     from ._ledger import LedgerEvent, LedgerProbe
     from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
+    from ._merge import LedgerReport, MergedReport, RankSummary, SiteTotal, merge_reports
     from ._ntile import NTile, n_tile
     from ._pressure import MemoryStats, OomWatchdog
     from ._ptx import Param, PtxImage, parse_ptx
+    from ._ranks import Placement, open_for_rank, placement
     from ._raw import Baseline, CopyDirection, RawDevice
     from ._registration import BackendRegistration
     from ._registry import Kernel, KernelRegistry, RunMetrics
-    from ._settings import MetraleSettings
+    from ._settings import LaunchEnvironment, MetraleSettings
     from ._tensormap import TENSOR_MAP_DTYPES, TENSOR_MAP_RULES, TensorMapEncoding, TensorMapSpec, check_tensor_map
     from ._tensormaps import TensorMap
     from ._types import (
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
         KernelImplementation,
         LaunchArg,
         MemoryInfo,
+        Origin,
         RedZoneViolation,
         kernel_implementation,
     )
@@ -75,6 +78,8 @@ __version__ = "0.2.0"
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "TENSOR_MAP_DTYPES",
+    "TENSOR_MAP_RULES",
     "AllocKind",
     "AllocRecord",
     "ArchitectureError",
@@ -106,25 +111,30 @@ __all__ = [
     "KernelNotFoundError",
     "KernelRegistry",
     "LaunchArg",
+    "LaunchEnvironment",
     "LedgerEvent",
     "LedgerProbe",
+    "LedgerReport",
     "MemoryInfo",
     "MemoryStats",
+    "MergedReport",
     "MetraleError",
     "MetraleSettings",
     "NTile",
     "OomWatchdog",
+    "Origin",
     "OutOfMemoryError",
     "Param",
+    "Placement",
     "PtxImage",
+    "RankSummary",
     "RawDevice",
     "RedZoneError",
     "RedZoneViolation",
     "RunMetrics",
+    "SiteTotal",
     "SnapshotError",
     "Stream",
-    "TENSOR_MAP_DTYPES",
-    "TENSOR_MAP_RULES",
     "TensorMap",
     "TensorMapEncoding",
     "TensorMapError",
@@ -133,14 +143,18 @@ __all__ = [
     "available_backends",
     "check_tensor_map",
     "cuda_code",
+    "device_count",
     "effective_free_bytes",
     "error_for_code",
     "hookimpl",
     "kernel_implementation",
+    "merge_reports",
     "n_tile",
     "open_backend",
+    "open_for_rank",
     "parse_mem_available",
     "parse_ptx",
+    "placement",
     "read_mem_available",
 ]
 
@@ -213,6 +227,17 @@ _WHERE: dict[str, str] = {
     "MemoryInfo": "_types",
     "RedZoneViolation": "_types",
     "kernel_implementation": "_types",
+    "device_count": "_discovery",
+    "LedgerReport": "_merge",
+    "MergedReport": "_merge",
+    "RankSummary": "_merge",
+    "SiteTotal": "_merge",
+    "merge_reports": "_merge",
+    "Placement": "_ranks",
+    "open_for_rank": "_ranks",
+    "placement": "_ranks",
+    "LaunchEnvironment": "_settings",
+    "Origin": "_types",
     "hookimpl": "hookspec",
 }
 

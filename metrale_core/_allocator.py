@@ -15,6 +15,7 @@ another thread's ``close()`` waited for it) releases its memory and raises
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -32,7 +33,7 @@ from ._holdings import Holdings, positive_size
 from ._ledger import Ledger, call_site, describe_sites, largest_sites, next_index
 from ._pressure import StatsCounter
 from ._redzone import Layout
-from ._types import WORD_LIMIT, AllocKind, format_bytes
+from ._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 
 if TYPE_CHECKING:
     from ._monitor import MemoryMonitor
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["Allocator"]
 
 _log = logging.getLogger("metrale")
+
+#: How many of the records sweeps took an allocator keeps for `GpuBackend.ledger_report` (the newest).
+SWEPT_KEPT: Final = 10_000
 
 
 _CORE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -69,7 +73,7 @@ class Allocator:
 
     __slots__ = (
         "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_raw", "_reclaiming", "_stats", "_trace_idx",
-        "_zoned", "ctx",
+        "_zoned", "ctx", "swept",
     )
 
     def __init__(
@@ -83,6 +87,8 @@ class Allocator:
         self._monitor = monitor
         self._callbacks: list[Callable[[int], object]] = []
         self._observers: list[Callable[[DeviceBuffer], None]] = []
+        #: What sweeps took since the backend opened (the leaks), the last `SWEPT_KEPT` of them.
+        self.swept: collections.deque[AllocRecord] = collections.deque(maxlen=SWEPT_KEPT)
         self._reclaiming = _Reclaiming()
         #: Whether device allocations may get red zones at all (the setting is fixed for the backend's life).
         self._zoned = guard.zones.size > 0
@@ -459,10 +465,13 @@ class Allocator:
         if records:
             ctx.quietly("synchronize before a sweep", self._guard.sync_device)  # in-graph checks may read their zones
             total = sum(r.nbytes for r in records)
+            origin = ctx.origin
             _log.warning(
-                "sweep on %s:%d: %d allocation(s) totalling %s had no owner; largest sites: %s",
+                "sweep on %s:%d: %d allocation(s) totalling %s had no owner; largest sites: %s%s",
                 ctx.name, ctx.ordinal, len(records), format_bytes(total), describe_sites(largest_sites(records)),
+                f" (on {origin.describe()})" if origin is not None and origin.rank is not None else "",
             )
+            self.swept.extend(records)
         for rec in records:
             self._stats.released(rec.kind, rec.nbytes)
             with self._holdings.lock:

@@ -29,8 +29,10 @@ release in the reverse order of construction.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -41,11 +43,13 @@ from ._arena import Arena
 from ._buffer import DeviceBuffer
 from ._capture import forbid_during_capture
 from ._context import DeviceContext, gated, gated_read, invalid_argument
+from ._errors import MetraleError
 from ._exports import ExportTable
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
 from ._holdings import Holdings
 from ._kernels import KernelFront
 from ._ledger import LedgerProbe
+from ._merge import LedgerReport
 from ._monitor import MemoryMonitor
 from ._ntile import NTile
 from ._pressure import MemoryStats, OomWatchdog, StatsCounter
@@ -55,7 +59,7 @@ from ._settings import MetraleSettings
 from ._streams import StreamFront
 from ._tensormap import TensorMapSpec
 from ._tensormaps import TensorMap, TensorMapFront
-from ._types import KernelImplementation, MemoryInfo, RedZoneViolation
+from ._types import KernelImplementation, MemoryInfo, Origin, RedZoneViolation
 from ._zoneguard import ZoneGuard
 
 __all__ = ["GpuBackend"]
@@ -99,8 +103,25 @@ class GpuBackend:
         self._memory.on_release(self._streams.warn_if_graphed)
         self._memory.on_release(self._exports.warn_if_exported)
         self._memory.on_release(self._maps.warn_if_mapped)
+        try:
+            device_uuid = ctx.raw.device_uuid()
+        except MetraleError as exc:
+            _log.debug("%s:%d: no device UUID for the origin: %s", name, ordinal, exc)
+            device_uuid = ""
+        launch = settings.launch
+        ctx.origin = self._holdings.ledger.origin = Origin(
+            socket.gethostname(), os.getpid(), launch.rank, launch.world_size, name, ordinal, device_uuid
+        )
 
     # -- the device ---------------------------------------------------------------------
+
+    @property
+    def origin(self) -> Origin:
+        """Where this backend's records come from: host, process, rank, backend, ordinal and device UUID.
+        Every ledger record, red-zone violation and snapshot of this backend names it."""
+        origin = self._ctx.origin
+        assert origin is not None  # set as the backend opens
+        return origin
 
     @property
     def closed(self) -> bool:
@@ -535,6 +556,18 @@ class GpuBackend:
         """Counts and bytes since the backend opened (peaks since the last
         [`reset_peak`][metrale_core.GpuBackend.reset_peak])."""
         return self._monitor.stats()
+
+    @gated_read
+    def ledger_report(self) -> LedgerReport:
+        """This backend's ledger now, what its sweeps took since it opened (its leaks) and its counters, with
+        its [`origin`][metrale_core.GpuBackend.origin]: plain values another process can merge
+        ([`merge_reports`][metrale_core.merge_reports]; picklable, for ``torch.distributed.gather_object``).
+        Answers after a device fault too."""
+        stats = self._monitor.stats()
+        summary = dataclasses.asdict(stats) | {"current_total_bytes": stats.current_total_bytes}
+        return LedgerReport(
+            self.origin, tuple(self._holdings.ledger.snapshot()), tuple(self._memory.swept), summary
+        )
 
     @gated_read
     def memory_summary(self, top: int = 5) -> str:

@@ -59,6 +59,7 @@ def _info(settings: MetraleSettings, as_json: bool = False) -> int:
 
     with open_backend(settings=settings) as gpu:
         mem = gpu.memory_info()
+        devices = _devices(gpu, settings)
         if as_json:
             _print_json({
                 "backend": gpu.name, "asked_for": settings.backend, "device": gpu.device_name, "ordinal": gpu.ordinal,
@@ -66,6 +67,7 @@ def _info(settings: MetraleSettings, as_json: bool = False) -> int:
                 "effective_free": mem.effective_free, "memory_total": mem.total, "integrated": mem.integrated,
                 "scale_variant": settings.scale_variant, "target_hw": settings.target_hw,
                 "redzone": settings.redzone, "graph_checks": gpu.redzone_checks if settings.redzone else None,
+                "origin": gpu.origin.to_json(), "devices": devices,
             })
             return 0
         print(f"backend         {gpu.name} (asked for: {settings.backend})")
@@ -78,7 +80,32 @@ def _info(settings: MetraleSettings, as_json: bool = False) -> int:
         print(f"red zones       {settings.redzone} bytes" + (" (off)" if settings.redzone == 0 else ""))
         if settings.redzone:
             print(f"graph checks    {gpu.redzone_checks}")
+        print(f"devices         {len(devices)}")
+        for d in devices:
+            total = format_bytes(d["memory_total"]) if d["memory_total"] is not None else "?"
+            print(f"  {d['ordinal']}  {d['device']}  {total}  {d['device_uuid'] or d.get('error', '')}".rstrip())
     return 0
+
+
+def _devices(gpu: Any, settings: MetraleSettings) -> list[dict[str, Any]]:
+    """Every device the backend ``gpu`` is of can open here: its own, and each other ordinal opened for a
+    moment (a device that fails to open is listed with why)."""
+    from ._discovery import device_count, open_backend
+    from ._errors import MetraleError
+
+    listed: list[dict[str, Any]] = []
+    for ordinal in range(device_count(gpu.name, settings=settings)):
+        try:
+            if ordinal == gpu.ordinal:
+                name, total, uuid = gpu.device_name, gpu.memory_info().total, gpu.origin.device_uuid
+            else:
+                with open_backend(gpu.name, ordinal=ordinal, settings=settings) as other:
+                    name, total, uuid = other.device_name, other.memory_info().total, other.origin.device_uuid
+            listed.append({"ordinal": ordinal, "device": name, "memory_total": total, "device_uuid": uuid})
+        except MetraleError as exc:
+            listed.append({"ordinal": ordinal, "device": "?", "memory_total": None, "device_uuid": "",
+                           "error": str(exc)})
+    return listed
 
 
 def _capability(gpu: Any) -> list[int] | None:
@@ -228,7 +255,7 @@ def _report_summary(snapshot: MemorySnapshot, top: int) -> None:
     from ._types import format_bytes
 
     timeline = live_by_site(snapshot, top)
-    print(f"snapshot   {snapshot.source} (saved {snapshot.created})")
+    print(f"snapshot   {snapshot.source or 'several, merged'} (saved {snapshot.created})")
     print(f"device     {snapshot.backend} on {snapshot.device} (ordinal {snapshot.ordinal})")
     rows: list[tuple[str, ...]]
     live = f"{format_bytes(sum(a.nbytes for a in snapshot.live))} in {len(snapshot.live)} allocation(s)"
@@ -268,8 +295,17 @@ def _report(args: argparse.Namespace) -> int:
 
     from ._report import chrome_trace, load_snapshot, plot_html, plot_png
 
-    snapshot = load_snapshot(Path(args.snapshot))
+    snapshots = [load_snapshot(Path(path)) for path in args.snapshot]
+    if len(snapshots) == 1:
+        snapshot = snapshots[0]
+    else:
+        from ._merge import merge_reports, merge_snapshots
+
+        snapshot = merge_snapshots(snapshots)
     if args.trace is None and args.png is None and args.html is None:
+        if len(snapshots) > 1:
+            print(merge_reports(snapshots, top=args.top).render())
+            print()
         _report_summary(snapshot, args.top)
         return 0
     out = args.trace
@@ -408,7 +444,9 @@ def _stats_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("snapshot", metavar="SNAPSHOT", help="a file written by backend.save_snapshot(path)")
+    parser.add_argument("snapshot", metavar="SNAPSHOT", nargs="+",
+                        help="a file written by backend.save_snapshot(path); several (one per rank) merge into one "
+                        "report, each call site named by its rank")
     parser.add_argument("--trace", metavar="OUT.json",
                         help="write a Chrome trace-event timeline (Perfetto, chrome://tracing)")
     parser.add_argument("--png", metavar="OUT.png", help="write a stacked plot of live memory (needs matplotlib)")

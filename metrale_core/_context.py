@@ -38,6 +38,7 @@ from ._capture import abandon_captures, leave_call, resume_calls, suspend_calls,
 from ._errors import BackendClosedError, DeviceFaultError, DriverError, InvalidArgumentError, MetraleError
 from ._raw import RawDevice
 from ._settings import MetraleSettings
+from ._types import Origin
 
 if TYPE_CHECKING:
     from ._buffer import BufferOwner, DeviceArray, DeviceBuffer
@@ -199,8 +200,8 @@ class DeviceContext:
 
     __slots__ = (
         "__weakref__", "_cells", "_closed", "_depth", "_fault", "_fault_code", "_gate", "_gate_lock", "_target",
-        "_target_ref", "exports", "facade", "internal", "lock", "name", "ordinal", "plugin", "raw", "recent", "ref",
-        "settings",
+        "_target_ref", "exports", "facade", "internal", "lock", "name", "ordinal", "origin", "plugin", "raw", "recent",
+        "ref", "settings",
     )
 
     def __init__(
@@ -223,6 +224,8 @@ class DeviceContext:
         self.internal: Final = CORE_PACKAGES | internal
         #: For bookkeeping that spans parts (short sections; never held across a wait).
         self.lock: Final = threading.RLock()
+        #: Where this backend's records come from (the facade sets it as it opens).
+        self.origin: Origin | None = None
         #: The export table, once built (buffers export themselves through it).
         self.exports: BufferOwner | None = None
         #: A weak reference to the object the user holds (what ``handle.backend`` answers).

@@ -33,7 +33,7 @@ from ._registration import BackendRegistration
 from ._settings import ENTRY_POINT_GROUP, MetraleSettings, backend_entry_points
 from ._types import BackendInfo, KernelImplementation, RedZoneViolation, as_index
 
-__all__ = ["ENTRY_POINT_GROUP", "available_backends", "open_backend"]
+__all__ = ["ENTRY_POINT_GROUP", "available_backends", "device_count", "open_backend"]
 
 _log = logging.getLogger("metrale.discovery")
 
@@ -140,6 +140,8 @@ def _malformed(registration: BackendRegistration) -> str | None:
     cls = registration.backend_class
     if cls is not None and not (isinstance(cls, type) and issubclass(cls, GpuBackend)):
         return f"has backend_class={cls!r}; it must be GpuBackend or a subclass of it"
+    if not callable(registration.device_count):
+        return f"has device_count={registration.device_count!r}; it must be a function of the settings"
     return None
 
 
@@ -206,28 +208,9 @@ def available_backends(settings: MetraleSettings | None = None) -> dict[str, Bac
     return {name: f.info for name, f in _discover(settings or MetraleSettings()).items()}
 
 
-def open_backend(
-    name: str | None = None,
-    *,
-    ordinal: int = 0,
-    settings: MetraleSettings | None = None,
-) -> GpuBackend:
-    """Open backend ``name`` on device ``ordinal``.
-
-    ``name=None`` takes ``settings.backend``; ``"auto"`` picks, of the
-    backends available here, the one whose registration declares the highest
-    ``preference`` (of equals, the name first in alphabetical order).
-
-    A backend asked for by name is the only one whose availability probe
-    runs (another backend's probe may load its driver: ``open_backend("fake")``
-    never imports ``cuda.bindings``); ``"auto"`` probes every one. Every
-    installed plugin is still loaded, and its kernel implementations and
-    red-zone hooks apply, whichever backend is opened.
-    """
-    settings = settings or MetraleSettings()
-    index = as_index(ordinal)
-    if index is None or index < 0:
-        raise InvalidArgumentError(f"open_backend: ordinal must be a non-negative integer, got {ordinal!r}")
+def _available(name: str | None, settings: MetraleSettings) -> tuple[str, _Found, pluggy.PluginManager]:
+    """The backend ``name`` (``None``: ``settings.backend``; ``"auto"``: chosen) found available here, with the
+    plugin manager; else ``BackendNotFoundError`` or ``BackendUnavailableError`` saying why."""
     requested = settings.backend if name is None else name
     # a named open probes only that backend (a probe may load a driver); auto compares them all
     found, plugins = _discover_with_plugins(settings, None if requested == "auto" else requested)
@@ -251,6 +234,61 @@ def open_backend(
         )
     if entry.registration is None or not entry.info.available:
         raise BackendUnavailableError(f"backend {requested!r} is not available here: {entry.info.reason}")
+    return requested, entry, plugins
+
+
+def device_count(name: str | None = None, *, settings: MetraleSettings | None = None) -> int:
+    """How many devices backend ``name`` can open here (ordinals ``0 .. count - 1``), as its registration's
+    ``device_count`` says: the CUDA driver's count (after ``CUDA_VISIBLE_DEVICES``), the fake's
+    ``device_count`` setting. ``name=None`` takes ``settings.backend``; ``"auto"`` the backend it would open.
+
+    :raises BackendNotFoundError: no backend of that name is installed.
+    :raises BackendUnavailableError: it cannot run here, or it cannot count its devices.
+    """
+    settings = settings or MetraleSettings()
+    requested, entry, _ = _available(name, settings)
+    assert entry.registration is not None
+    try:
+        count = entry.registration.device_count(settings)
+    except MetraleError as exc:
+        raise BackendUnavailableError(f"backend {requested!r} cannot count its devices: {exc}") from exc
+    except Exception as exc:
+        raise BackendUnavailableError(
+            f"backend {requested!r} ({entry.info.distribution}) failed to count its devices: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if type(count) is not int or count < 0:
+        raise BackendUnavailableError(
+            f"backend {requested!r} ({entry.info.distribution}) counted {count!r} devices; its registration's "
+            f"device_count must return an int >= 0"
+        )
+    return count
+
+
+def open_backend(
+    name: str | None = None,
+    *,
+    ordinal: int = 0,
+    settings: MetraleSettings | None = None,
+) -> GpuBackend:
+    """Open backend ``name`` on device ``ordinal``.
+
+    ``name=None`` takes ``settings.backend``; ``"auto"`` picks, of the
+    backends available here, the one whose registration declares the highest
+    ``preference`` (of equals, the name first in alphabetical order).
+
+    A backend asked for by name is the only one whose availability probe
+    runs (another backend's probe may load its driver: ``open_backend("fake")``
+    never imports ``cuda.bindings``); ``"auto"`` probes every one. Every
+    installed plugin is still loaded, and its kernel implementations and
+    red-zone hooks apply, whichever backend is opened.
+    """
+    settings = settings or MetraleSettings()
+    index = as_index(ordinal)
+    if index is None or index < 0:
+        raise InvalidArgumentError(f"open_backend: ordinal must be a non-negative integer, got {ordinal!r}")
+    requested, entry, plugins = _available(name, settings)
+    assert entry.registration is not None
     registration = entry.registration
     try:
         raw = registration.open(settings, index)

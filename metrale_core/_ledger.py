@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Final, Literal
 
 from ._buffer import DeviceBuffer
-from ._types import AllocRecord, format_bytes
+from ._types import AllocRecord, Origin, format_bytes
 
 __all__ = ["Ledger", "LedgerEvent", "LedgerProbe", "call_site", "format_bytes", "largest_sites", "next_index"]
 
@@ -149,8 +149,8 @@ class LedgerEvent:
     record: AllocRecord
 
 
-def _record(buf: DeviceBuffer) -> AllocRecord:
-    return AllocRecord(buf.ptr, buf.nbytes, buf.kind, buf.index, buf.site)
+def _record(buf: DeviceBuffer | AllocRecord, origin: Origin | None) -> AllocRecord:
+    return AllocRecord(buf.ptr, buf.nbytes, buf.kind, buf.index, buf.site, origin)
 
 
 class Ledger:
@@ -165,7 +165,7 @@ class Ledger:
     dropped first (`events`, `dropped`).
     """
 
-    __slots__ = ("_events", "_lock", "_records", "_start", "dropped", "history", "taken")
+    __slots__ = ("_events", "_lock", "_records", "_start", "dropped", "history", "origin", "taken")
 
     def __init__(self, history: int = 0) -> None:
         self._lock = threading.Lock()
@@ -180,6 +180,8 @@ class Ledger:
         #: How many times records came off (frees and sweeps): while it stays the same, every buffer found
         #: on the ledger is still on it (what lets a graph's launch skip the check of its buffers).
         self.taken = 0
+        #: The origin its records name (the backend sets it once it knows its device's UUID).
+        self.origin: Origin | None = None
 
     def _log(self, op: Literal["alloc", "free", "sweep"], record: AllocRecord) -> None:
         events = self._events
@@ -193,7 +195,7 @@ class Ledger:
         with self._lock:
             self._records[buf.index] = buf
             if self._events is not None:
-                self._log("alloc", _record(buf))
+                self._log("alloc", _record(buf, self.origin))
 
     def take(self, index: int, ptr: int, nbytes: int) -> DeviceBuffer | None:
         """Take allocation ``index`` off, if it is on the ledger at ``ptr`` with ``nbytes``; the buffer
@@ -205,7 +207,7 @@ class Ledger:
             del self._records[index]
             self.taken += 1
             if self._events is not None:
-                self._log("free", _record(rec))
+                self._log("free", _record(rec, self.origin))
             return rec
 
     def holds(self, index: int, ptr: int, nbytes: int) -> bool:
@@ -237,7 +239,7 @@ class Ledger:
     def drain(self) -> list[AllocRecord]:
         """Take every record off (a sweep)."""
         with self._lock:
-            records = [_record(buf) for buf in self._records.values()]
+            records = [_record(buf, self.origin) for buf in self._records.values()]
             self._records.clear()
             self.taken += 1
             if self._events is not None:
@@ -248,7 +250,7 @@ class Ledger:
     def snapshot(self) -> list[AllocRecord]:
         with self._lock:
             bufs = sorted(self._records.values(), key=lambda r: r.index)
-        return [_record(buf) for buf in bufs]
+        return [_record(buf, self.origin) for buf in bufs]
 
     def events(self) -> list[LedgerEvent]:
         """The kept history, oldest first (empty when history is off)."""

@@ -103,7 +103,7 @@ class MemoryMonitor:
             device = ctx.raw.device_name()
         except MetraleError:
             info, device = None, f"{ctx.name} device {ctx.ordinal}"
-        write_snapshot(target, ctx.name, device, ctx.ordinal, info, self._holdings.ledger, self.stats())
+        write_snapshot(target, ctx.name, device, ctx.ordinal, info, self._holdings.ledger, self.stats(), ctx.origin)
         return target
 
     def stop(self) -> None:

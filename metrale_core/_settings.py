@@ -48,6 +48,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "ENV_PREFIX",
     "PROJECT_NAME",
+    "LaunchEnvironment",
     "MetraleSettings",
     "PluginModel",
     "PluginSettings",
@@ -346,6 +347,26 @@ def installed_plugin_settings() -> tuple[PluginModel, ...]:
     return _INSTALLED.get()
 
 
+class LaunchEnvironment(BaseSettings):
+    """What the engine that started this process says of it: the variables torchrun (``torch.distributed``),
+    Ray's and Dask's launchers, MPI wrappers and SLURM scripts set, read as they name them (no ``METRALE_``
+    prefix). Every field is ``None`` where its variable is unset. metrale reads them, never sets them, and
+    needs none of those engines.
+    """
+
+    model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
+        env_prefix="", env_ignore_empty=True, extra="ignore", frozen=True,
+    )
+
+    rank: int | None = Field(None, ge=0, description="The process's rank in the whole job (torchrun's `RANK`).")
+    local_rank: int | None = Field(None, ge=0, description="The process's rank on this host (torchrun's `LOCAL_RANK`).")
+    world_size: int | None = Field(None, ge=1, description="The processes in the job (torchrun's `WORLD_SIZE`).")
+    local_world_size: int | None = Field(None, ge=1, description="The processes on this host.")
+    cuda_visible_devices: str | None = Field(
+        None, description="The devices the CUDA driver shows this process, renumbered from 0 (the driver reads it)."
+    )
+
+
 class MetraleSettings(BaseSettings):
     """Every setting of metrale, read from ``METRALE_*`` environment variables.
 
@@ -455,6 +476,7 @@ class MetraleSettings(BaseSettings):
     )
 
     _plugins: dict[str, PluginSettings] = PrivateAttr(default_factory=dict)
+    _launch: LaunchEnvironment | None = PrivateAttr(default=None)
 
     def __init__(self, **values: Any) -> None:
         installed = installed_plugin_settings()
@@ -545,6 +567,18 @@ class MetraleSettings(BaseSettings):
                 if field != name and field in type(instance).model_fields:
                     return getattr(instance, field)
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def launch(self) -> LaunchEnvironment:
+        """The engine's variables (`LaunchEnvironment`: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``…), read
+        the first time they are asked for. A bad value (``RANK=first``) is a
+        [`ConfigError`][metrale_core.ConfigError] naming the variable."""
+        if self._launch is None:
+            try:
+                self._launch = LaunchEnvironment()
+            except pydantic.ValidationError as exc:
+                raise _config_error(_problems(exc, LaunchEnvironment, "", "", {})) from None
+        return self._launch
 
     @property
     def scale_variant(self) -> bool:

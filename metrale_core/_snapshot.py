@@ -4,13 +4,16 @@ it, for ``metrale report`` (`metrale_core._report` builds the report from what i
 
 The format (``"format": "metrale-memory-snapshot"``, ``"version": 1``), one JSON object:
 
-    {"format", "version", "backend", "device", "ordinal", "total", "created",
+    {"format", "version", "backend", "device", "ordinal", "origin", "total", "created",
      "elapsed", "history_limit", "dropped",
      "events": [{"t", "op", "ptr", "nbytes", "kind", "index", "site"}, ...],   # oldest first
      "live":   [{"ptr", "nbytes", "kind", "index", "site"}, ...],              # on the ledger when saved
      "stats":  {...}}
 
-``total`` is the device's memory in bytes (0 where unknown); ``created`` when the snapshot was saved
+``origin`` is where it was saved (``{"host", "pid", "rank", "world_size", "backend", "ordinal",
+"device_uuid"}``, an [`Origin`][metrale_core.Origin]; optional for a reader, ``rank`` and ``world_size``
+``null`` outside a distributed job); ``total`` is the device's memory in bytes (0 where unknown);
+``created`` when the snapshot was saved
 (ISO 8601, UTC); ``elapsed`` and each event's ``t`` are seconds since the backend opened, on one
 monotonic clock (``elapsed`` is optional for a reader); ``op`` is ``alloc``, ``free`` or ``sweep``
 (the teardown sweep took the allocation). ``history_limit`` is the bound of the event log
@@ -45,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 from ._errors import InvalidArgumentError, SnapshotError
 from ._ledger import format_bytes
-from ._types import AllocRecord  # a snapshot's allocation has exactly a ledger record's fields
+from ._types import AllocRecord, Origin  # a snapshot's allocation has exactly a ledger record's fields
 
 if TYPE_CHECKING:
     from ._ledger import Ledger
@@ -87,6 +90,7 @@ def write_snapshot(
     info: MemoryInfo | None,
     ledger: Ledger,
     stats: MemoryStats,
+    origin: Origin | None = None,
 ) -> None:
     """Write one snapshot to ``path`` (atomically: a temporary file, then a rename)."""
     events = ledger.events()
@@ -96,6 +100,7 @@ def write_snapshot(
         "backend": backend,
         "device": device,
         "ordinal": ordinal,
+        "origin": origin.to_json() if origin is not None else None,
         "total": info.total if info is not None else 0,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "elapsed": round(ledger.elapsed(), 6),
@@ -181,6 +186,8 @@ class MemorySnapshot:
         ``t``, where the file says (its optional ``"elapsed"``); else ``None``.
     :param stats: the backend's counters, as written (free-form).
     :param source: the file it was read from, named in error messages.
+    :param origin: where it was saved (host, process, rank, backend, ordinal, device UUID): the file's
+        optional ``"origin"``; its allocations name it too. ``None`` for a file without one.
     """
 
     backend: str
@@ -195,6 +202,7 @@ class MemorySnapshot:
     elapsed: float | None = None
     stats: Mapping[str, Any] = dataclasses.field(default_factory=lambda: MappingProxyType({}), hash=False)
     source: Path | None = None
+    origin: Origin | None = None
 
     @property
     def name(self) -> str:
@@ -257,6 +265,20 @@ class _Reader:
         if not isinstance(value, list):
             raise self.wrong(key, "", "a list", value)
         return value
+
+    def origin(self, value: Any) -> Origin:
+        where = '"origin"'
+        obj = self.mapping(value, where)
+
+        def optional(key: str, minimum: int) -> int | None:
+            return None if obj.get(key) is None else self.integer(obj, key, where, minimum=minimum)
+
+        return Origin(
+            host=self.string(obj, "host", where), pid=self.integer(obj, "pid", where, minimum=0),
+            rank=optional("rank", 0), world_size=optional("world_size", 1),
+            backend=self.string(obj, "backend", where), ordinal=self.integer(obj, "ordinal", where, minimum=0),
+            device_uuid=self.string(obj, "device_uuid", where) if obj.get("device_uuid") is not None else "",
+        )
 
     def allocation(self, obj: Mapping[str, Any], where: str) -> AllocRecord:
         return AllocRecord(
@@ -321,6 +343,10 @@ def load_snapshot(path: str | os.PathLike[str]) -> MemorySnapshot:
         read.allocation(read.mapping(raw, f"live[{i}]"), f"live[{i}]") for i, raw in enumerate(read.array(doc, "live"))
     )
     elapsed = read.seconds(doc, "elapsed", top) if doc.get("elapsed") is not None else None
+    origin = read.origin(doc["origin"]) if doc.get("origin") is not None else None
+    if origin is not None:
+        events = [dataclasses.replace(e, allocation=dataclasses.replace(e.allocation, origin=origin)) for e in events]
+        live = tuple(dataclasses.replace(a, origin=origin) for a in live)
     snapshot = MemorySnapshot(
         backend=read.string(doc, "backend", top),
         device=read.string(doc, "device", top),
@@ -334,6 +360,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> MemorySnapshot:
         elapsed=elapsed,
         stats=MappingProxyType(dict(read.mapping(read.field(doc, "stats", top), '"stats"'))),
         source=path,
+        origin=origin,
     )
     initial_live(snapshot)  # refuses a log that contradicts itself
     return snapshot

@@ -25,6 +25,7 @@ __all__ = [
     "KernelImplementation",
     "LaunchArg",
     "MemoryInfo",
+    "Origin",
     "RedZoneViolation",
     "as_index",
     "format_bytes",
@@ -82,14 +83,54 @@ class ForeignMemory:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a record comes from, so the reports of many processes merge: the host, the process, its rank in
+    a distributed job where the engine says (``RANK`` and ``WORLD_SIZE``, as torchrun sets them), and the
+    device: the backend, its ordinal and the device's UUID (``""`` where the backend has none).
+
+    :param host: the host name.
+    :param pid: the process id.
+    :param rank: the process's rank in the job, or ``None`` outside one.
+    :param world_size: the processes in the job, or ``None``.
+    :param backend: the backend's name.
+    :param ordinal: the device ordinal in this process (after ``CUDA_VISIBLE_DEVICES``).
+    :param device_uuid: the device's UUID (``"GPU-…"`` on CUDA, ``"FAKE-…"`` on the fake), or ``""``.
+    """
+
+    host: str
+    pid: int
+    rank: int | None
+    world_size: int | None
+    backend: str
+    ordinal: int
+    device_uuid: str = ""
+
+    def describe(self) -> str:
+        """``rank 1 of 2 (host pid 4242), cuda:0 GPU-…``; without a rank, ``host pid 4242, cuda:0 …``."""
+        where = f"{self.host} pid {self.pid}"
+        if self.rank is not None:
+            of = f" of {self.world_size}" if self.world_size is not None else ""
+            where = f"rank {self.rank}{of} ({where})"
+        device = f"{self.backend}:{self.ordinal}" + (f" {self.device_uuid}" if self.device_uuid else "")
+        return f"{where}, {device}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as a JSON object (a snapshot's ``"origin"``)."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class AllocRecord:
-    """One allocation on the ledger; the same fields as its [`DeviceBuffer`][metrale_core.DeviceBuffer]."""
+    """One allocation on the ledger; the same fields as its [`DeviceBuffer`][metrale_core.DeviceBuffer], and
+    the [`Origin`][metrale_core.Origin] of the backend whose ledger holds it (``None`` where unknown: a
+    snapshot written before origins were)."""
 
     ptr: int
     nbytes: int
     kind: str
     index: int
     site: str
+    origin: Origin | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +148,8 @@ class RedZoneViolation:
     site: str
     side: Literal["trail", "lead"]
     offset: int
+    #: The backend that found it (``None`` where a caller built the record without one).
+    origin: Origin | None = dataclasses.field(default=None, compare=False)
 
     def describe(self) -> str:
         """One line for a log or an error message."""
@@ -115,6 +158,7 @@ class RedZoneViolation:
             f"red zone {self.side}: a write {where} of allocation #{self.index} "
             f"({self.nbytes} bytes at {self.ptr:#x}, allocated at {self.site}), "
             f"first changed byte at zone offset {self.offset}"
+            + (f", on {self.origin.describe()}" if self.origin is not None else "")
         )
 
 

@@ -16,6 +16,7 @@ is made current, so no check reads memory being released.
 from __future__ import annotations
 
 import array
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -502,6 +503,9 @@ class ZoneGuard:
         """Tell the observers, then log or raise, as ``redzone_action`` says."""
         if not violations:
             return
+        origin = self._ctx.origin
+        if origin is not None:  # each names the backend that found it (the caller's list too: scan returns it)
+            violations[:] = [v if v.origin is not None else dataclasses.replace(v, origin=origin) for v in violations]
         for violation in violations:
             for observer in self._observers:
                 try:

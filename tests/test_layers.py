@@ -16,14 +16,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_settings", "_meminfo", "_dlpack", "_ptx", "kernels"),  # foundations
     ("_types", "_tensormap", "_ntile"),  # records, and pure functions of them (tensor-map rules, the N tile)
     ("_buffer", "_raw", "_interop"),  # handles to memory, the raw contract, foreign memory
-    ("_capture", "_ledger", "_redzone", "_arena", "_pressure", "_snapshot"),  # rules and bookkeeping
+    ("_capture", "_ledger", "_redzone", "_arena", "_pressure", "_snapshot", "_merge"),  # rules and bookkeeping
     ("_context",),  # what the parts of one backend share
     ("_handles", "_registry", "_holdings", "_graphcheck", "_tensormaps"),  # handles and liveness, in-graph checks
     ("_zoneguard", "_monitor"),  # collaborators...
     ("_streams", "_allocator"),
     ("_exports", "_kernels"),
     ("_backend",),  # the facade
-    ("_registration", "hookspec", "_discovery"),  # finding and opening backends
+    ("_registration", "hookspec", "_discovery", "_ranks"),  # finding and opening backends, a rank's device
     ("__init__", "plugin"),  # the public API
     ("_cli", "__main__", "_bench", "_report", "_selftest", "_conformance", "_progress", "testing"),  # on top
 )
