@@ -152,13 +152,14 @@ class RedZoneViolation:
     origin: Origin | None = dataclasses.field(default=None, compare=False)
 
     def describe(self) -> str:
-        """One line for a log or an error message."""
+        """One line for a log or an error message; in a distributed job (an origin with a rank) it names the
+        rank, host, process and device."""
         where = "past the end" if self.side == "trail" else "before the start"
         return (
             f"red zone {self.side}: a write {where} of allocation #{self.index} "
             f"({self.nbytes} bytes at {self.ptr:#x}, allocated at {self.site}), "
             f"first changed byte at zone offset {self.offset}"
-            + (f", on {self.origin.describe()}" if self.origin is not None else "")
+            + (f", on {self.origin.describe()}" if self.origin is not None and self.origin.rank is not None else "")
         )
 
 

@@ -9,7 +9,6 @@ address space (its own window, freed addresses handed out again) is
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import time
 import uuid
@@ -406,9 +405,11 @@ class FakeDevice(RawDevice):
             )
 
     def device_uuid(self) -> str:
-        """A UUID of this fake device: its process, ordinal and address range (a fake device is its process's
-        own), written as ``nvidia-smi -L`` writes a GPU's: ``FAKE-`` and the UUID."""
-        return f"FAKE-{uuid.uuid5(uuid.NAMESPACE_OID, f'{os.getpid()}:{self._ordinal}:{self._window.device[0]}')}"
+        """A UUID of this fake device, from its ordinal and its address range (the same in every run of a
+        program: the fakes of one process take their ranges in turn), written as ``nvidia-smi -L`` writes a
+        GPU's: ``FAKE-`` and the UUID. Fakes of two processes may share one; an origin tells them apart by
+        host and pid."""
+        return f"FAKE-{uuid.uuid5(uuid.NAMESPACE_OID, f'metrale-fake:{self._ordinal}:{self._window.device[0]:#x}')}"
 
     # -- streams and events ------------------------------------------------------------
 
