@@ -9,7 +9,8 @@ from metrale_core.testing import backend_state_machine
 
 CONFIGS = {
     "env": SETTINGS,
-    "zones": SETTINGS.updated(redzone=128, redzone_lead=True, redzone_min_idx=0),
+    # two fake devices: the peer rules copy between ordinals 0 and 1
+    "zones": SETTINGS.updated(redzone=128, redzone_lead=True, redzone_min_idx=0, fake_device_count=2),
     "scale": SETTINGS.updated(target_hw="strix-halo", redzone=256),
     "raise": SETTINGS.updated(redzone=64, redzone_action="raise", redzone_scan_graphs=True),
     "queued": SETTINGS.updated(redzone=64, redzone_action="raise", redzone_scan_graphs=True, redzone_scan_queued=True),

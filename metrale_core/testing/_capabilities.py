@@ -34,6 +34,7 @@ CAPABILITIES: Final[Mapping[str, str]] = {
     "baseline": "the vendor's own API to time against (baseline()): metrale bench's baselines",
     "tensor_maps": "tensor maps and the device's multiprocessors (multiprocessors, tensor_map_encode, "
     "tensor_map_replace_address): backend.tensor_map, backend.n_tile, the shipped TMA kernel",
+    "peers": "copies between two backends of one plugin (copy_peer, enable_peer_access): backend.copy_peer",
 }
 
 _NOT_SUPPORTED: Final = "CUDA_ERROR_NOT_SUPPORTED"
@@ -109,8 +110,15 @@ def _tensor_maps(gpu: GpuBackend) -> str | None:
     return None
 
 
+def _peers(gpu: GpuBackend) -> str | None:
+    raw = gpu.raw
+    if type(raw).copy_peer is RawDevice.copy_peer:
+        return f"needs peer copies, which backend {gpu.name} lacks: its raw layer keeps RawDevice's copy_peer"
+    return None
+
+
 _PROBES: Final[Mapping[str, Callable[[GpuBackend], str | None]]] = {
-    "kernels": _kernels, "interop": _interop, "baseline": _baseline, "tensor_maps": _tensor_maps,
+    "kernels": _kernels, "interop": _interop, "baseline": _baseline, "tensor_maps": _tensor_maps, "peers": _peers,
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from .. import ArenaFullError, DeviceBuffer, InvalidBufferError, RedZoneError
+from .. import ArenaFullError, DeviceBuffer, GpuBackend, InvalidBufferError, RedZoneError, device_count, open_backend
 from .._zoneguard import QUARANTINE_MAX_BUFFERS
 from ._model import ARENA_BYTES, MAX_BYTES, Contents, MachineModel
 
@@ -267,3 +267,104 @@ class MemoryRules(MachineModel):
             raise AssertionError(f"a {op} through stale allocation #{stale.index} (a new one now at {where}) "
                                  f"was not refused")
         contents.check(self._read(fresh), fresh)
+
+    # -- peer copies: a second backend of the same plugin (another device where there is one) ------------
+
+    def _peer_backend(self) -> GpuBackend:
+        """The second backend, opened on first use: ordinal 1 where the backend counts two devices or more,
+        else another backend on ordinal 0 (on CUDA the same device; on the fake another fake device)."""
+        if self.peer is None:
+            settings = self.gpu.settings
+            ordinal = 1 if device_count(self.gpu.name, settings=settings) > 1 else 0
+            self.peer = open_backend(self.gpu.name, ordinal=ordinal, settings=settings)
+        return self.peer
+
+    @precondition(lambda self: self.peers and len(self.peer_pool) < 4)
+    @rule(n=st.integers(1, MAX_BYTES), value=st.integers(0, 255))
+    def peer_alloc(self, n: int, value: int) -> None:
+        peer = self._peer_backend()
+        buf = peer.alloc(n)
+        peer.memset(buf, value)
+        peer.synchronize()
+        contents = Contents(n)
+        contents.write(0, bytes([value]) * n)
+        self.peer_pool[buf.index] = (buf, contents)
+
+    @precondition(lambda self: self.peers)
+    @rule(data=st.data(), into_peer=st.booleans(), captured=st.booleans())
+    def peer_copy(self, data: st.DataObject, into_peer: bool, captured: bool) -> None:
+        """``copy_peer`` either way between this backend and the peer, eager or captured and replayed; out of
+        bounds it is refused and changes nothing. A captured copy from a peer buffer freed since is refused
+        at launch."""
+        peer = self._peer_backend()
+        if not self.live:  # (buffers of its own where a program has none yet: peer copies need no other rule)
+            self.alloc("device", data.draw(st.integers(1, MAX_BYTES), label="a buffer here"))
+        if not self.peer_pool:
+            self.peer_alloc(data.draw(st.integers(1, MAX_BYTES), label="a peer buffer"), 0x5A)
+        mine, mine_contents = self._pick(data, self.live)
+        theirs, their_contents = self._pick(data, self.peer_pool)
+        if into_peer:
+            dst_gpu, dst, dst_contents, src_gpu, src, src_contents = peer, theirs, their_contents, self.gpu, mine, \
+                mine_contents
+        else:
+            dst_gpu, dst, dst_contents, src_gpu, src, src_contents = self.gpu, mine, mine_contents, peer, theirs, \
+                their_contents
+        src_offset = data.draw(st.integers(0, src.nbytes - 1), label="src_offset")
+        n = data.draw(st.integers(1, src.nbytes - src_offset), label="nbytes")
+        dst_offset = data.draw(st.integers(0, dst.nbytes - 1), label="dst_offset")
+        src_gpu.synchronize()  # the copy reads what the source's earlier work wrote: order it first
+        dst_gpu.synchronize()
+        before = self._read_on(dst_gpu, dst)
+        if dst_offset + n > dst.nbytes:
+            try:
+                dst_gpu.copy_peer(dst, src, n, dst_offset=dst_offset, src_offset=src_offset)
+            except InvalidBufferError:
+                pass
+            else:
+                raise AssertionError(f"copy_peer of {n} bytes at offset {dst_offset} of {dst.nbytes} was not refused")
+            dst_gpu.synchronize()
+            assert self._read_on(dst_gpu, dst) == before, "a refused copy_peer changed its destination"
+            return
+        if not captured:
+            dst_gpu.copy_peer(dst, src, n, dst_offset=dst_offset, src_offset=src_offset)
+            dst_gpu.synchronize()
+        else:
+            stream = dst_gpu.create_stream()
+            dst_gpu.begin_capture(stream)
+            dst_gpu.copy_peer(dst, src, n, dst_offset=dst_offset, src_offset=src_offset, stream=stream)
+            graph = dst_gpu.end_capture(stream)
+            assert self._read_on(dst_gpu, dst) == before, "work issued to a capturing stream ran"
+            exe = graph.instantiate()
+            if dst_gpu is self.gpu:
+                self._launch_graph(exe, stream)
+            else:
+                exe.launch(stream)
+            stream.synchronize()
+            if not into_peer and data.draw(st.booleans(), label="free the source, then launch"):
+                peer.free(src)
+                del self.peer_pool[src.index]
+                try:
+                    exe.launch(stream)
+                except InvalidBufferError:
+                    pass
+                else:
+                    raise AssertionError("a graph copying from a freed buffer of another backend launched")
+            exe.close()
+            graph.close()
+            stream.close()
+        dst_contents.data[dst_offset : dst_offset + n] = src_contents.data[src_offset : src_offset + n]
+        dst_contents.known[dst_offset : dst_offset + n] = src_contents.known[src_offset : src_offset + n]
+        dst_contents.check(self._read_on(dst_gpu, dst), dst)
+
+    @precondition(lambda self: self.peer_pool)
+    @rule(data=st.data())
+    def peer_free(self, data: st.DataObject) -> None:
+        buf, contents = self._pick(data, self.peer_pool)
+        contents.check(self._read_on(self._peer_backend(), buf), buf)
+        self._peer_backend().free(buf)
+        del self.peer_pool[buf.index]
+
+    def _read_on(self, gpu: GpuBackend, buf: DeviceBuffer) -> bytes:
+        out = bytearray(buf.nbytes)
+        gpu.copy_to_host(out, buf)
+        return bytes(out)

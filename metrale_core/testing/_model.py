@@ -96,7 +96,9 @@ class MachineModel(RuleBasedStateMachine):
         self.stale: list[DeviceBuffer] = []
         self.dirty: dict[tuple[int, str], int] = {}  # (index, side) -> first changed offset
         self.can_inject = callable(getattr(self.gpu, "inject_fault", None))
-        self.shares = backend_capabilities(self.gpu.name, settings).has("interop")
+        capabilities = backend_capabilities(self.gpu.name, settings)
+        self.shares = capabilities.has("interop")
+        self.peers = capabilities.has("peers")
         self.fill = self._load_kernel("vector", "fill_u32")
         self.write_u8 = self._load_kernel("fault", "write_u8")
         rz = self.gpu.settings
@@ -118,6 +120,9 @@ class MachineModel(RuleBasedStateMachine):
         self.gpu.on_out_of_memory(self._reclaim)
         self.heard: list[RedZoneViolation] = []  # what the violation observer heard (cleared by the rules)
         self.gpu.on_redzone_violation(lambda name, violation: self.heard.append(violation))
+        #: A second backend of the same plugin for peer copies, opened by the first rule that needs it.
+        self.peer: GpuBackend | None = None
+        self.peer_pool: Pool = {}  # its live buffers, by index
         if self.redzone and self.redzone_sample > 1:
             self._align_indexes(self.redzone_sample)
 
@@ -133,7 +138,15 @@ class MachineModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            self.gpu.close()
+            try:
+                if self.peer is not None:
+                    try:
+                        for buf, _ in self.peer_pool.values():
+                            self.peer.free(buf)
+                    finally:
+                        self.peer.close()  # whatever a failed rule left (a capture in progress too)
+            finally:
+                self.gpu.close()
             assert self.probe.live_count() == 0, "the ledger is not empty after close()"
         finally:
             self._let_go()
@@ -144,6 +157,7 @@ class MachineModel(RuleBasedStateMachine):
         shrinking: hundreds of them. (A closed backend holds its raw device, for ``gpu.raw``; a raw
         device whose ``close()`` keeps its memory would keep it for each of them.)"""
         del self.gpu
+        self.peer, self.peer_pool = None, {}
         self.live, self.arena, self.pieces, self.stale, self.dirty = {}, {}, {}, [], {}
         self.quarantine, self.qdirty, self.heard, self.reusable = {}, {}, [], {}
         self.fill = self.write_u8 = None
