@@ -9,10 +9,16 @@
     python3 dev.py docs --serve # serve it at http://127.0.0.1:8000 (mkdocs serve), rebuilt as files change
     python3 dev.py wheels       # build every distribution's sdist and wheel, install them in a fresh
                                 # environment (not editable) and run metrale --version, selftest, conformance
+    python3 dev.py torchrun     # install PyTorch (the CPU build where one is on disk, as on CI: see below) and run
+                                # examples/distributed/ranks.py under torchrun, two ranks on the fake
     python3 dev.py metrale ...  # any metrale command in the environment
     python3 dev.py accelerate [--clean]   # optional: compile the hot-path modules with Cython (or remove them)
 
 Extra arguments after `test` go to pytest.
+
+`torchrun` installs ``torch==2.13.0`` with pip when torch is not importable. CI's machines keep a CPU build of
+it on disk, which pip takes; elsewhere pip may download a CUDA build of several GB: install a CPU build first
+(``pip install torch --index-url https://download.pytorch.org/whl/cpu`` in ``.venv``) to avoid that.
 """
 
 from __future__ import annotations
@@ -171,8 +177,31 @@ def wheels() -> int:
     return 0
 
 
+#: The torch dev.py torchrun installs where none is: the release CI's machines keep a CPU build of on disk.
+TORCH = "torch==2.13.0"
+
+
+def torchrun() -> int:
+    """Run the torchrun example with two ranks on the fake (two fake devices) and check the merged report."""
+    missing = subprocess.run([PY, "-c", "import torch.distributed"], capture_output=True, check=False).returncode
+    if missing and run(PY, "-m", "pip", "install", "-q", TORCH):
+        sys.exit(f"dev.py torchrun: installing {TORCH} failed (see above)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
+    env.update(METRALE_BACKEND="fake", METRALE_FAKE_DEVICE_COUNT="2")
+    command = [str(PY), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(ROOT / "examples" / "distributed" / "ranks.py")]
+    print("+ " + " ".join(command), flush=True)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600)
+    print(done.stdout, end="")
+    if done.returncode or "merged ledger report: 2 process(es)" not in done.stdout:
+        print(done.stderr[-4000:], file=sys.stderr)
+        print("dev.py torchrun: the example failed, or its merged report does not name both ranks", file=sys.stderr)
+        return done.returncode or 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"selftest", "test", "lint", "docs", "metrale", "accelerate", "wheels"}:
+    if not argv or argv[0] not in {"selftest", "test", "lint", "docs", "metrale", "accelerate", "wheels", "torchrun"}:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -183,6 +212,8 @@ def main(argv: list[str]) -> int:
         return run(BIN / "metrale", "selftest", *rest)
     if command == "metrale":
         return run(BIN / "metrale", *rest)
+    if command == "torchrun":
+        return torchrun()
     if command == "accelerate":
         if "--clean" not in rest and run(PY, "-m", "pip", "install", "-q", "cython", "setuptools"):
             sys.exit("dev.py: installing Cython failed (see above); metrale stays pure Python")
