@@ -2,8 +2,8 @@
 
 ``@pytest.mark.needs("kernels", ...)`` on a test that takes ``backend_name`` (or ``gpu``) skips it, with
 the reason, on a backend that lacks one of the capabilities named: the optional primitives of
-``metrale_core.testing.CAPABILITIES`` (``kernels``, ``interop``, ``baseline``, ``tensor_maps``) and ``capacity``, the
-memory the memory tests fill (a capacity ``fake_memory_bytes`` sets, or a device of 8 GiB or more).
+``metrale_core.testing.CAPABILITIES`` (``kernels``, ``interop``, ``baseline``, ``tensor_maps``, ``peers``) and
+``capacity``, the memory the memory tests fill (a capacity ``fake_memory_bytes`` sets, or a device of 8 GiB or more).
 A backend is probed once per run, only when a test that needs something runs on it.
 """
 
@@ -63,7 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "needs(*capabilities): skip on a backend that lacks one of them "
-        "(kernels, interop, baseline, tensor_maps, capacity)",
+        "(kernels, interop, baseline, tensor_maps, peers, capacity)",
     )
 
 
