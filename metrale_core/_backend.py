@@ -43,7 +43,7 @@ from ._arena import Arena
 from ._buffer import DeviceBuffer
 from ._capture import forbid_during_capture
 from ._context import DeviceContext, gated, gated_read, invalid_argument
-from ._errors import MetraleError
+from ._errors import ConfigError, MetraleError
 from ._exports import ExportTable
 from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
 from ._holdings import Holdings
@@ -108,9 +108,14 @@ class GpuBackend:
         except MetraleError as exc:
             _log.debug("%s:%d: no device UUID for the origin: %s", name, ordinal, exc)
             device_uuid = ""
-        launch = settings.launch
+        try:
+            launch = settings.launch
+            rank, world_size = launch.rank, launch.world_size
+        except ConfigError as exc:  # only placement() needs them right: the origin goes without
+            _log.warning("%s:%d: the origin names no rank: %s", name, ordinal, exc)
+            rank = world_size = None
         ctx.origin = self._holdings.ledger.origin = Origin(
-            socket.gethostname(), os.getpid(), launch.rank, launch.world_size, name, ordinal, device_uuid
+            socket.gethostname(), os.getpid(), rank, world_size, name, ordinal, device_uuid
         )
 
     # -- the device ---------------------------------------------------------------------
@@ -345,7 +350,8 @@ class GpuBackend:
         ``cuMemcpyPeerAsync``, direct where [`enable_peer_access`][metrale_core.GpuBackend.enable_peer_access]
         was called, through the host where it was not). Recorded into a capture like any copy; launching
         the graph later is refused once ``src`` is no longer live. Order it after the source's writes
-        yourself (synchronize the source's stream, or wait for an event), as with CUDA.
+        yourself, as with CUDA: synchronize the source's stream or backend on the host (a stream of one
+        backend cannot wait for an event of another).
 
         :param dst: a live buffer of this backend.
         :param src: a live buffer of any open backend of the same plugin in this process (this one too).

@@ -11,6 +11,7 @@ CUDA array interface, DLPack, numpy's ``__array__``) through their owner's expor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -66,9 +67,13 @@ class PeerSource(Protocol):
     """What an export table offers another backend of the process that copies from its buffers
     (``copy_peer``); a closed backend's table does not."""
 
-    def peer_source(self, buf: DeviceBuffer, offset: int, nbytes: int | None, what: str) -> tuple[int, int, Any]:
-        """``(pointer, nbytes, raw device)`` of bytes of ``buf``, checked live and in bounds: the plugin's
-        raw device, which the copying backend's plugin reads them from."""
+    def peer_source(
+        self, buf: DeviceBuffer, offset: int, nbytes: int | None, what: str
+    ) -> contextlib.AbstractContextManager[tuple[int, int, Any]]:
+        """While the ``with`` block runs, the source backend stays open (its ``close()`` waits): yields
+        ``(pointer, nbytes, raw device)`` of bytes of ``buf``, checked live and in bounds, the raw device
+        being the plugin's, which the copying backend's plugin reads them from. A closed backend is an
+        ``InvalidBufferError``."""
 
     def peer_is_live(self, buf: DeviceBuffer) -> bool:
         """Whether ``buf`` is still a live buffer of this (open) backend: for a graph that copies from it."""

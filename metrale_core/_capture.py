@@ -121,9 +121,9 @@ class Capture:
         self.buffers: dict[int, DeviceBuffer] = {}  # creation index -> buffer
         self.host_buffers: dict[int, object] = {}  # id -> HostBuffer
         self.registries: dict[int, object] = {}  # id -> KernelRegistry whose kernels the capture launched
-        #: Buffers of other backends the work copies from (``copy_peer``), each with its owner's liveness
-        #: check: (id of the owner's check, creation index) -> (buffer, check).
-        self.peers: dict[tuple[int, int], tuple[DeviceBuffer, Callable[[DeviceBuffer], bool]]] = {}
+        #: Buffers of other backends the work copies from (``copy_peer``, and graphs launched inside it that
+        #: do), each with its owner's liveness check: creation index -> (buffer, check).
+        self.peers: dict[int, tuple[DeviceBuffer, Callable[[DeviceBuffer], bool]]] = {}
         #: The red-zone check the graph ends with (the zone guard's, opaque here), or ``None``.
         self.check: Any = None
 

@@ -11,15 +11,23 @@ wrap is its own live buffer, keyed by its creation index, never by the producer'
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ._buffer import NO_SYNC, DeviceArray, DeviceBuffer
 from ._capture import forbid_during_capture, resume_calls, suspend_calls
 from ._context import DeviceContext
 from ._dlpack import reap
-from ._errors import DriverError, InvalidArgumentError, InvalidBufferError, MetraleError, cuda_code
+from ._errors import (
+    BackendClosedError,
+    DriverError,
+    InvalidArgumentError,
+    InvalidBufferError,
+    MetraleError,
+    cuda_code,
+)
 from ._holdings import Holdings
 from ._interop import foreign_memory
 from ._ledger import call_site, next_index
@@ -79,12 +87,21 @@ class ExportTable:
 
     # -- PeerSource: another backend of the process copies from this one's buffers ---------------
 
-    def peer_source(self, buf: DeviceBuffer, offset: int, nbytes: int | None, what: str) -> tuple[int, int, RawDevice]:
+    @contextlib.contextmanager
+    def peer_source(
+        self, buf: DeviceBuffer, offset: int, nbytes: int | None, what: str
+    ) -> Iterator[tuple[int, int, RawDevice]]:
         ctx = self.ctx
-        ctx.enter()
+        try:
+            ctx.enter()
+        except BackendClosedError:
+            raise InvalidBufferError(
+                f"{what}: the source, allocation #{buf.index} ({buf.nbytes} bytes from {buf.site}), belongs to "
+                f"backend {ctx.name}:{ctx.ordinal}, which is closed"
+            ) from None
         try:
             ptr, n, _ = self._holdings.span(buf, offset, nbytes, what)
-            return ptr, n, ctx.plugin
+            yield ptr, n, ctx.plugin  # the copy is issued inside: close() waits for it
         finally:
             ctx.leave()
 

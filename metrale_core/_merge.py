@@ -89,11 +89,25 @@ def _who(origin: Origin) -> str:
     return f"rank {origin.rank}" if origin.rank is not None else f"{origin.host} pid {origin.pid}"
 
 
+def _labels(origins: Iterable[Origin]) -> dict[Origin, str]:
+    """Each origin's name in a merged report: its rank (or host and pid), with its backend and ordinal where
+    that alone is shared (several devices of one rank or one process)."""
+    unique = list(dict.fromkeys(origins))
+    counts: dict[str, int] = {}
+    for origin in unique:
+        counts[_who(origin)] = counts.get(_who(origin), 0) + 1
+    return {
+        o: _who(o) + (f" {o.backend}:{o.ordinal}" if counts[_who(o)] > 1 else "") for o in unique
+    }
+
+
 def _order(origin: Origin) -> tuple[Any, ...]:
     return (origin.rank is None, origin.rank or 0, origin.host, origin.pid, origin.backend, origin.ordinal)
 
 
-def _sites(groups: Iterable[tuple[Origin, Iterable[AllocRecord]]], top: int) -> tuple[SiteTotal, ...]:
+def _sites(
+    groups: Iterable[tuple[Origin, Iterable[AllocRecord]]], top: int, labels: Mapping[Origin, str]
+) -> tuple[SiteTotal, ...]:
     totals: dict[str, list[Any]] = {}
     for origin, records in groups:
         for a in records:
@@ -103,7 +117,7 @@ def _sites(groups: Iterable[tuple[Origin, Iterable[AllocRecord]]], top: int) -> 
             entry[2].add(origin)
     ranked = sorted(totals.items(), key=lambda item: (-item[1][0], item[0]))[:top]
     return tuple(
-        SiteTotal(site, nbytes, count, tuple(_who(o) for o in sorted(origins, key=_order)))
+        SiteTotal(site, nbytes, count, tuple(labels[o] for o in sorted(origins, key=_order)))
         for site, (nbytes, count, origins) in ranked
     )
 
@@ -139,7 +153,7 @@ class MergedReport:
             o = r.origin
             device = f"{o.backend}:{o.ordinal}" + (f" {o.device_uuid[:13]}" if o.device_uuid else "")
             rows.append((
-                _who(o) if o.rank is not None else "-", o.host, str(o.pid), device,
+                f"rank {o.rank}" if o.rank is not None else "-", o.host, str(o.pid), device,
                 f"{format_bytes(r.live_bytes)} ({r.live_count})", f"{format_bytes(r.leaked_bytes)} ({r.leaked_count})",
                 format_bytes(r.peak_total_bytes),
             ))
@@ -182,13 +196,14 @@ def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 1
     items: list[LedgerReport] = []
     for item in reports:
         report = LedgerReport.from_snapshot(item) if isinstance(item, MemorySnapshot) else item
-        if not isinstance(report, LedgerReport):
+        if not isinstance(report, LedgerReport) or not isinstance(report.origin, Origin):
             raise InvalidArgumentError(
                 f"merge_reports: expected LedgerReport or MemorySnapshot items (backend.ledger_report(), "
                 f"load_snapshot(path)), got {type(report).__name__}"
             )
         items.append(report)
     items.sort(key=lambda r: _order(r.origin))
+    labels = _labels(r.origin for r in items)
     ranks = tuple(
         RankSummary(
             r.origin, r.live_bytes, len(r.live), r.leaked_bytes, len(r.swept),
@@ -198,8 +213,8 @@ def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 1
     )
     return MergedReport(
         ranks,
-        _sites(((r.origin, r.live) for r in items), top),
-        _sites(((r.origin, r.swept) for r in items), top),
+        _sites(((r.origin, r.live) for r in items), top, labels),
+        _sites(((r.origin, r.swept) for r in items), top, labels),
     )
 
 
@@ -217,9 +232,9 @@ def merge_snapshots(snapshots: Iterable[MemorySnapshot]) -> MemorySnapshot:
     events: list[SnapshotEvent] = []
     live: list[AllocRecord] = []
     base = 0
+    labels = _labels(s.origin for s in snaps if s.origin is not None)
     for snap in snaps:
-        origin = snap.origin or _unknown_origin(snap.backend, snap.ordinal)
-        who = _who(origin) if snap.origin is not None else str(snap.source or f"{snap.backend}:{snap.ordinal}")
+        who = labels[snap.origin] if snap.origin is not None else str(snap.source or f"{snap.backend}:{snap.ordinal}")
         records = [e.allocation for e in snap.events] + list(snap.live)
         shift = base - min((a.index for a in records), default=0)
 

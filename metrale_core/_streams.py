@@ -167,11 +167,13 @@ class StreamFront:
         raw = graph.raw
         guard, check = self.guard, graph.check
         if check is None:
-            self.issue(target, "GraphExec.launch", graph.buffers, lambda s: self._raw.graph_launch(raw, s))
+            self.issue(target, "GraphExec.launch", graph.buffers, lambda s: self._raw.graph_launch(raw, s),
+                       peers=graph.peers)
         else:
             with guard.lock:  # the zone table stays as the graph's check reads it until the launch is issued
                 guard.before_graph_launch(check, target)
-                self.issue(target, "GraphExec.launch", graph.buffers, lambda s: self._raw.graph_launch(raw, s))
+                self.issue(target, "GraphExec.launch", graph.buffers, lambda s: self._raw.graph_launch(raw, s),
+                           peers=graph.peers)
         self._stats.graph_launches += 1
         guard.after_graph_launch(target, is_live, check)
 
@@ -220,10 +222,10 @@ class StreamFront:
         buffers: Iterable[DeviceBuffer | None],
         work: Callable[[object], None],
         host_buffers: Iterable[HostBuffer | None] = (),
-        peer: tuple[DeviceBuffer, PeerSource] | None = None,
+        peers: Iterable[tuple[DeviceBuffer, Callable[[DeviceBuffer], bool]]] = (),
     ) -> None:
         """Run ``work`` on ``target``'s raw stream, recording what it touches if the stream captures
-        (``peer``: a buffer of another backend it reads, with that backend's export table)."""
+        (``peers``: buffers of other backends it reads, each with its owner's liveness check)."""
         self.guard.settle_for(target)
         capture = target.capture
         if capture is not None:
@@ -235,8 +237,8 @@ class StreamFront:
             for hb in host_buffers:
                 if hb is not None:
                     capture.host_buffers[id(hb)] = hb
-            if peer is not None:
-                capture.peers[(id(peer[1]), peer[0].index)] = (peer[0], peer[1].peer_is_live)
+            for buf, is_live in peers:  # (creation indexes are the process's: one key per buffer of any backend)
+                capture.peers[buf.index] = (buf, is_live)
         work(target.raw)
 
     def memset(self, dst: object, value: object, offset: object, nbytes: object, stream: Stream | None) -> None:
@@ -317,6 +319,7 @@ class StreamFront:
         if not isinstance(dst, DeviceBuffer):
             raise invalid_argument(what, "a DeviceBuffer of this backend as the destination", dst)
         count = None if nbytes is None else positive_size(nbytes, what)
+        start = integer(src_offset, what, "src_offset")
         context = src._owner() if src._owner is not None else None
         table = getattr(context, "exports", None)
         if not isinstance(table, PeerSource):
@@ -324,22 +327,22 @@ class StreamFront:
                 f"{what}: the source, allocation #{src.index} ({src.nbytes} bytes from {src.site}), is not a live "
                 f"buffer of an open backend (its backend was closed, or it was not made by one)"
             )
-        if context is not self.ctx and type(getattr(context, "plugin", None)) is not type(self.ctx.plugin):
-            raise InvalidArgumentError(
-                f"{what}: the source belongs to backend {getattr(context, 'name', '?')!r} and the destination to "
-                f"{self.ctx.name!r}: a peer copy runs between backends of one plugin; copy through the host "
-                f"(copy_to_host, then copy_to_device)"
+        with table.peer_source(src, start, count, what) as (src_ptr, asked, src_raw):  # the source stays open
+            if type(src_raw) is not type(self.ctx.plugin):
+                raise InvalidArgumentError(
+                    f"{what}: the source belongs to backend {getattr(context, 'name', '?')!r} and the destination "
+                    f"to {self.ctx.name!r}: a peer copy runs between backends of one plugin; copy through the "
+                    f"host (copy_to_host, then copy_to_device)"
+                )
+            dst_ptr, n, dst_buf = self._holdings.span(dst, dst_offset, asked, what)
+            target = self.resolve(stream, what)
+            raw = self._raw
+            own = context is self.ctx
+            self.issue(
+                target, what, (dst_buf, src if own else None),
+                lambda s: raw.copy_peer(dst_ptr, src_raw, src_ptr, n, s) if n else None,
+                peers=() if own else ((src, table.peer_is_live),),
             )
-        src_ptr, n, src_raw = table.peer_source(src, integer(src_offset, what, "src_offset"), count, what)
-        dst_ptr, n, dst_buf = self._holdings.span(dst, dst_offset, n, what)
-        target = self.resolve(stream, what)
-        raw = self._raw
-        own = context is self.ctx
-        self.issue(
-            target, what, (dst_buf, src if own else None),
-            lambda s: raw.copy_peer(dst_ptr, src_raw, src_ptr, n, s) if n else None,
-            peer=None if own else (src, table),
-        )
 
     def enable_peer_access(self, context: DeviceContext) -> None:
         what = "enable_peer_access"

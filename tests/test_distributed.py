@@ -447,3 +447,134 @@ def test_torchrun_is_on_the_path_or_the_module_runs() -> None:
     """The example's docstring says `torchrun`; the tests run `python -m torch.distributed.run`, the same."""
     pytest.importorskip("torch.distributed")
     assert shutil.which("torchrun") is not None or (Path(sys.executable).parent / "torchrun").exists()
+
+
+# -- from a review: nested graphs, close races, the fake's queue, launcher variables, labels --------------
+
+
+def test_a_graph_launched_inside_a_capture_carries_its_peer_check(two: tuple[GpuBackend, GpuBackend]) -> None:
+    a, b = two
+    src, dst = a.alloc(64), b.alloc(64)
+    a.memset(src, 0x11)
+    a.synchronize()
+    stream = b.create_stream()
+    b.begin_capture(stream)
+    b.copy_peer(dst, src, stream=stream)
+    inner = b.end_capture(stream).instantiate()
+    b.begin_capture(stream)
+    inner.launch(stream)
+    outer_graph = b.end_capture(stream)
+    outer = outer_graph.instantiate()
+    a.free(src)
+    for exe in (inner, outer):
+        with pytest.raises(InvalidBufferError, match="another backend"):
+            exe.launch(stream)
+    outer.close()
+    outer_graph.close()
+    inner.close()
+    stream.close()
+    b.free(dst)
+
+
+def test_a_source_backend_closing_during_a_copy_waits_for_it(two: tuple[GpuBackend, GpuBackend]) -> None:
+    """close() of the source waits for a copy that is being issued; a copy after it is an InvalidBufferError."""
+    import threading
+
+    a, b = two
+    src, dst = a.alloc(1 << 16), b.alloc(1 << 16)
+    a.memset(src, 0x22)
+    a.synchronize()
+    started, errors = threading.Event(), []
+
+    def copies() -> None:
+        started.set()
+        for _ in range(2000):
+            try:
+                b.copy_peer(dst, src)
+            except InvalidBufferError:
+                return
+            except Exception as exc:  # anything else is the bug
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=copies)
+    thread.start()
+    started.wait()
+    a.close()
+    thread.join()
+    assert not errors, errors
+    with pytest.raises(InvalidBufferError, match="closed"):
+        b.copy_peer(dst, src)
+    b.free(dst)
+
+
+def test_the_fakes_queued_peer_copy_never_reads_a_freed_source() -> None:
+    settings = SETTINGS.updated(fake_device_count=2, fake_defer=True)
+    with open_backend("fake", settings=settings) as a, open_backend("fake", ordinal=1, settings=settings) as b:
+        src, dst = a.alloc(64), b.alloc(64)
+        a.memset(src, 0x33)
+        a.synchronize()
+        b.copy_peer(dst, src)  # queued on b's stream
+        a.free(src)
+        again = a.alloc(64)  # the same address comes back
+        a.memset(again, 0x99)
+        a.synchronize()
+        b.synchronize()
+        assert _read(b, dst, 64) == b"\x33" * 64, "the copy took the bytes it was issued with"
+        a.free(again)
+        b.free(dst)
+
+
+def test_a_closed_source_device_holds_no_memory_through_a_graph() -> None:
+    import gc
+    import weakref
+
+    settings = SETTINGS.updated(fake_device_count=2)
+    with open_backend("fake", ordinal=1, settings=settings) as b:
+        a = open_backend("fake", settings=settings)
+        src, dst = a.alloc(1 << 20), b.alloc(1 << 20)
+        view = a.raw.export_memory(src.ptr, src.nbytes).keepalive  # a numpy view of the fake's memory
+        memory = weakref.ref(view.base if view.base is not None else view)
+        del view
+        stream = b.create_stream()
+        b.begin_capture(stream)
+        b.copy_peer(dst, src, stream=stream)
+        graph = b.end_capture(stream)
+        exe = graph.instantiate()
+        a.close()
+        gc.collect()
+        assert memory() is None, "the graph keeps the closed source device's memory"
+        with pytest.raises(InvalidBufferError):
+            exe.launch(stream)
+        exe.close()
+        graph.close()
+        stream.close()
+        b.free(dst)
+
+
+def test_a_bad_launcher_variable_does_not_stop_a_plain_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "-1")
+    with open_backend("fake", settings=MetraleSettings()) as gpu:
+        assert gpu.origin.rank is None
+    with pytest.raises(ConfigError, match="LOCAL_RANK"):
+        placement("fake", settings=MetraleSettings())
+
+
+def test_two_backends_on_one_fake_ordinal_report_one_uuid() -> None:
+    with open_backend("fake", settings=SETTINGS) as a, open_backend("fake", settings=SETTINGS) as b:
+        assert a.origin.device_uuid == b.origin.device_uuid
+    with open_backend("fake", ordinal=1, settings=SETTINGS.updated(fake_device_count=2)) as c:
+        assert c.origin.device_uuid != a.origin.device_uuid
+
+
+def test_several_devices_of_one_process_merge_as_distinct_lines(two: tuple[GpuBackend, GpuBackend]) -> None:
+    a, b = two
+    x, y = a.alloc(2048), b.alloc(2048)
+    merged = merge_reports([a.ledger_report(), b.ledger_report()])
+    assert len(merged.ranks) == 2
+    (site,) = merged.largest_live
+    assert site.count == 2 and len(set(site.ranks)) == 2 and all(":" in r for r in site.ranks), site.ranks
+    with pytest.raises(InvalidArgumentError, match="LedgerReport"):
+        merge_reports([LedgerReport(None, (), ())])  # type: ignore[arg-type]
+    a.free(x)
+    b.free(y)

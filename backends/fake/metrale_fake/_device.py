@@ -372,8 +372,12 @@ class FakeDevice(RawDevice):
             self._submit(stream, work)
 
     def copy_peer(self, dst: int, src_device: RawDevice, src: int, nbytes: int, stream: object) -> None:
-        """A real copy from another fake device's memory, ordered on this device's ``stream`` (the bytes are
-        read when the copy runs, as the GPU's copy engine reads them)."""
+        """A real copy from another fake device's memory, ordered on this device's ``stream``.
+
+        Eager, the source's bytes are taken when the copy is issued (with ``defer``, a copy of them waits
+        in the queue): a queued copy never reads memory freed or closed meanwhile, and holds nothing of the
+        source device. Captured, the graph reads the source when it runs, through a weak reference: a graph
+        keeps no closed device's memory (the core refuses its launch once the source is not live)."""
         if not isinstance(src_device, FakeDevice):
             raise error_for_code(
                 "CUDA_ERROR_INVALID_DEVICE", f"fake copy_peer: the source is not an open fake device ({src_device!r})"
@@ -384,9 +388,24 @@ class FakeDevice(RawDevice):
         with self._lock:
             self._fault("memcpy", f"peer copy of {nbytes} bytes to {dst:#x}")
             target = self._resolve(dst, nbytes, "copy_peer")
+            if as_stream(stream).capture is None:
+                data = source.copy() if self._defer else source
 
-            def work() -> None:
-                target[:] = source
+                def work() -> None:
+                    target[:] = data
+
+            else:
+                ref = weakref.ref(src_device)
+
+                def work() -> None:
+                    device = ref()
+                    found = None if device is None else device._device.find(src, nbytes)
+                    if found is None:
+                        raise error_for_code(
+                            "CUDA_ERROR_INVALID_VALUE", f"fake copy_peer of [{src:#x}, {src + nbytes:#x}): the source "
+                            f"device closed or its memory was freed"
+                        )
+                    target[:] = found
 
             self._submit(stream, work)
 
@@ -405,11 +424,10 @@ class FakeDevice(RawDevice):
             )
 
     def device_uuid(self) -> str:
-        """A UUID of this fake device, from its ordinal and its address range (the same in every run of a
-        program: the fakes of one process take their ranges in turn), written as ``nvidia-smi -L`` writes a
-        GPU's: ``FAKE-`` and the UUID. Fakes of two processes may share one; an origin tells them apart by
-        host and pid."""
-        return f"FAKE-{uuid.uuid5(uuid.NAMESPACE_OID, f'metrale-fake:{self._ordinal}:{self._window.device[0]:#x}')}"
+        """A UUID of this fake device's ordinal, written as ``nvidia-smi -L`` writes a GPU's: ``FAKE-`` and the
+        UUID. As on CUDA, two backends on one ordinal report the same one; fakes of two processes do too, and
+        an origin tells them apart by host and pid."""
+        return f"FAKE-{uuid.uuid5(uuid.NAMESPACE_OID, f'metrale-fake:{self._ordinal}')}"
 
     # -- streams and events ------------------------------------------------------------
 
