@@ -81,6 +81,12 @@ class Baseline(abc.ABC):
     def vector_add(self, n: int) -> Callable[[], None]:
         """One launch of the shipped ``vector_add`` over ``n`` float32 elements, 256 threads a block."""
 
+    def copy_peer(self, nbytes: int, peer_ordinal: int) -> Callable[[], None]:
+        """One asynchronous copy of ``nbytes`` from device ``peer_ordinal``'s memory into this device's
+        (CUDA: ``cuMemcpyPeerAsync``; the same ordinal: a copy within the device). Optional: by default
+        ``CUDA_ERROR_NOT_SUPPORTED``, and the bench shows metrale's peer copy without a raw row."""
+        raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} has no peer copy: copy_peer")
+
     @abc.abstractmethod
     def synchronize(self) -> None:
         """Wait for everything the baseline queued."""

@@ -64,6 +64,7 @@ def test_the_fake_is_compared_with_numpy() -> None:
     assert [f.label for f in copy.figures] == [
         "raw D2D 1 MiB", "metrale D2D 1 MiB", "raw pinned H2D 1 MiB", "metrale pinned H2D 1 MiB",
         "raw pinned D2H 1 MiB", "metrale pinned D2H 1 MiB",
+        "raw peer copy 1 MiB from ordinal 0", "metrale peer copy 1 MiB from ordinal 0",
     ]
     assert all(f.unit == "GB/s" and f.value is not None for f in copy.figures)
 

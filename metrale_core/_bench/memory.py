@@ -3,12 +3,13 @@ against CuPy's and PyTorch's pools (``pools``), and copies against the raw drive
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
-from .. import open_backend
+from .. import MetraleError, RawDevice, device_count, open_backend
 from .context import Bench
 from .model import Figure, Goal, Result
 from .peers import find_cupy, find_torch
@@ -187,5 +188,55 @@ def measure_copies(b: Bench) -> Result:
         mine = compare(Figure(f"metrale {what}", "metrale", "GB/s", rate[f"metrale {what}"]), raw)
         figures += [raw, mine]
         goals.append(Goal(f"{names[direction]} at least 97% of the raw copy", mine.ratio, 0.97, at_most=False))
-    detail = f"bandwidth (D2D counts bytes read and written), {calls} copies and a wait per round, median of {rounds}"
+    peer_figures, peer_goal = _peer_copy(b, rounds, calls)
+    figures += peer_figures
+    goals += peer_goal
+    detail = (f"bandwidth (D2D and peer copies count bytes read and written), {calls} copies and a wait per round, "
+              f"median of {rounds}")
     return Result("copy", "copies against the raw driver's", detail, tuple(figures), b.goals(*goals))
+
+
+def _peer_copy(b: Bench, rounds: int, calls: int) -> tuple[list[Figure], list[Goal]]:
+    """``copy_peer`` from a second backend of the same plugin (ordinal 1 where there are two devices, else
+    another backend on this device) against the baseline's ``copy_peer`` (``cuMemcpyPeerAsync``)."""
+    gpu = b.gpu
+    n = b.size(GIB, 64 * MIB)
+    try:
+        count = device_count(gpu.name, settings=gpu.settings)
+    except MetraleError:
+        count = 1
+    ordinal = (gpu.ordinal + 1) % count if count > 1 else gpu.ordinal
+    what = f"peer copy {format_size(n)} from ordinal {ordinal}"
+    if type(gpu.raw).copy_peer is RawDevice.copy_peer:  # (no row: metrale's own figures are always measured)
+        b.say(f"  {what}: skipped, backend {gpu.name} copies between no devices")
+        return [], []
+    b.say(f"  {what}")
+    with ExitStack() as stack:
+        peer = stack.enter_context(open_backend(gpu.name, ordinal=ordinal, settings=gpu.settings))
+        src, dst = peer.alloc(n), gpu.alloc(n)
+        stack.callback(peer.free, src)
+        stack.callback(gpu.free, dst)
+        peer.memset(src, 1)
+        peer.synchronize()
+        if ordinal != gpu.ordinal:
+            with contextlib.suppress(MetraleError):  # the direct path where there is one; else through the host
+                gpu.enable_peer_access(peer)
+        ops: dict[str, Callable[[], object]] = {f"metrale {what}": functools.partial(gpu.copy_peer, dst, src)}
+        finish: dict[str, Callable[[], object]] = {f"metrale {what}": gpu.default_stream.synchronize}
+        raw_value: str | None = None
+        if b.baseline is not None:
+            try:
+                ops[f"raw {what}"] = b.baseline.copy_peer(n, ordinal)
+                finish[f"raw {what}"] = b.baseline.synchronize
+            except MetraleError as exc:
+                if exc.name != "CUDA_ERROR_NOT_SUPPORTED":
+                    raise
+                raw_value = f"the baseline has no peer copy: {exc}"
+        medians = turns(ops, rounds=rounds, calls=calls, finish=finish)
+    rate = {label: 2 * n / seconds / 1e9 for label, seconds in medians.items()}
+    if raw_value is not None:
+        raw = Figure(f"raw {what}", "baseline", "GB/s", None, note=f"skipped: {raw_value}")
+    else:
+        raw = b.raw_figure(f"raw {what}", "GB/s", rate.get(f"raw {what}"))
+    mine = compare(Figure(f"metrale {what}", "metrale", "GB/s", rate[f"metrale {what}"]), raw)
+    return [raw, mine], [Goal("peer copy at least 97% of the raw copy", mine.ratio, 0.97, at_most=False)]

@@ -38,7 +38,7 @@ MEASUREMENTS: Final[tuple[Measurement, ...]] = (
     Measurement("alloc", "ledgered alloc + free against the raw pair", measure_alloc),
     Measurement("breakdown", "where the time of a ledgered alloc + free goes, step by step", measure_breakdown),
     Measurement("pools", "the arena against CuPy's and PyTorch's pools", measure_pools),
-    Measurement("copy", "D2D and pinned copies against the raw driver's", measure_copies),
+    Measurement("copy", "D2D, pinned and peer copies against the raw driver's", measure_copies),
     Measurement("eager", "eager memset and launch against the raw calls", measure_eager),
     Measurement("graph", "a graph of 100 small kernels against eager launches and PyTorch", measure_graph),
     Measurement("safety", "checks off against fully on in an inference-style loop", measure_safety),

@@ -25,13 +25,14 @@ class DriverBaseline(Baseline):
     """``cuMemAlloc``/``cuMemFree``, ``cuMemsetD8Async``, ``cuMemcpy*Async`` and ``cuLaunchKernel`` on a
     stream of its own, in the context the device made current."""
 
-    __slots__ = ("_device_ptrs", "_host_ptrs", "_module", "_stream")
+    __slots__ = ("_device_ptrs", "_host_ptrs", "_module", "_peers", "_stream")
 
     def __init__(self) -> None:
         self._stream: Any = call1(drv.cuStreamCreate, "cuStreamCreate", _d.STREAM_NON_BLOCKING)
         self._device_ptrs: list[int] = []
         self._host_ptrs: list[int] = []
         self._module: Any = None
+        self._peers: list[tuple[Any, Any, int]] = []  # (device, retained primary context, pointer) of peer memory
 
     @property
     def label(self) -> str:
@@ -108,6 +109,27 @@ class DriverBaseline(Baseline):
 
         return op
 
+    def copy_peer(self, nbytes: int, peer_ordinal: int) -> Callable[[], None]:
+        own = call1(drv.cuCtxGetCurrent, "cuCtxGetCurrent")
+        device = call1(drv.cuDeviceGet, "cuDeviceGet", peer_ordinal)
+        peer = call1(drv.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", device)
+        try:
+            call(drv.cuCtxSetCurrent, "cuCtxSetCurrent", peer)
+            src = int(call1(drv.cuMemAlloc, f"cuMemAlloc of {nbytes} bytes", nbytes, requested=nbytes))
+        except BaseException:
+            call_teardown(drv.cuCtxSetCurrent, "cuCtxSetCurrent", own)
+            call_teardown(drv.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", device)
+            raise
+        call(drv.cuCtxSetCurrent, "cuCtxSetCurrent", own)
+        self._peers.append((device, peer, src))
+        dst, stream, fn = self._device(nbytes), self._stream, drv.cuMemcpyPeerAsync
+
+        def op() -> None:
+            (err,) = fn(dst, own, src, peer, nbytes, stream)
+            check(err, "cuMemcpyPeerAsync")
+
+        return op
+
     def synchronize(self) -> None:
         call(drv.cuStreamSynchronize, "cuStreamSynchronize", self._stream)
 
@@ -119,6 +141,10 @@ class DriverBaseline(Baseline):
             call_teardown(drv.cuMemFree, "cuMemFree", ptr)
         for ptr in self._host_ptrs:
             call_teardown(drv.cuMemFreeHost, "cuMemFreeHost", ptr)
+        for device, _context, ptr in self._peers:  # (cuMemFree finds the allocation's context by its address)
+            call_teardown(drv.cuMemFree, "cuMemFree", ptr)
+            call_teardown(drv.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", device)
+        self._peers.clear()
         if self._module is not None:
             call_teardown(drv.cuModuleUnload, "cuModuleUnload", self._module)
         call_teardown(drv.cuStreamDestroy, "cuStreamDestroy", self._stream)

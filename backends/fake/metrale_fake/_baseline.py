@@ -49,6 +49,10 @@ class NumpyBaseline(Baseline):
         copyto = np.copyto
         return lambda: copyto(dst, src)
 
+    def copy_peer(self, nbytes: int, peer_ordinal: int) -> Callable[[], None]:
+        """A numpy copy, as the fake's peer copy is (one host's memory)."""
+        return self.copy("dtod", nbytes)
+
     def vector_add(self, n: int) -> Callable[[], None]:
         a, b, out = (self._array(4 * n).view(np.float32) for _ in range(3))
         add = np.add
