@@ -408,6 +408,60 @@ def test_two_ranks_share_the_one_gpu_under_torchrun() -> None:
     assert "GPU-" in out.stdout
 
 
+def _torchrun_nccl(extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("torch.distributed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_") and k not in LAUNCH_VARIABLES}
+    env.update(extra)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(EXAMPLE),
+               "--nccl"]
+    return subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=300, cwd=ROOT)
+
+
+def test_two_ranks_on_two_gpus_all_reduce_a_metrale_buffer_with_nccl() -> None:
+    if not _cuda_here() or device_count("cuda", settings=SETTINGS) < 2:
+        pytest.skip("needs two GPUs: NCCL refuses two ranks on one device")
+    out = _torchrun_nccl({"METRALE_BACKEND": "cuda"})
+    _check_merged(out, (0, 1))
+    assert out.stdout.count("NCCL all-reduce of a metrale buffer through DLPack: 3 (want 3)") == 2, out.stdout
+
+
+def test_two_backends_on_two_gpus_copy_both_ways() -> None:
+    if not _cuda_here() or device_count("cuda", settings=SETTINGS) < 2:
+        pytest.skip("needs two GPUs")
+    with open_backend("cuda", ordinal=0, settings=SETTINGS) as a, open_backend("cuda", ordinal=1, settings=SETTINGS) as b:
+        assert a.origin.device_uuid != b.origin.device_uuid
+        x, y = a.alloc(1 << 20), b.alloc(1 << 20)
+        with pytest.raises(InvalidBufferError):
+            b.memset(x, 0)
+        for access in (False, True):
+            if access:
+                try:
+                    a.enable_peer_access(b)
+                    b.enable_peer_access(a)
+                except DriverError as exc:
+                    assert exc.name == "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"
+            a.copy_to_device(x, bytes(range(256)) * 4096)
+            a.synchronize()
+            b.copy_peer(y, x)
+            b.synchronize()
+            assert _read(b, y, 1 << 20) == bytes(range(256)) * 4096
+            b.memset(y, 7)
+            b.synchronize()
+            stream = a.create_stream()
+            a.begin_capture(stream)
+            a.copy_peer(x, y, stream=stream)
+            graph = a.end_capture(stream)
+            exe = graph.instantiate()
+            exe.launch(stream)
+            stream.synchronize()
+            assert _read(a, x, 1 << 20) == b"\x07" * (1 << 20)
+            exe.close()
+            graph.close()
+            stream.close()
+        a.free(x)
+        b.free(y)
+
+
 def test_copy_peer_within_one_gpu_and_a_missing_ordinal() -> None:
     if not _cuda_here():
         pytest.skip("no CUDA device answers here")

@@ -12,18 +12,43 @@ On a machine without a GPU, run it on the fake with two fake devices:
 
     METRALE_BACKEND=fake METRALE_FAKE_DEVICE_COUNT=2 torchrun --standalone --nproc-per-node 2 \\
         examples/distributed/ranks.py
+
+With ``--nccl`` (one GPU per rank: NCCL refuses two ranks on one device), each rank also hands a metrale
+buffer to PyTorch through DLPack, with no copy, and the ranks sum it with an NCCL all-reduce; the reports
+still travel over gloo.
 """
 
 from __future__ import annotations
 
+import argparse
+
+import torch
 import torch.distributed as dist
 
-from metrale_core import LedgerReport, MetraleSettings, merge_reports, open_for_rank, placement
+from metrale_core import GpuBackend, LedgerReport, MetraleSettings, merge_reports, open_for_rank, placement
 
 STEP_BYTES = 1 << 16
 
 
-def run_rank(settings: MetraleSettings) -> LedgerReport:
+def all_reduce_through_dlpack(gpu: GpuBackend, rank: int, size: int) -> None:
+    """A metrale buffer summed across the ranks by NCCL, handed to PyTorch through DLPack (no copy)."""
+    buf = gpu.alloc(4 << 20)
+    gpu.memset(buf, 0)
+    tensor = torch.from_dlpack(buf.view("float32"))  # ordered after metrale's work on torch's stream
+    tensor.fill_(float(rank + 1))
+    dist.all_reduce(tensor)  # NCCL, on torch's current stream
+    torch.cuda.current_stream().synchronize()
+    want = size * (size + 1) / 2
+    out = bytearray(8)
+    gpu.copy_to_host(out, buf)
+    got = torch.frombuffer(out, dtype=torch.float32).tolist()
+    assert got == [want, want], (got, want)
+    print(f"rank {rank}: NCCL all-reduce of a metrale buffer through DLPack: {got[0]:g} (want {want:g})", flush=True)
+    del tensor
+    gpu.free(buf)
+
+
+def run_rank(settings: MetraleSettings, nccl: bool = False) -> LedgerReport:
     """A few captured steps on this rank's device, one planted leak, and the rank's ledger report."""
     where = placement(settings=settings)
     with open_for_rank(settings=settings) as gpu:
@@ -46,6 +71,8 @@ def run_rank(settings: MetraleSettings) -> LedgerReport:
         step.close()
         graph.close()
         stream.close()
+        if nccl:
+            all_reduce_through_dlpack(gpu, dist.get_rank(), dist.get_world_size())
         gpu.alloc((gpu.origin.rank or 0) * 4096 + 4096)  # the planted leak: never freed
         gpu.free(activations)
         gpu.free(weights)
@@ -57,12 +84,22 @@ def run_rank(settings: MetraleSettings) -> LedgerReport:
 
 
 def main() -> int:
-    dist.init_process_group("gloo")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nccl", action="store_true", help="also all-reduce a metrale buffer with NCCL (GPUs only)")
+    args = parser.parse_args()
+    settings = MetraleSettings()
+    objects = None
+    if args.nccl:
+        torch.cuda.set_device(placement(settings=settings).ordinal)  # NCCL's device: the one metrale opens
+        dist.init_process_group("nccl")
+        objects = dist.new_group(backend="gloo")  # the reports travel over gloo, on the CPU
+    else:
+        dist.init_process_group("gloo")
     try:
-        report = run_rank(MetraleSettings())
+        report = run_rank(settings, nccl=args.nccl)
         rank, size = dist.get_rank(), dist.get_world_size()
         gathered: list[LedgerReport | None] | None = [None] * size if rank == 0 else None
-        dist.gather_object(report, gathered, dst=0)
+        dist.gather_object(report, gathered, dst=0, group=objects)
         if rank == 0:
             assert gathered is not None
             merged = merge_reports(r for r in gathered if r is not None)
