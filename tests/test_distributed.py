@@ -428,7 +428,7 @@ def test_two_ranks_on_two_gpus_all_reduce_a_metrale_buffer_with_nccl() -> None:
 def test_two_backends_on_two_gpus_copy_both_ways() -> None:
     if not _cuda_here() or device_count("cuda", settings=SETTINGS) < 2:
         pytest.skip("needs two GPUs")
-    with open_backend("cuda", ordinal=0, settings=SETTINGS) as a, open_backend("cuda", ordinal=1, settings=SETTINGS) as b:
+    with open_backend("cuda", settings=SETTINGS) as a, open_backend("cuda", ordinal=1, settings=SETTINGS) as b:
         assert a.origin.device_uuid != b.origin.device_uuid
         x, y = a.alloc(1 << 20), b.alloc(1 << 20)
         with pytest.raises(InvalidBufferError):
