@@ -79,3 +79,21 @@ def test_checker_passes_success_and_raises_the_tables_class() -> None:
     assert info.value.code == 2
     assert info.value.name == "CUDA_ERROR_OUT_OF_MEMORY"
     assert info.value.requested == 64
+
+
+def test_a_primary_context_poisoned_by_an_earlier_fault_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen on the H100: after a kernel faulted, every later open in the process got a bare
+    ``cuDevicePrimaryCtxRetain failed [CUDA_ERROR_ILLEGAL_ADDRESS (700)]`` while a backend still held the
+    context. The refusal now says why and what to do (the driver calls are stood in for here)."""
+    import types
+
+    from metrale_cuda import _device
+
+    stand_in = types.SimpleNamespace(cuDeviceGet=lambda ordinal: (0, ordinal),
+                                     cuDevicePrimaryCtxRetain=lambda device: (700, None))
+    monkeypatch.setattr(_device, "drv", stand_in)
+    monkeypatch.setattr(_device._d, "init_driver", lambda: 1)
+    monkeypatch.setattr(_device._d, "warn_if_driver_older_than_bindings", lambda: None)
+    with pytest.raises(BackendUnavailableError, match="earlier fault in this process") as info:
+        _device.CudaDevice.open(0)
+    assert info.value.code == 700

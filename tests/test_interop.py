@@ -499,13 +499,18 @@ def test_an_ml_dtypes_without_a_float8_type_is_an_invalid_argument(
 
 def test_a_consumer_that_refuses_a_capsule_keeps_its_error_and_releases_it(fake: GpuBackend) -> None:
     """numpy drops a capsule of a dtype it does not know with its own exception pending: the exception
-    reaches the caller as numpy raised it (no SystemError) and the export is let go."""
+    reaches the caller as numpy raised it (no SystemError) and the export is let go. (numpy 2.5.2 on the GPU
+    machine took the capsule: then the export lives as long as the array.)"""
     pytest.importorskip("ml_dtypes")
     buf = fake.alloc(64)
     before = dlpack.live_exports()
-    with pytest.raises(Exception) as raised:
-        np.from_dlpack(buf.view("bfloat16"))
-    assert not isinstance(raised.value, SystemError), raised.value
+    try:
+        taken = np.from_dlpack(buf.view("bfloat16"))
+    except Exception as exc:  # noqa: BLE001 (whatever numpy raises, as long as it is not SystemError)
+        assert not isinstance(exc, SystemError), exc
+    else:
+        assert taken.dtype.itemsize == 2 and taken.size == 32
+        del taken
     gc.collect()
     assert dlpack.live_exports() == before
     fake.free(buf)

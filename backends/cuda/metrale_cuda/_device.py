@@ -44,6 +44,7 @@ from metrale_core import (
     AllocKind,
     BackendUnavailableError,
     Baseline,
+    DeviceFaultError,
     DriverError,
     ForeignMemory,
     InvalidArgumentError,
@@ -284,8 +285,14 @@ class CudaDevice(RawDevice):
             device = call1(drv.cuDeviceGet, "cuDeviceGet", ordinal)
             context = call1(drv.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", device)
         except MetraleError as exc:
+            advice = (
+                "; an earlier fault in this process left the device's primary context unusable, and it stays so "
+                "while anything holds it: close every backend on this device (and other libraries' use of it, "
+                "as PyTorch's or CuPy's), or start a new process"
+                if isinstance(exc, DeviceFaultError) else ""
+            )
             raise BackendUnavailableError(
-                f"CUDA device {ordinal} could not be opened: {exc.args[0]}", code=exc.code, name=exc.name
+                f"CUDA device {ordinal} could not be opened: {exc.args[0]}{advice}", code=exc.code, name=exc.name
             ) from exc
         opened = cls(ordinal, device, context)
         try:
@@ -635,16 +642,20 @@ class CudaDevice(RawDevice):
 
     @_bound
     def copy_peer(self, dst: int, src_device: RawDevice, src: int, nbytes: int, stream: object) -> None:
-        """``cuMemcpyPeerAsync`` from ``src_device``'s context to this one's (the same primary context where
-        both are on one ordinal): direct where peer access is enabled, through the host where it is not."""
+        """A copy from ``src_device``'s memory into this one's that a capture can record, which
+        ``cuMemcpyPeerAsync`` is not (the H100 refused it in a capture with
+        ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``): ``cuMemcpyDtoDAsync`` where both are one context (one
+        ordinal: the primary context), else ``cuMemcpyAsync``, which unified addressing routes between the
+        devices (direct where peer access is enabled, through the host where it is not)."""
         if not isinstance(src_device, CudaDevice) or src_device._closed:
             raise error_for_code(
                 "CUDA_ERROR_INVALID_DEVICE", f"copy_peer: the source is not an open CUDA device ({src_device!r})"
             )
-        call(
-            drv.cuMemcpyPeerAsync, "cuMemcpyPeerAsync", dst, self._ctx, src, src_device._ctx, nbytes,
-            cast(_Stream, stream).handle,
-        )
+        handle = cast(_Stream, stream).handle
+        if src_device._key == self._key:
+            call(drv.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync", dst, src, nbytes, handle)
+        else:
+            call(drv.cuMemcpyAsync, "cuMemcpyAsync", dst, src, nbytes, handle)
 
     @_bound
     def enable_peer_access(self, peer: RawDevice) -> None:
