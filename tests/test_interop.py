@@ -640,9 +640,9 @@ class _DriverSpy:
         return [name for name, _ in self.calls]
 
 
-#: Work long enough to be still running when the export returns: 48 memsets of 1 GiB (about 15 ms on an H200).
+#: Work long enough to be still running when the export returns: 160 memsets of 1 GiB (about 55 ms on an H100).
 _LONG_BYTES = 1 << 30
-_LONG_ROUNDS = 48
+_LONG_ROUNDS = 160
 
 
 def _queue_long_work(gpu: GpuBackend, stream: Any) -> tuple[Any, int]:
@@ -661,10 +661,11 @@ def test_torch_reads_on_its_stream_after_metrale_work_without_a_device_wait(
     if not torch.cuda.is_available():
         pytest.skip("torch sees no GPU")
     with cuda:
+        consumer = torch.cuda.Stream()  # torch's own start-up first: it outlasted 48 memsets on the H100
+        torch.zeros(1, device="cuda").sum().item()
         spy = _DriverSpy(monkeypatch)
         stream = cuda.create_stream()
         buf, last = _queue_long_work(cuda, stream)
-        consumer = torch.cuda.Stream()
         with torch.cuda.stream(consumer):
             spy.on = True
             tensor = torch.from_dlpack(buf.view("uint8"))  # torch passes its current stream: consumer's

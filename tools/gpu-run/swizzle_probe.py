@@ -48,6 +48,9 @@ def one(swizzle: str, inner: int) -> None:
                    shared_mem=rows_out * inner)
         out = np.empty(rows_out * cols, dtype=np.float32)
         gpu.copy_to_host(out, dst)
+        del tsrc, tdst
+        gpu.free(src)
+        gpu.free(dst)
     where = {float(v): i for i, v in enumerate(out) if 1000 <= v < 1000 + a.size}
     pos = [where.get(float(1000 + i), -1) for i in range(a.size)]
     names = [n for n, rb in (("linear", inner), ("padded", SPAN[swizzle])) if pos == model(swizzle, inner, rb)]
@@ -62,6 +65,7 @@ if __name__ == "__main__":
         for swizzle, inner in CASES:
             run = subprocess.run([sys.executable, __file__, swizzle, str(inner)], check=False, capture_output=True,
                                  text=True, timeout=40)
-            tail = (run.stdout + run.stderr).strip().splitlines()
-            print(tail[-1] if run.returncode == 0 else f"{swizzle} inner {inner} B: rc={run.returncode} "
+            said = run.stdout.strip().splitlines()
+            tail = run.stderr.strip().splitlines()
+            print(said[-1] if run.returncode == 0 and said else f"{swizzle} inner {inner} B: rc={run.returncode} "
                   f"{tail[-1][:300] if tail else ''}", flush=True)
