@@ -346,9 +346,10 @@ class GpuBackend:
         src_offset: int = 0, stream: Stream | None = None,
     ) -> None:
         """Copy from a buffer of another backend of this process (another device, or another backend on the
-        same device) into one of this backend's, queued on one of this backend's streams (CUDA: ``cuMemcpyAsync``
-        between devices, which unified addressing routes, and a device-to-device copy within one; direct where [`enable_peer_access`][metrale_core.GpuBackend.enable_peer_access]
-        was called, through the host where it was not). Recorded into a capture like any copy; launching
+        same device) into one of this backend's, queued on one of this backend's streams (CUDA:
+        ``cuMemcpyAsync`` between devices, which unified addressing routes, and a device-to-device copy within
+        one; direct where [`enable_peer_access`][metrale_core.GpuBackend.enable_peer_access] was called,
+        through the host where it was not). Recorded into a capture like any copy; launching
         the graph later is refused once ``src`` is no longer live. Order it after the source's writes
         yourself, as with CUDA: synchronize the source's stream or backend on the host (a stream of one
         backend cannot wait for an event of another).

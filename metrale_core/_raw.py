@@ -373,9 +373,9 @@ class RawDevice(abc.ABC):
         """Copy ``nbytes`` from ``src`` on ``src_device`` (another raw device of the same plugin, possibly
         on the same device ordinal) to ``dst`` on this device, ordered on ``stream``, one of this device's
         (CUDA: ``cuMemcpyAsync`` between devices, ``cuMemcpyDtoDAsync`` within one context; not
-        ``cuMemcpyPeerAsync``, which a capture refuses). A capture must record it as any copy. The core checked both ranges
-        live and in bounds. Optional: without it (``CUDA_ERROR_NOT_SUPPORTED``) ``copy_peer`` is refused.
-        A ``src_device`` this backend cannot read raises ``CUDA_ERROR_INVALID_DEVICE``."""
+        ``cuMemcpyPeerAsync``, which a capture refuses). A capture must record it as any copy. The core
+        checked both ranges live and in bounds. Optional: without it (``CUDA_ERROR_NOT_SUPPORTED``)
+        ``copy_peer`` is refused. A ``src_device`` this backend cannot read raises ``CUDA_ERROR_INVALID_DEVICE``."""
         raise error_for_code("CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} copies between no devices: copy_peer")
 
     def enable_peer_access(self, peer: RawDevice) -> None:

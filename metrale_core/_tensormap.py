@@ -173,6 +173,21 @@ class TensorMapSpec:
             every[-1] = 1
         return tuple(-(-b // e) if e else 0 for b, e in zip(self.box, every, strict=True))
 
+    @property
+    def shared_bytes(self) -> int:
+        """The bytes one load of the box takes in shared memory: the `tile_shape` elements, and where the map
+        swizzles (interleave ``"none"``), each innermost row padded to the swizzle's span. Measured on the
+        H100: a 64-byte row under the 128-byte swizzle takes 128 bytes, and a kernel given only the box's
+        bytes of shared memory faulted (``CUDA_ERROR_ILLEGAL_ADDRESS``). Give a TMA kernel at least this much
+        dynamic shared memory per box in flight; the load's transaction count is still the box's bytes,
+        ``prod(tile_shape) * itemsize``."""
+        tile = self.tile_shape
+        row = tile[-1] * self.itemsize
+        span = _SWIZZLE_SPAN.get(self.swizzle)
+        if span is not None and self.interleave == "none":
+            row = max(row, span)
+        return math.prod(tile[:-1]) * row
+
     def encoding(self) -> TensorMapEncoding:
         """The spec as ``cuTensorMapEncodeTiled`` takes it: CUDA's enums, dimensions innermost first."""
         return TensorMapEncoding(

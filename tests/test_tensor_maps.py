@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import SETTINGS
 from metrale_core import (
+    DeviceFaultError,
     TENSOR_MAP_DTYPES,
     TENSOR_MAP_RULES,
     BackendClosedError,
@@ -464,16 +465,17 @@ def _tma_copy(gpu: GpuBackend, kernel: Kernel, a: np.ndarray, box: tuple[int, in
     gpu.copy_to_device(src, np.ascontiguousarray(a))
     gpu.memset(dst, 0xAB)
     sspec = TensorMapSpec(dtype, (rows, cols), (cols * size, size), box, oob_fill=fill, **(src_kw or {}))
-    tsrc = gpu.tensor_map(src, sspec)
-    tdst = gpu.tensor_map(dst, TensorMapSpec(dtype, (prows, pcols), (pcols * size, size), box, **(dst_kw or {})))
-    tile = int(np.prod(sspec.tile_shape)) * size
+    dspec = TensorMapSpec(dtype, (prows, pcols), (pcols * size, size), box, **(dst_kw or {}))
+    tsrc, tdst = gpu.tensor_map(src, sspec), gpu.tensor_map(dst, dspec)
+    tile = int(np.prod(sspec.tile_shape)) * size  # what the load brings (its barrier's transaction count)
+    smem = max(sspec.shared_bytes, dspec.shared_bytes)  # what the box takes in shared memory, padded
     args = [tsrc, tdst, np.uint32(bw), np.uint32(bh), np.uint32(tile)]
     grid = (pcols // bw, prows // bh)
     if captured:
         stream = gpu.create_stream()
         gpu.default_stream.synchronize()
         gpu.begin_capture(stream)
-        gpu.launch(kernel, grid, 32, args, shared_mem=tile, stream=stream)
+        gpu.launch(kernel, grid, 32, args, shared_mem=smem, stream=stream)
         graph = gpu.end_capture(stream)
         exe = graph.instantiate()
         exe.launch(stream)
@@ -482,7 +484,7 @@ def _tma_copy(gpu: GpuBackend, kernel: Kernel, a: np.ndarray, box: tuple[int, in
         graph.close()
         stream.close()
     else:
-        gpu.launch(kernel, grid, 32, args, shared_mem=tile)
+        gpu.launch(kernel, grid, 32, args, shared_mem=smem)
     out = np.empty((prows, pcols), dtype=a.dtype)
     gpu.copy_to_host(out, dst)
     del tsrc, tdst, args
@@ -611,7 +613,10 @@ def test_the_fake_and_the_gpu_copy_the_same_bytes() -> None:
             ((32, 32), (16, 16), f32, "zero", {"swizzle": "64b"}, {}),
             ((32, 32), (16, 8), f32, "zero", {"swizzle": "32b"}, {}),
             ((32, 32), (16, 32), f32, "zero", {"swizzle": "128b"}, {"swizzle": "128b"}),
-            ((32, 32), (16, 16), f32, "zero", {"swizzle": "128b"}, {}),  # rows narrower than the swizzle's span
+            # rows narrower than the swizzle's span: each takes the whole span in shared memory, both ways
+            ((32, 32), (16, 16), f32, "zero", {"swizzle": "128b"}, {"swizzle": "128b"}),
+            ((32, 32), (16, 8), f32, "zero", {"swizzle": "64b"}, {"swizzle": "64b"}),
+            ((21, 48), (16, 16), np.uint8, "zero", {"swizzle": "128b"}, {"swizzle": "128b"}),
             # element strides: the outer one skips rows; the innermost one the TMA ignores
             ((32, 32), (16, 16), f32, "zero", {"element_strides": (2, 1)}, {"element_strides": (2, 1)}),
             ((32, 32), (16, 16), f32, "zero", {"element_strides": (1, 2)}, {"element_strides": (1, 2)}),
@@ -621,3 +626,66 @@ def test_the_fake_and_the_gpu_copy_the_same_bytes() -> None:
             on_gpu = _tma_copy(cuda, kernels[0], a, box, fill, src_kw=src_kw, dst_kw=dst_kw)
             on_fake = _tma_copy(fake, kernels[1], a, box, fill, src_kw=src_kw, dst_kw=dst_kw)
             assert on_gpu.tobytes() == on_fake.tobytes(), f"{shape} {box} {dtype} {fill} {src_kw} {dst_kw}"
+
+
+# -- where a box lies in shared memory --------------------------------------------------------------------------
+
+#: (swizzle, the innermost box's bytes): rows as wide as the span, and narrower ones.
+_LAYOUT_CASES = [("32b", 16), ("64b", 16), ("64b", 32), ("128b", 16), ("128b", 32), ("128b", 64), ("128b", 128)]
+_SPAN = {"32b": 32, "64b": 64, "128b": 128}
+
+
+def test_shared_bytes_pads_each_row_to_the_swizzle_span() -> None:
+    assert spec(box=(16, 16)).shared_bytes == 16 * 16 * 4
+    assert spec(box=(16, 16), swizzle="128b").shared_bytes == 16 * 128
+    assert spec(box=(16, 32), swizzle="128b").shared_bytes == 16 * 128
+    assert spec(box=(16, 8), swizzle="64b").shared_bytes == 16 * 64
+    assert spec(box=(16, 4), swizzle="32b").shared_bytes == 16 * 32
+    assert spec("float16", box=(4, 16, 16), shape=(8, 32, 32), swizzle="128b").shared_bytes == 4 * 16 * 128
+    assert spec(box=(16, 16), element_strides=(2, 1), swizzle="128b").shared_bytes == 8 * 128
+
+
+@pytest.mark.parametrize(("swizzle", "inner"), _LAYOUT_CASES)
+def test_narrow_swizzled_rows_take_the_whole_span(gpu: GpuBackend, tma: Kernel, swizzle: str, inner: int) -> None:
+    """A 16-row box loaded through a swizzled map, its shared memory stored row-major through a map tall
+    enough to show every byte: each row starts a span apart, its 16-byte chunks XORed in place (the H100 put
+    every element there for each case, tools/gpu-run/swizzle_probe.py; the fake does the same)."""
+    rows, cols = 16, inner // 4
+    tall = rows * _SPAN[swizzle] // inner * 2
+    a = (np.arange(rows * cols, dtype=np.float32) + 1000).reshape(rows, cols)
+    src, dst = gpu.alloc(a.nbytes), gpu.alloc(tall * inner)
+    gpu.copy_to_device(src, a)
+    gpu.memset(dst, 0)
+    sspec = TensorMapSpec("float32", (rows, cols), (inner, 4), (rows, cols), swizzle=swizzle)
+    tsrc = gpu.tensor_map(src, sspec)
+    tdst = gpu.tensor_map(dst, TensorMapSpec("float32", (tall, cols), (inner, 4), (tall, cols)))
+    gpu.launch(tma, 1, 32, [tsrc, tdst, np.uint32(cols), np.uint32(rows), np.uint32(a.nbytes)],
+               shared_mem=tall * inner)
+    out = np.empty(tall * cols, dtype=np.float32)
+    gpu.copy_to_host(out, dst)
+    where = {float(v): i for i, v in enumerate(out) if 1000 <= v < 1000 + a.size}
+    bits = {"32b": 0x10, "64b": 0x30, "128b": 0x70}[swizzle]
+    padded = [(o ^ ((o >> 3) & bits)) // 4 for r in range(rows) for c in range(cols)
+              for o in [r * _SPAN[swizzle] + c * 4]]
+    assert [where.get(float(1000 + i), -1) for i in range(a.size)] == padded
+    assert sspec.shared_bytes == rows * _SPAN[swizzle]
+    del tsrc, tdst
+    gpu.free(src)
+    gpu.free(dst)
+
+
+def test_too_little_shared_memory_for_a_padded_box_faults_on_the_fake() -> None:
+    """The H100 faulted (``CUDA_ERROR_ILLEGAL_ADDRESS``, named by the launch) when a 64-byte row under the
+    128-byte swizzle was given only the box's bytes of shared memory; the fake faults the same way."""
+    with open_backend("fake", settings=SETTINGS) as gpu:
+        tma = gpu.load_modules(shipped_modules("tma")).kernel("tma", "tma_copy_2d")
+        a = np.zeros((16, 16), dtype=np.float32)
+        src, dst = gpu.alloc(a.nbytes), gpu.alloc(a.nbytes)
+        s = TensorMapSpec("float32", (16, 16), (64, 4), (16, 16), swizzle="128b")
+        tsrc, tdst = gpu.tensor_map(src, s), gpu.tensor_map(dst, s)
+        with pytest.raises(DeviceFaultError) as info:
+            gpu.launch(tma, 1, 32, [tsrc, tdst, np.uint32(16), np.uint32(16), np.uint32(a.nbytes)],
+                       shared_mem=a.nbytes)
+            gpu.synchronize()
+        assert "tma.tma_copy_2d" in str(info.value) and "2048 bytes of shared memory" in str(info.value)
+        assert gpu.faulted is not None

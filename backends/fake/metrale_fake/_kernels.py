@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from metrale_core import KernelImplementation, TensorMap, kernel_implementation
@@ -76,17 +78,22 @@ def tma_copy_2d(
 ) -> None:
     """The fake's TMA tile copy: each block's box loaded from ``src`` (out-of-bounds elements filled) and stored
     to ``dst`` (out-of-bounds elements skipped), as the CUDA kernel's TMA load and store do."""
+    box_bytes = math.prod(src.spec.tile_shape) * src.spec.itemsize
+    if box_bytes != int(tile_bytes):
+        raise RuntimeError(f"the TMA load brings {box_bytes} bytes where the kernel expects {tile_bytes} (on a GPU its"
+                           f" barrier never completes)")
+    for spec in (src.spec, dst.spec):  # each box in shared memory, padded as its swizzle pads it
+        if spec.shared_bytes > launch.shared_mem:
+            raise IndexError(f"a box of {spec.box} {spec.dtype} elements (swizzle {spec.swizzle!r}) takes "
+                             f"{spec.shared_bytes} bytes of shared memory, past the launch's {launch.shared_mem}")
     for by in range(launch.grid[1]):
         for bx in range(launch.grid[0]):
             coords = (by * int(box_rows), bx * int(box_cols))
-            tile = launch.tma_load(src, coords)
-            if tile.nbytes > launch.shared_mem:
-                raise IndexError(f"a box of {tile.nbytes} bytes overruns the launch's {launch.shared_mem} bytes of "
-                                 f"dynamic shared memory")
-            if tile.nbytes != int(tile_bytes):
-                raise RuntimeError(f"the TMA load brought {tile.nbytes} bytes where the kernel expected {tile_bytes}"
-                                   f" (on a GPU its barrier never completes)")
-            launch.tma_store(dst, coords, tile)
+            smem = np.zeros(launch.shared_mem, dtype=np.uint8)  # (the GPU's is uninitialized)
+            tile = launch.tma_load(src, coords).reshape(-1).view(np.uint8)
+            smem[: tile.nbytes] = tile
+            launch.tma_store(dst, coords, smem)
+
 
 
 #: The implementations the fake plugin registers through ``metrale_kernel_implementations``.

@@ -67,12 +67,15 @@ class FakeLaunch:
     def tma_load(self, tmap: TensorMap, coords: tuple[int, ...]) -> np.ndarray:
         """The box of tensor map ``tmap`` at element ``coords`` (outermost first), as the TMA brings it to shared
         memory (``cp.async.bulk.tensor`` from global): ``spec.tile_shape`` elements, those outside the tensor
-        filled with zero or NaN as its ``oob_fill`` says. Interleaved maps are not copied (``ValueError``)."""
+        filled with zero or NaN as its ``oob_fill`` says, laid out as the TMA lays them out in shared memory
+        (with a swizzle, each innermost row padded to its span and its 16-byte chunks moved: ``nbytes`` is
+        ``spec.shared_bytes``). Interleaved maps are not copied (``ValueError``)."""
         return tma_load(self.memory, tmap, coords)
 
     def tma_store(self, tmap: TensorMap, coords: tuple[int, ...], tile: np.ndarray) -> None:
-        """Write ``tile`` to the box of ``tmap`` at ``coords``, as a TMA store does: elements outside the
-        tensor are skipped."""
+        """Write the box of ``tmap`` at ``coords`` from ``tile``, shared memory read as this map lays a box
+        out there (at least ``spec.shared_bytes`` bytes, else ``ValueError``), as a TMA store does: elements
+        outside the tensor are skipped."""
         tma_store(self.memory, tmap, coords, tile)
 
     @property

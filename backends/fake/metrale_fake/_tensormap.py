@@ -9,6 +9,7 @@ A fake image is not the driver's: kernels on the fake never read it (their imple
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -106,28 +107,30 @@ def _bytes_at(read: Callable[[int, int], np.ndarray], address: int, offsets: np.
 _SWIZZLE_BITS: Final = {"none": 0, "32b": 0x10, "64b": 0x30, "128b": 0x70}
 
 
-def _swizzled(spec_swizzle: str, nbytes: int) -> np.ndarray | None:
-    """For each byte of a tile's shared memory in row-major order, where the swizzle puts it (``None``: nowhere
-    else). The tile starts at a 1024-byte boundary, as the shipped kernel's shared memory does."""
-    bits = _SWIZZLE_BITS.get(spec_swizzle)
+def _layout(spec: TensorMapSpec) -> tuple[tuple[int, ...], np.ndarray | None]:
+    """How a box of ``spec`` lies in shared memory: its shape there (the tile's, each innermost row padded to
+    the swizzle's span: ``spec.shared_bytes`` in all) and, with a swizzle, where each byte of that row-major
+    image goes (``None``: nowhere else). The tile starts at a 1024-byte boundary, as the shipped kernel's
+    shared memory does."""
+    bits = _SWIZZLE_BITS.get(spec.swizzle)
     if bits is None:
-        raise ValueError(f"the fake's TMA has no model of swizzle {spec_swizzle!r}")
+        raise ValueError(f"the fake's TMA has no model of swizzle {spec.swizzle!r}")
+    *outer, _ = spec.tile_shape
+    shape = (*outer, spec.shared_bytes // (math.prod(outer) * spec.itemsize))
     if not bits:
-        return None
-    offsets = np.arange(nbytes, dtype=np.int64)
-    where = offsets ^ ((offsets >> 3) & bits)
-    if nbytes and int(where.max()) >= nbytes:
-        raise ValueError(f"the fake's TMA models a swizzled tile of whole 128-byte rows of shared memory; this one "
-                         f"is {nbytes} bytes")
-    return where
+        return shape, None
+    offsets = np.arange(spec.shared_bytes, dtype=np.int64)
+    return shape, offsets ^ ((offsets >> 3) & bits)  # (only bits 4-6 change: a byte stays in its span)
+
 
 
 def tma_load(read: Callable[[int, int], np.ndarray], tmap: TensorMap, coords: Sequence[int]) -> np.ndarray:
     """The box of ``tmap`` at element ``coords`` (outermost first), as the TMA brings it to shared memory:
     ``tile_shape`` elements, those outside the tensor filled with zero or NaN as ``oob_fill`` says, laid out in
-    the array's memory as the map's swizzle lays them out in shared memory (row-major without one; a 16-byte
-    chunk moved within its 128 bytes with one, so a tile loaded with one swizzle and stored with another comes
-    out permuted, as on a GPU)."""
+    the array's memory as the TMA lays them out in shared memory: row-major without a swizzle; with one, each
+    innermost row padded to the swizzle's span (the array's last dimension is then the span's elements, the
+    padding zero) and each 16-byte chunk moved within it, so a tile loaded with one swizzle and stored with
+    another comes out permuted, as on a GPU. Its ``nbytes`` is ``spec.shared_bytes``."""
     shape, offsets, inside, dtype, size = _plan(tmap, coords)
     tile = np.zeros(shape, dtype=dtype)
     if tmap.spec.oob_fill == "nan":
@@ -135,26 +138,32 @@ def tma_load(read: Callable[[int, int], np.ndarray], tmap: TensorMap, coords: Se
     if inside.any():
         memory, index = _bytes_at(read, tmap.address, offsets[inside], size)
         tile[inside] = memory[index].reshape(-1).view(dtype)
-    where = _swizzled(tmap.spec.swizzle, tile.nbytes)
+    smem_shape, where = _layout(tmap.spec)
     if where is None:
         return tile
-    smem = np.empty(tile.nbytes, dtype=np.uint8)
-    smem[where] = tile.reshape(-1).view(np.uint8)
-    return smem.view(dtype).reshape(shape)
+    rows = np.zeros(smem_shape, dtype=dtype)
+    rows[..., : shape[-1]] = tile
+    smem = np.empty(rows.nbytes, dtype=np.uint8)
+    smem[where] = rows.reshape(-1).view(np.uint8)
+    return smem.view(dtype).reshape(smem_shape)
 
 
 def tma_store(
     read: Callable[[int, int], np.ndarray], tmap: TensorMap, coords: Sequence[int], tile: np.ndarray
 ) -> None:
-    """Write ``tile`` (shared memory, as `tma_load` lays it out) to the box of ``tmap`` at ``coords``, as
-    the TMA stores from shared memory through the map's swizzle: elements outside the tensor are not written."""
+    """Write the box of ``tmap`` at ``coords`` from ``tile``, shared memory from the tile's start (as
+    `tma_load` lays a box out; its bytes are read as this map's layout says, so they may come from a load
+    through another map), as the TMA stores: elements outside the tensor are not written. Fewer bytes than
+    ``spec.shared_bytes`` are a read past the kernel's shared memory (``ValueError``: a fault)."""
     shape, offsets, inside, dtype, size = _plan(tmap, coords)
-    data = np.ascontiguousarray(tile, dtype=dtype)
-    if data.shape != shape:
-        raise ValueError(f"a tile of {tmap.spec.box} elements is {shape}, got {data.shape}")
-    where = _swizzled(tmap.spec.swizzle, data.nbytes)
-    if where is not None:  # the shared memory as this map's swizzle reads it
-        data = data.reshape(-1).view(np.uint8)[where].view(dtype).reshape(shape)
+    raw = np.ascontiguousarray(tile).reshape(-1).view(np.uint8)
+    need = tmap.spec.shared_bytes
+    if raw.nbytes < need:
+        raise ValueError(f"a box of {tmap.spec.box} {tmap.spec.dtype} elements takes {need} bytes of shared memory"
+                         f" (swizzle {tmap.spec.swizzle!r}); the tile given has {raw.nbytes}")
+    smem_shape, where = _layout(tmap.spec)
+    image = raw[:need] if where is None else raw[:need][where]
+    data = image.view(dtype).reshape(smem_shape)[..., : shape[-1]]
     if inside.any():
         memory, index = _bytes_at(read, tmap.address, offsets[inside], size)
         memory[index] = data[inside].reshape(-1).view(np.uint8).reshape(-1, size)
