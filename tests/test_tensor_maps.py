@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from conftest import SETTINGS
 from metrale_core import (
-    DeviceFaultError,
     TENSOR_MAP_DTYPES,
     TENSOR_MAP_RULES,
     BackendClosedError,
+    DeviceFaultError,
     GpuBackend,
     InvalidArgumentError,
     InvalidBufferError,
