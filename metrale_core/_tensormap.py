@@ -182,6 +182,8 @@ class TensorMapSpec:
         dynamic shared memory per box in flight; the load's transaction count is still the box's bytes,
         ``prod(tile_shape) * itemsize``."""
         tile = self.tile_shape
+        if not tile:  # a rank-0 spec (which `check_tensor_map` refuses) loads nothing
+            return 0
         row = tile[-1] * self.itemsize
         span = _SWIZZLE_SPAN.get(self.swizzle)
         if span is not None and self.interleave == "none":

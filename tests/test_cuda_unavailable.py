@@ -97,3 +97,4 @@ def test_a_primary_context_poisoned_by_an_earlier_fault_says_what_to_do(monkeypa
     with pytest.raises(BackendUnavailableError, match="earlier fault in this process") as info:
         _device.CudaDevice.open(0)
     assert info.value.code == 700
+    assert "open the backend in a new process" in str(info.value)

@@ -28,9 +28,11 @@ from metrale_core import (
     TensorMapSpec,
     available_backends,
     check_tensor_map,
+    kernel_implementation,
     open_backend,
 )
 from metrale_core.kernels import shipped_modules
+from metrale_fake import FakeLaunch
 
 pytestmark = pytest.mark.needs("kernels", "tensor_maps")
 
@@ -643,6 +645,50 @@ def test_shared_bytes_pads_each_row_to_the_swizzle_span() -> None:
     assert spec(box=(16, 4), swizzle="32b").shared_bytes == 16 * 32
     assert spec("float16", box=(4, 16, 16), shape=(8, 32, 32), swizzle="128b").shared_bytes == 4 * 16 * 128
     assert spec(box=(16, 16), element_strides=(2, 1), swizzle="128b").shared_bytes == 8 * 128
+
+
+def test_a_rank_0_spec_takes_no_shared_memory_and_is_refused() -> None:
+    empty = TensorMapSpec("float32", (), (), ())
+    assert empty.shared_bytes == 0 and empty.tile_shape == ()
+    with pytest.raises(TensorMapError) as info:
+        check_tensor_map(empty, BASE, **H200)  # type: ignore[arg-type]
+    assert info.value.rule == "rank"
+
+
+def test_the_fake_refuses_a_tile_of_another_element_type_rather_than_reinterpret_it() -> None:
+    """A float64 tile stored through a float32 map would write its bytes as float32 garbage: the fake's
+    ``tma_store`` takes the map's element type, or shared memory's bytes as uint8 (stored as they are)."""
+    stored: list[str] = []
+
+    @kernel_implementation("tma", "tma_copy_2d")
+    def store(launch: FakeLaunch, src: TensorMap, dst: TensorMap, cols: np.uint32, rows: np.uint32,
+              nbytes: np.uint32) -> None:
+        tile = np.full((16, 16), 2.5)  # float64
+        for candidate in (tile.astype(np.float32), tile.astype(np.float32).view(np.uint8), tile):
+            try:
+                launch.tma_store(dst, (0, 0), candidate)
+                stored.append(f"{candidate.dtype}")
+            except ValueError as exc:
+                stored.append(f"{candidate.dtype}: {exc}")
+
+    with open_backend("fake", settings=SETTINGS) as gpu:
+        kernel = gpu.load_modules(shipped_modules("tma")).kernel("tma", "tma_copy_2d")
+        gpu.add_kernel_implementations(store)
+        s = TensorMapSpec("float32", (16, 16), (64, 4), (16, 16))
+        src, dst = gpu.alloc(1024), gpu.alloc(1024)
+        gpu.memset(dst, 0)
+        tsrc, tdst = gpu.tensor_map(src, s), gpu.tensor_map(dst, s)
+        gpu.launch(kernel, 1, 32, [tsrc, tdst, np.uint32(16), np.uint32(16), np.uint32(1024)], shared_mem=1024)
+        gpu.synchronize()
+        out = np.empty((16, 16), dtype=np.float32)
+        gpu.copy_to_host(out, dst)
+        del tsrc, tdst
+        gpu.free(src)
+        gpu.free(dst)
+    assert stored[:2] == ["float32", "uint8"]
+    assert stored[2].startswith("float64: a tile of float64 stored through a float32 tensor map")
+    assert "tile.view(np.uint8)" in stored[2]
+    assert (out == 2.5).all()
 
 
 @pytest.mark.parametrize(("swizzle", "inner"), _LAYOUT_CASES)

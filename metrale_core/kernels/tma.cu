@@ -6,8 +6,10 @@
 
 // Block (x, y) copies the box at element (row y * box_rows, column x * box_cols) of `src` to the same place in
 // `dst`: one TMA load into shared memory (elements outside `src` arrive as its out-of-bounds fill) and one TMA
-// store (elements outside `dst` are not written). `tile_bytes` is the box's size in shared memory; launch with
-// that much dynamic shared memory and one thread a block (or more: thread 0 does the copy).
+// store (elements outside `dst` are not written). `tile_bytes` is the box's bytes, prod(tile_shape) * itemsize:
+// the load's transaction count, which the barrier waits for. Launch with `spec.shared_bytes` of dynamic shared
+// memory (the larger of the two maps'), which with a swizzle pads each row of the box to the swizzle's span and
+// can exceed `tile_bytes`, and one thread a block (or more: thread 0 does the copy).
 extern "C" __global__ void tma_copy_2d(const __grid_constant__ CUtensorMap src,
                                        const __grid_constant__ CUtensorMap dst,
                                        unsigned int box_cols, unsigned int box_rows, unsigned int tile_bytes) {

@@ -286,9 +286,9 @@ class CudaDevice(RawDevice):
             context = call1(drv.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", device)
         except MetraleError as exc:
             advice = (
-                "; an earlier fault in this process left the device's primary context unusable, and it stays so "
-                "while anything holds it: close every backend on this device (and other libraries' use of it, "
-                "as PyTorch's or CuPy's), or start a new process"
+                "; an earlier fault in this process left the device's primary context unusable, and the "
+                "context is shared by everything in the process (metrale's backends, PyTorch, CuPy): open the "
+                "backend in a new process, and run code that faults on purpose in a subprocess"
                 if isinstance(exc, DeviceFaultError) else ""
             )
             raise BackendUnavailableError(

@@ -154,9 +154,17 @@ def tma_store(
     """Write the box of ``tmap`` at ``coords`` from ``tile``, shared memory from the tile's start (as
     `tma_load` lays a box out; its bytes are read as this map's layout says, so they may come from a load
     through another map), as the TMA stores: elements outside the tensor are not written. Fewer bytes than
-    ``spec.shared_bytes`` are a read past the kernel's shared memory (``ValueError``: a fault)."""
+    ``spec.shared_bytes`` are a read past the kernel's shared memory (``ValueError``: a fault). ``tile`` is
+    either that shared memory as bytes (``uint8``) or an array of the map's element type (as `tma_load`
+    returns); another element type is refused (``ValueError``) rather than silently reinterpreted: view it
+    as ``uint8`` to store its bytes as they are."""
     shape, offsets, inside, dtype, size = _plan(tmap, coords)
-    raw = np.ascontiguousarray(tile).reshape(-1).view(np.uint8)
+    given = np.asarray(tile)
+    if given.dtype not in (np.dtype(np.uint8), np.dtype(dtype)):
+        raise ValueError(f"a tile of {given.dtype} stored through a {tmap.spec.dtype} tensor map: give "
+                         f"{np.dtype(dtype).name} elements, or the shared memory's bytes as uint8 "
+                         f"(tile.view(np.uint8)) to store them as they are")
+    raw = np.ascontiguousarray(given).reshape(-1).view(np.uint8)
     need = tmap.spec.shared_bytes
     if raw.nbytes < need:
         raise ValueError(f"a box of {tmap.spec.box} {tmap.spec.dtype} elements takes {need} bytes of shared memory"
