@@ -691,6 +691,31 @@ def test_the_fake_refuses_a_tile_of_another_element_type_rather_than_reinterpret
     assert (out == 2.5).all()
 
 
+def test_the_fake_stores_a_bfloat16_tile_given_as_ml_dtypes_bfloat16() -> None:
+    from ml_dtypes import bfloat16
+
+    with open_backend("fake", settings=SETTINGS) as gpu:
+        s = TensorMapSpec("bfloat16", (8, 8), (16, 2), (8, 8))
+        dst = gpu.alloc(128)
+        gpu.memset(dst, 0)
+        tdst = gpu.tensor_map(dst, s)
+        memory: list[np.ndarray] = []
+
+        def read(address: int, nbytes: int) -> np.ndarray:
+            memory.append(np.zeros(nbytes, dtype=np.uint8))
+            return memory[-1]
+
+        from metrale_fake._tensormap import tma_store
+
+        tile = np.full((8, 8), 1.5, dtype=bfloat16)
+        tma_store(read, tdst, (0, 0), tile)
+        assert memory[0].view(bfloat16).tolist() == [1.5] * 64
+        with pytest.raises(ValueError, match="a tile of float32 stored through a bfloat16 tensor map"):
+            tma_store(read, tdst, (0, 0), tile.astype(np.float32))
+        del tdst
+        gpu.free(dst)
+
+
 @pytest.mark.parametrize(("swizzle", "inner"), _LAYOUT_CASES)
 def test_narrow_swizzled_rows_take_the_whole_span(gpu: GpuBackend, tma: Kernel, swizzle: str, inner: int) -> None:
     """A 16-row box loaded through a swizzled map, its shared memory stored row-major through a map tall

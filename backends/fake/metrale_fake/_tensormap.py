@@ -156,11 +156,12 @@ def tma_store(
     through another map), as the TMA stores: elements outside the tensor are not written. Fewer bytes than
     ``spec.shared_bytes`` are a read past the kernel's shared memory (``ValueError``: a fault). ``tile`` is
     either that shared memory as bytes (``uint8``) or an array of the map's element type (as `tma_load`
-    returns); another element type is refused (``ValueError``) rather than silently reinterpreted: view it
-    as ``uint8`` to store its bytes as they are."""
+    returns it, or ml_dtypes' ``bfloat16`` for a ``bfloat16`` map); another element type is refused
+    (``ValueError``) rather than silently reinterpreted: view it as ``uint8`` to store its bytes as they
+    are."""
     shape, offsets, inside, dtype, size = _plan(tmap, coords)
     given = np.asarray(tile)
-    if given.dtype not in (np.dtype(np.uint8), np.dtype(dtype)):
+    if given.dtype not in (np.dtype(np.uint8), np.dtype(dtype)) and given.dtype.name != tmap.spec.dtype:
         raise ValueError(f"a tile of {given.dtype} stored through a {tmap.spec.dtype} tensor map: give "
                          f"{np.dtype(dtype).name} elements, or the shared memory's bytes as uint8 "
                          f"(tile.view(np.uint8)) to store them as they are")
