@@ -75,7 +75,8 @@ class FakeLaunch:
     def tma_store(self, tmap: TensorMap, coords: tuple[int, ...], tile: np.ndarray) -> None:
         """Write the box of ``tmap`` at ``coords`` from ``tile``, shared memory read as this map lays a box
         out there (at least ``spec.shared_bytes`` bytes, else ``ValueError``), as a TMA store does: elements
-        outside the tensor are skipped."""
+        outside the tensor are skipped. ``tile`` holds the map's element type or bytes as ``uint8``; another
+        element type is refused (``TypeError``) rather than reinterpreted."""
         tma_store(self.memory, tmap, coords, tile)
 
     @property

@@ -155,16 +155,19 @@ def tma_store(
     `tma_load` lays a box out; its bytes are read as this map's layout says, so they may come from a load
     through another map), as the TMA stores: elements outside the tensor are not written. Fewer bytes than
     ``spec.shared_bytes`` are a read past the kernel's shared memory (``ValueError``: a fault). ``tile`` is
-    either that shared memory as bytes (``uint8``) or an array of the map's element type (as `tma_load`
-    returns it, or ml_dtypes' ``bfloat16`` for a ``bfloat16`` map); another element type is refused
-    (``ValueError``) rather than silently reinterpreted: view it as ``uint8`` to store its bytes as they
-    are."""
+    either that shared memory as bytes (``uint8``) or an array of the map's element type in native byte
+    order (as `tma_load` returns it, or ml_dtypes' ``bfloat16`` for a ``bfloat16`` map); another element
+    type is a mistake of the implementation, refused (``TypeError``: the launch fails) rather than silently
+    reinterpreted: view it as ``uint8`` to store its bytes as they are."""
     shape, offsets, inside, dtype, size = _plan(tmap, coords)
     given = np.asarray(tile)
-    if given.dtype not in (np.dtype(np.uint8), np.dtype(dtype)) and given.dtype.name != tmap.spec.dtype:
-        raise ValueError(f"a tile of {given.dtype} stored through a {tmap.spec.dtype} tensor map: give "
-                         f"{np.dtype(dtype).name} elements, or the shared memory's bytes as uint8 "
-                         f"(tile.view(np.uint8)) to store them as they are")
+    own = given.dtype.isnative and given.dtype.name == tmap.spec.dtype  # ml_dtypes' bfloat16
+    if given.dtype not in (np.dtype(np.uint8), np.dtype(dtype)) and not own:
+        wanted = "ml_dtypes.bfloat16" if tmap.spec.dtype == "bfloat16" else np.dtype(dtype).name
+        order = "" if given.dtype.isnative else f" (byte order {given.dtype.byteorder!r})"
+        raise TypeError(f"a tile of {given.dtype}{order} stored through a {tmap.spec.dtype} tensor map:"
+                        f" give {wanted} elements in native byte order, or the shared memory's bytes as uint8"
+                        f" (tile.view(np.uint8)) to store them as they are")
     raw = np.ascontiguousarray(given).reshape(-1).view(np.uint8)
     need = tmap.spec.shared_bytes
     if raw.nbytes < need:
