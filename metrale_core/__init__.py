@@ -21,9 +21,11 @@ from __future__ import annotations
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING is (type checkers take it as True), without importing typing
 
 if TYPE_CHECKING:
-    from ._arena import Arena
     from ._backend import GpuBackend
-    from ._buffer import DeviceArray, DeviceBuffer
+    from ._device.buffer import DeviceArray, DeviceBuffer
+    from ._device.handles import Event, Graph, GraphExec, HostBuffer, Stream
+    from ._device.raw import Baseline, CopyDirection, RawDevice
+    from ._device.stats import MemoryStats
     from ._discovery import ENTRY_POINT_GROUP, available_backends, device_count, open_backend
     from ._errors import (
         ArchitectureError,
@@ -46,20 +48,16 @@ if TYPE_CHECKING:
         cuda_code,
         error_for_code,
     )
-    from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
-    from ._ledger import LedgerEvent, LedgerProbe
-    from ._meminfo import effective_free_bytes, parse_mem_available, read_mem_available
-    from ._merge import LedgerReport, MergedReport, RankSummary, SiteTotal, merge_reports
-    from ._ntile import NTile, n_tile
-    from ._pressure import MemoryStats, OomWatchdog
-    from ._ptx import Param, PtxImage, parse_ptx
-    from ._ranks import Placement, open_for_rank, placement
-    from ._raw import Baseline, CopyDirection, RawDevice
+    from ._launch.registry import Kernel, KernelRegistry, RunMetrics
+    from ._launch.tensormaps import TensorMap
+    from ._memory.arena import Arena
+    from ._memory.ledger import LedgerEvent, LedgerProbe
+    from ._memory.meminfo import effective_free_bytes, parse_mem_available, read_mem_available
+    from ._memory.pressure import OomWatchdog
+    from ._placement import Placement, open_for_rank, placement
     from ._registration import BackendRegistration
-    from ._registry import Kernel, KernelRegistry, RunMetrics
-    from ._settings import LaunchEnvironment, MetraleSettings
-    from ._tensormap import TENSOR_MAP_DTYPES, TENSOR_MAP_RULES, TensorMapEncoding, TensorMapSpec, check_tensor_map
-    from ._tensormaps import TensorMap
+    from ._reports.merge import LedgerReport, MergedReport, RankSummary, SiteTotal, merge_reports
+    from ._settings.model import LaunchEnvironment, MetraleSettings
     from ._types import (
         AllocKind,
         AllocRecord,
@@ -69,10 +67,20 @@ if TYPE_CHECKING:
         LaunchArg,
         MemoryInfo,
         Origin,
+        Param,
         RedZoneViolation,
         kernel_implementation,
     )
     from .hookspec import hookimpl
+    from .kernels._ntile import NTile, n_tile
+    from .kernels._ptx import PtxImage, parse_ptx
+    from .kernels._tensormap import (
+        TENSOR_MAP_DTYPES,
+        TENSOR_MAP_RULES,
+        TensorMapEncoding,
+        TensorMapSpec,
+        check_tensor_map,
+    )
 
 __version__ = "0.2.0"
 
@@ -161,11 +169,11 @@ __all__ = [
 #: The module each public name is defined in. A name is imported from it on first use (PEP 562), so
 #: ``import metrale_core`` costs little: pydantic, pluggy and the backend load with the first name that needs them.
 _WHERE: dict[str, str] = {
-    "Arena": "_arena",
+    "Arena": "_memory.arena",
     "GpuBackend": "_backend",
-    "DeviceArray": "_buffer",
-    "DeviceBuffer": "_buffer",
-    "ENTRY_POINT_GROUP": "_settings",
+    "DeviceArray": "_device.buffer",
+    "DeviceBuffer": "_device.buffer",
+    "ENTRY_POINT_GROUP": "_settings.model",
     "available_backends": "_discovery",
     "open_backend": "_discovery",
     "ArchitectureError": "_errors",
@@ -187,37 +195,37 @@ _WHERE: dict[str, str] = {
     "TensorMapError": "_errors",
     "cuda_code": "_errors",
     "error_for_code": "_errors",
-    "Event": "_handles",
-    "Graph": "_handles",
-    "GraphExec": "_handles",
-    "HostBuffer": "_handles",
-    "Stream": "_handles",
-    "LedgerEvent": "_ledger",
-    "LedgerProbe": "_ledger",
-    "effective_free_bytes": "_meminfo",
-    "parse_mem_available": "_meminfo",
-    "read_mem_available": "_meminfo",
-    "NTile": "_ntile",
-    "n_tile": "_ntile",
-    "MemoryStats": "_pressure",
-    "OomWatchdog": "_pressure",
-    "Param": "_ptx",
-    "PtxImage": "_ptx",
-    "parse_ptx": "_ptx",
-    "Baseline": "_raw",
-    "CopyDirection": "_raw",
-    "RawDevice": "_raw",
+    "Event": "_device.handles",
+    "Graph": "_device.handles",
+    "GraphExec": "_device.handles",
+    "HostBuffer": "_device.handles",
+    "Stream": "_device.handles",
+    "LedgerEvent": "_memory.ledger",
+    "LedgerProbe": "_memory.ledger",
+    "effective_free_bytes": "_memory.meminfo",
+    "parse_mem_available": "_memory.meminfo",
+    "read_mem_available": "_memory.meminfo",
+    "NTile": "kernels._ntile",
+    "n_tile": "kernels._ntile",
+    "MemoryStats": "_device.stats",
+    "OomWatchdog": "_memory.pressure",
+    "Param": "_types",
+    "PtxImage": "kernels._ptx",
+    "parse_ptx": "kernels._ptx",
+    "Baseline": "_device.raw",
+    "CopyDirection": "_device.raw",
+    "RawDevice": "_device.raw",
     "BackendRegistration": "_registration",
-    "Kernel": "_registry",
-    "KernelRegistry": "_registry",
-    "RunMetrics": "_registry",
-    "MetraleSettings": "_settings",
-    "TENSOR_MAP_DTYPES": "_tensormap",
-    "TENSOR_MAP_RULES": "_tensormap",
-    "TensorMapEncoding": "_tensormap",
-    "TensorMapSpec": "_tensormap",
-    "check_tensor_map": "_tensormap",
-    "TensorMap": "_tensormaps",
+    "Kernel": "_launch.registry",
+    "KernelRegistry": "_launch.registry",
+    "RunMetrics": "_launch.registry",
+    "MetraleSettings": "_settings.model",
+    "TENSOR_MAP_DTYPES": "kernels._tensormap",
+    "TENSOR_MAP_RULES": "kernels._tensormap",
+    "TensorMapEncoding": "kernels._tensormap",
+    "TensorMapSpec": "kernels._tensormap",
+    "check_tensor_map": "kernels._tensormap",
+    "TensorMap": "_launch.tensormaps",
     "AllocKind": "_types",
     "AllocRecord": "_types",
     "BackendInfo": "_types",
@@ -228,15 +236,15 @@ _WHERE: dict[str, str] = {
     "RedZoneViolation": "_types",
     "kernel_implementation": "_types",
     "device_count": "_discovery",
-    "LedgerReport": "_merge",
-    "MergedReport": "_merge",
-    "RankSummary": "_merge",
-    "SiteTotal": "_merge",
-    "merge_reports": "_merge",
-    "Placement": "_ranks",
-    "open_for_rank": "_ranks",
-    "placement": "_ranks",
-    "LaunchEnvironment": "_settings",
+    "LedgerReport": "_reports.merge",
+    "MergedReport": "_reports.merge",
+    "RankSummary": "_reports.merge",
+    "SiteTotal": "_reports.merge",
+    "merge_reports": "_reports.merge",
+    "Placement": "_placement",
+    "open_for_rank": "_placement",
+    "placement": "_placement",
+    "LaunchEnvironment": "_settings.model",
     "Origin": "_types",
     "hookimpl": "hookspec",
 }

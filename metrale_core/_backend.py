@@ -38,29 +38,30 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from ._allocator import Allocator
-from ._arena import Arena
-from ._buffer import DeviceBuffer
-from ._capture import forbid_during_capture
-from ._context import DeviceContext, gated, gated_read, invalid_argument
+from ._device.buffer import DeviceBuffer
+from ._device.capture import forbid_during_capture
+from ._device.context import DeviceContext, gated, gated_read, invalid_argument
+from ._device.handles import Event, Graph, GraphExec, HostBuffer, Stream
+from ._device.raw import RawDevice
+from ._device.stats import MemoryStats, StatsCounter
 from ._errors import ConfigError, MetraleError
-from ._exports import ExportTable
-from ._handles import Event, Graph, GraphExec, HostBuffer, Stream
-from ._holdings import Holdings
-from ._kernels import KernelFront
-from ._ledger import LedgerProbe
-from ._merge import LedgerReport
-from ._monitor import MemoryMonitor
-from ._ntile import NTile
-from ._pressure import MemoryStats, OomWatchdog, StatsCounter
-from ._raw import RawDevice
-from ._registry import Kernel, KernelRegistry, RunMetrics
-from ._settings import MetraleSettings
-from ._streams import StreamFront
-from ._tensormap import TensorMapSpec
-from ._tensormaps import TensorMap, TensorMapFront
+from ._launch.front import KernelFront
+from ._launch.registry import Kernel, KernelRegistry, RunMetrics
+from ._launch.tensormaps import TensorMap, TensorMapFront
+from ._memory.allocator import Allocator
+from ._memory.arena import Arena
+from ._memory.exports import ExportTable
+from ._memory.holdings import Holdings
+from ._memory.ledger import LedgerProbe
+from ._memory.monitor import MemoryMonitor
+from ._memory.pressure import OomWatchdog
+from ._redzones.guard import ZoneGuard
+from ._reports.merge import LedgerReport
+from ._settings.model import MetraleSettings
+from ._streams.front import StreamFront
 from ._types import KernelImplementation, MemoryInfo, Origin, RedZoneViolation
-from ._zoneguard import ZoneGuard
+from .kernels._ntile import NTile
+from .kernels._tensormap import TensorMapSpec
 
 __all__ = ["GpuBackend"]
 

@@ -22,15 +22,15 @@ import pluggy
 
 from . import hookspec
 from ._backend import GpuBackend
+from ._device.raw import RawDevice
 from ._errors import (
     BackendNotFoundError,
     BackendUnavailableError,
     InvalidArgumentError,
     MetraleError,
 )
-from ._raw import RawDevice
 from ._registration import BackendRegistration
-from ._settings import ENTRY_POINT_GROUP, MetraleSettings, backend_entry_points
+from ._settings.model import ENTRY_POINT_GROUP, MetraleSettings, backend_entry_points
 from ._types import BackendInfo, KernelImplementation, RedZoneViolation, as_index
 
 __all__ = ["ENTRY_POINT_GROUP", "available_backends", "device_count", "open_backend"]

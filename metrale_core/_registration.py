@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._backend import GpuBackend
-    from ._raw import RawDevice
-    from ._settings import MetraleSettings
+    from ._device.raw import RawDevice
+    from ._settings.model import MetraleSettings
 
 __all__ = ["BackendRegistration"]
 

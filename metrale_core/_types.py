@@ -14,8 +14,6 @@ import sys
 from collections.abc import Callable
 from typing import Any, Final, Literal, SupportsIndex, cast
 
-from ._ptx import Param
-
 __all__ = [
     "WORD_LIMIT",
     "AllocKind",
@@ -26,6 +24,7 @@ __all__ = [
     "LaunchArg",
     "MemoryInfo",
     "Origin",
+    "Param",
     "RedZoneViolation",
     "as_index",
     "format_bytes",
@@ -60,6 +59,44 @@ def format_bytes(n: int) -> str:
 #: The kinds of device memory. ``"external"`` is reserved for memory metrale
 #: does not own.
 AllocKind = Literal["device", "managed", "arena"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Param:
+    """One kernel parameter as PTX declares it.
+
+    ``kind`` is PTX's ``u``/``s``/``b``/``f`` (unsigned, signed, untyped bits,
+    float), ``size`` its size in bytes; an array (a struct passed by value)
+    has ``count > 1`` and is given as that many raw bytes.
+    """
+
+    name: str
+    kind: str
+    size: int
+    count: int = 1
+    #: The alignment PTX declares (``.align N``), 0 where it declares none.
+    align: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.count
+
+    @property
+    def pointer_sized(self) -> bool:
+        """Whether a device pointer fits here (a 64-bit integer parameter)."""
+        return self.count == 1 and self.size == 8 and self.kind in "usb"
+
+    @property
+    def tensor_map(self) -> bool:
+        """Whether this is a tensor-map slot: 128 bytes aligned to 64 or more (``const __grid_constant__
+        CUtensorMap``, which PTX declares ``.param .align 64 .b8 name[128]``)."""
+        return self.kind == "b" and self.size * self.count == 128 and self.align >= 64
+
+    def describe(self) -> str:
+        if self.tensor_map:
+            return "CUtensorMap"
+        text = f".{self.kind}{self.size * 8}"
+        return f"{text}[{self.count}]" if self.count > 1 else text
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

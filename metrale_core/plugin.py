@@ -41,7 +41,7 @@ from metrale_core import (
 )
 
 from ._errors import is_sticky
-from ._settings import PluginSettings, Size
+from ._settings.model import PluginSettings, Size
 from ._types import as_index, format_bytes
 
 __all__ = [

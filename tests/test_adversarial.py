@@ -409,7 +409,7 @@ def test_a_cai_dict_that_lies_in_its_methods_is_an_invalid_argument(fake: GpuBac
 def test_a_dlpack_tensor_with_a_negative_extent_is_refused(fake: GpuBackend, shape: tuple[int, ...]) -> None:
     import numpy as np
 
-    from metrale_core._dlpack import DLPACK_CPU, make_capsule
+    from metrale_core._interop.dlpack import DLPACK_CPU, make_capsule
 
     array = np.zeros(64, np.uint8)
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from metrale_core import BackendClosedError, CaptureError, open_backend
-from metrale_core._capture import Capture, call_entered, call_left, forbid_during_capture, may_wait
+from metrale_core._device.capture import Capture, call_entered, call_left, forbid_during_capture, may_wait
 
 
 def test_a_capture_waits_for_a_barred_call_another_thread_is_inside() -> None:

@@ -14,7 +14,7 @@ from test_cli import metrale
 
 from conftest import SETTINGS
 from metrale_core import InvalidArgumentError, MetraleSettings, open_backend
-from metrale_core._bench import MEASUREMENTS, run_bench
+from metrale_core._commands.bench import MEASUREMENTS, run_bench
 
 #: The measurements that launch the shipped kernels (skipped on a backend that runs none).
 LAUNCHING = {"eager", "graph", "safety", "eager_breakdown"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SETTINGS, install_distribution
-from metrale_core._conformance import DEFAULT_BUDGET_S, changed_settings, run_conformance
+from metrale_core._commands.conformance import DEFAULT_BUDGET_S, changed_settings, run_conformance
 
 # A backend whose raw memset stops one byte short: the kind of bug the state machine exists to find.
 SHORT_MEMSET = """

@@ -32,8 +32,8 @@ from metrale_core import (
     open_for_rank,
     placement,
 )
-from metrale_core._merge import merge_snapshots
-from metrale_core._report import load_snapshot
+from metrale_core._reports.merge import merge_snapshots
+from metrale_core._reports.timeline import load_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "distributed" / "ranks.py"

@@ -34,7 +34,7 @@ from metrale_core import (
     InvalidBufferError,
     open_backend,
 )
-from metrale_core import _dlpack as dlpack
+from metrale_core._interop import dlpack
 from metrale_core.plugin import error_for_code
 
 # -- the fake: numpy, in place -----------------------------------------------------------------

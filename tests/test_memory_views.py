@@ -13,8 +13,8 @@ from test_cli import metrale
 
 from conftest import SETTINGS
 from metrale_core import BackendClosedError, GpuBackend, InvalidArgumentError, open_backend
-from metrale_core._progress import Progress
-from metrale_core._report import load_snapshot, plot_html
+from metrale_core._commands.progress import Progress
+from metrale_core._reports.timeline import load_snapshot, plot_html
 
 
 def test_memory_summary(gpu: GpuBackend) -> None:
@@ -57,7 +57,7 @@ def test_stats_of_the_backend_and_of_a_snapshot(tmp_path: Path) -> None:
     assert sum(a.nbytes for a in load_snapshot(snap).live) == 7 << 20
     out = metrale("stats", str(snap), "--top", "1")
     assert out.returncode == 0, out.stderr
-    assert "4 on the ledger" in out.stdout and "_selftest.py:" in out.stdout
+    assert "4 on the ledger" in out.stdout and "selftest.py:" in out.stdout
     assert "6.0 MiB  in 3 allocations" in out.stdout
     out = metrale("stats", str(snap), "--json")
     doc = json.loads(out.stdout)

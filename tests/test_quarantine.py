@@ -27,7 +27,7 @@ from metrale_core import (
     Stream,
     open_backend,
 )
-from metrale_core._zoneguard import QUARANTINE_MAX_BUFFERS
+from metrale_core._redzones.guard import QUARANTINE_MAX_BUFFERS
 from metrale_core.kernels import shipped_modules
 
 FILL = 0xA5

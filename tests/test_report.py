@@ -17,12 +17,12 @@ from metrale_core import (
     MetraleError,
     MetraleSettings,
     SnapshotError,
-    _report,
-    _snapshot,
     open_backend,
 )
-from metrale_core._cli import main
-from metrale_core._report import (
+from metrale_core._commands.cli import main
+from metrale_core._memory import snapshot as _snapshot
+from metrale_core._reports import timeline as _report
+from metrale_core._reports.timeline import (
     OTHER_SITES,
     MemorySnapshot,
     SnapshotEvent,

@@ -22,7 +22,7 @@ from metrale_core import MetraleSettings, available_backends, open_backend
 
 #: Modules a bare ``import metrale_core`` or ``metrale --help`` must not load.
 HEAVY = ("pydantic", "pydantic_settings", "pluggy", "numpy", "importlib.metadata", "hypothesis",
-         "metrale_core._settings", "metrale_core._backend", "metrale_core._discovery", "metrale_fake")
+         "metrale_core._settings.model", "metrale_core._backend", "metrale_core._discovery", "metrale_fake")
 
 
 def _loaded_after(code: str) -> list[str]:
@@ -70,7 +70,7 @@ def test_every_public_name_is_there_and_is_its_module_s() -> None:
 def test_help_loads_neither_settings_nor_a_backend() -> None:
     code = """
         import contextlib, io
-        from metrale_core._cli import main
+        from metrale_core._commands.cli import main
         with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
             main(["--help"])
     """
@@ -78,7 +78,7 @@ def test_help_loads_neither_settings_nor_a_backend() -> None:
 
 
 def test_a_subcommand_s_help_still_shows_its_arguments_and_defaults() -> None:
-    from metrale_core._conformance import DEFAULT_BUDGET_S, DEFAULT_EXAMPLES, DEFAULT_STEPS
+    from metrale_core._commands.conformance import DEFAULT_BUDGET_S, DEFAULT_EXAMPLES, DEFAULT_STEPS
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
     out = subprocess.run([sys.executable, "-m", "metrale_core", "conformance", "--help"], capture_output=True,

@@ -14,7 +14,7 @@ path, which mkdocs-autorefs links and ``mkdocs build --strict`` checks::
 A name is resolved as Python would from the docstring's (or comment's) scope,
 with griffe's static analysis of the packages: the class, the module, its
 imports, then an absolute path. The link names the object at its public path
-(``metrale_core.DeviceBuffer``, not ``metrale_core._buffer.DeviceBuffer``);
+(``metrale_core.DeviceBuffer``, not ``metrale_core._device.buffer.DeviceBuffer``);
 a name with no public path (a private helper) or that does not resolve
 becomes plain code, since the reference cannot show it. Only docstrings (bare
 string statements) and comments change, never code; a line the rewrite makes
@@ -144,7 +144,7 @@ def _walk_public(obj: griffe.Object, public_path: str, public: dict[str, str], s
 
 
 def module_name(path: Path) -> str:
-    """``metrale_core/_bench/run.py`` -> ``metrale_core._bench.run``."""
+    """``metrale_core/_commands/bench/run.py`` -> ``metrale_core._commands.bench.run``."""
     path = path.resolve()
     parts = [] if path.name == "__init__.py" else [path.stem]
     folder = path.parent

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from metrale_core import MetraleSettings
-from metrale_core._settings import ENV_PREFIX, installed_plugin_settings, is_size
+from metrale_core._settings.model import ENV_PREFIX, installed_plugin_settings, is_size
 
 PLACEHOLDER = "<!-- metrale:settings-table -->"
 

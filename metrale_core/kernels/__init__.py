@@ -11,7 +11,7 @@ module        kernels
 ``redzone``   ``redzone_scan(zones, n, fill, result)``: the device-side red-zone
               scan, one block per zone, ``result[z]`` = first changed offset + 1;
               ``redzone_verdict(desc, state, slot)``: the check captured as a
-              graph's last node (``metrale_core._graphcheck``)
+              graph's last node (``metrale_core._redzones.ingraph``)
 ``tma``       ``tma_copy_2d(src, dst, box_cols, box_rows, tile_bytes)``: block
               ``(x, y)`` copies the box at ``(y * box_rows, x * box_cols)`` of
               tensor map ``src`` to the same place of ``dst`` through shared

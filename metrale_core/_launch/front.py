@@ -1,0 +1,248 @@
+"""The kernel front: one backend's kernel modules, launches and their timings.
+
+It loads PTX images after the architecture preflight (into a
+[`KernelRegistry`][metrale_core.KernelRegistry] it keeps track of and closes with the backend),
+launches kernels after their arguments are checked and packed (``_registry.pack_args``) and
+their buffers checked live, keeps the last launches for a fault report, and owns the run
+metrics and the timing events of ``kernel_timing``.
+"""
+
+from __future__ import annotations
+
+import collections
+import reprlib
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final
+
+from .._device.buffer import DeviceBuffer
+from .._device.capture import capturing, forbid_during_capture
+from .._device.context import DeviceContext, Launch, describe_launch, invalid_argument, raise_raw
+from .._device.handles import Stream
+from .._errors import BackendClosedError, CaptureError, InvalidArgumentError, MetraleError
+from .._memory.holdings import Holdings, integer
+from .._streams.front import StreamFront
+from .._types import KernelImplementation, as_index
+from ..kernels._ptx import PtxImage, check_architecture, parse_ptx
+from .registry import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Kernel, KernelRegistry, RunMetrics, pack_args
+from .tensormaps import TensorMap
+
+__all__ = ["KernelFront"]
+
+#: Timed launches whose events are kept before the finished ones are resolved (``kernel_timing``).
+_MAX_PENDING_TIMINGS: Final = 4096
+
+
+def _dims(value: object, name: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
+    if type(value) is int and 1 <= value <= limits[0]:  # the hot path: one dimension
+        return value, 1, 1
+    dims = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if isinstance(dims, str | bytes) or not isinstance(dims, Sequence) or not 1 <= len(dims) <= 3:
+        raise InvalidArgumentError(f"launch: {name} must be an int or 1 to 3 ints, got {value!r}")
+    out = []
+    for d in dims:
+        n = as_index(d)
+        if n is None:
+            raise InvalidArgumentError(f"launch: {name} must hold integers, got {value!r}")
+        out.append(n)
+    out += [1] * (3 - len(out))
+    for n, limit in zip(out, limits, strict=True):
+        if not 1 <= n <= limit:
+            raise InvalidArgumentError(f"launch: {name} {tuple(out)} is outside 1..{limits} per dimension")
+    return out[0], out[1], out[2]
+
+
+class KernelFront:
+    """Kernel modules, launches and run metrics of one backend."""
+
+    __slots__ = ("_holdings", "_metrics", "_raw", "_registries", "_streams", "ctx")
+
+    def __init__(self, ctx: DeviceContext, holdings: Holdings, streams: StreamFront) -> None:
+        self.ctx = ctx
+        self._raw = ctx.raw
+        self._holdings = holdings
+        self._streams = streams
+        self._metrics = RunMetrics()
+        self._registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+
+    # -- modules -------------------------------------------------------------------------------
+
+    def load_modules(self, images: Mapping[str, bytes | str]) -> KernelRegistry:
+        forbid_during_capture("load_modules")
+        if not isinstance(images, Mapping) or not images:
+            raise invalid_argument("load_modules", "a non-empty mapping of module name to PTX image", images)
+        texts: dict[str, bytes] = {}
+        for name, image in images.items():
+            if not isinstance(name, str) or not isinstance(image, bytes | bytearray | str):
+                raise invalid_argument("load_modules", "str names and PTX images as bytes or str", (name, image))
+            texts[name] = image.encode() if isinstance(image, str) else bytes(image)
+        parsed = {name: parse_ptx(name, text) for name, text in texts.items()}
+        check_architecture(parsed, self._raw.compute_capability(), self._raw.device_name())
+        loaded: dict[str, object] = {}  # nothing is loaded until every image passed
+        try:
+            for name, text in texts.items():
+                loaded[name] = self._raw.module_load(name, text)
+        except MetraleError:
+            for module in loaded.values():
+                self.ctx.quietly("module unload", self._raw.module_unload, module)
+            raise
+        registry = KernelRegistry(self.ctx, self._metrics, parsed, loaded)
+        with self.ctx.lock:
+            self._registries.add(registry)
+        return registry
+
+    def preflight(self, images: object) -> None:
+        expected = "a mapping of module names (str) to PTX images (bytes, bytearray or str)"
+        if not isinstance(images, Mapping):
+            raise InvalidArgumentError(f"preflight: expected {expected}, got {reprlib.repr(images)}")
+        parsed: dict[str, PtxImage] = {}
+        for name, image in images.items():
+            if not isinstance(name, str) or not isinstance(image, bytes | bytearray | str):
+                raise InvalidArgumentError(
+                    f"preflight: expected {expected}, got the entry {reprlib.repr(name)}: {reprlib.repr(image)}"
+                )
+            parsed[name] = parse_ptx(name, image)
+        check_architecture(parsed, self._raw.compute_capability(), self._raw.device_name(), what="preflight")
+
+    def add_kernel_implementations(self, implementations: Sequence[object]) -> None:
+        for impl in implementations:
+            if not isinstance(impl, KernelImplementation):
+                raise invalid_argument(
+                    "add_kernel_implementations", "functions decorated with @kernel_implementation", impl
+                )
+        self._raw.add_kernel_implementations(implementations)  # type: ignore[arg-type]
+
+    # -- launches ------------------------------------------------------------------------------
+
+    def launch(
+        self, kernel: Kernel, grid: object, block: object, args: Sequence[object], shared_mem: object,
+        stream: Stream | None,
+    ) -> None:
+        what = "launch"
+        ctx = self.ctx
+        if not isinstance(kernel, Kernel) or not kernel.registry.owned_by(ctx):
+            raise invalid_argument(what, "a Kernel of a registry of this backend", kernel)
+        if kernel.registry.unloaded:  # (inside the gate the backend is open: only the registry can be closed)
+            raise BackendClosedError(f"{what}: the registry of {kernel.signature} was closed; load the modules again")
+        g = _dims(grid, "grid", MAX_GRID)
+        b = _dims(block, "block", MAX_BLOCK)
+        if b[0] * b[1] * b[2] > MAX_THREADS_PER_BLOCK:
+            raise InvalidArgumentError(f"{what}: block {b} has more than {MAX_THREADS_PER_BLOCK} threads")
+        shm = shared_mem if type(shared_mem) is int and shared_mem >= 0 else integer(shared_mem, what, "shared_mem")
+        packed = pack_args(kernel, args, what, self._live)
+        streams = self._streams
+        target = streams.default if stream is None else streams.resolve(stream, what)
+        outside_capture = target.capture is None and not capturing()
+        settings = ctx.settings
+        timing = settings.kernel_timing and outside_capture
+        raw = self._raw
+        start = end = None
+        if timing:
+            start, end = raw.event_create(), raw.event_create()
+            raw.event_record(start, target.raw)
+        launched: Launch = (kernel.module, kernel.name, g, b, packed)
+        ctx.recent.append(launched)  # formatted only when a fault is reported: launches are a hot path
+        try:
+            function = kernel.raw
+            if target.capture is None:  # the common case written out (a hot path): straight to the plugin
+                guard = streams.guard
+                if guard.fills:
+                    guard.settle_for(target)
+                try:
+                    ctx.plugin.launch(function, g, b, shm, target.raw, packed)
+                except Exception as exc:
+                    raise_raw(ctx, ctx.name, "launch", exc)
+            else:
+                target.capture.registries[id(kernel.registry)] = kernel.registry
+                buffers = [a for a in args if isinstance(a, DeviceBuffer)]
+                buffers += [a.tensor_map.buffer for a in packed if isinstance(a.tensor_map, TensorMap)]
+                streams.issue(target, what, buffers, lambda s: raw.launch(function, g, b, shm, s, packed))
+            key = kernel.key
+            if timing:
+                raw.event_record(end, target.raw)
+                self._metrics.pending.append((key, start, end))
+                if len(self._metrics.pending) > _MAX_PENDING_TIMINGS:
+                    self._resolve_timings(wait=False)
+            self._metrics.launched(key)
+            if settings.debug_sync_kernels and outside_capture:
+                raw.stream_synchronize(target.raw)
+        except MetraleError as exc:
+            if isinstance(exc, CaptureError):
+                raise
+            raise type(exc)(
+                f"{what} of {describe_launch(launched)} failed: {exc.message}", code=exc.code, name=exc.name
+            ) from exc
+
+    def launch_probes(
+        self, kernel: Kernel, grid: int, block: int, args: Sequence[object]
+    ) -> dict[str, Callable[[], object]]:
+        """One callable per step of an eager ``launch`` of ``kernel`` on the default stream, each doing what
+        that step does (``metrale bench --only eager_breakdown``); the caller holds the arguments' buffers."""
+        ctx, plugin, raw_stream = self.ctx, self.ctx.plugin, self._streams.default.raw
+        packed = pack_args(kernel, args, "launch", self._live)
+        g, b = _dims(grid, "grid", MAX_GRID), _dims(block, "block", MAX_BLOCK)
+        metrics, function, key = self._metrics, kernel.raw, kernel.key
+        recent: collections.deque[Launch] = collections.deque(maxlen=8)  # (its own: the backend's is left alone)
+
+        def gate() -> None:
+            ctx.enter()
+            ctx.leave()
+
+        def shape() -> None:
+            kernel.registry.owned_by(ctx)
+            _dims(grid, "grid", MAX_GRID)
+            _dims(block, "block", MAX_BLOCK)
+
+        def record() -> None:
+            recent.append((kernel.module, kernel.name, g, b, packed))
+            metrics.launched(key)
+
+        return {
+            "launch: the plugin's raw launch (arguments packed)": lambda: plugin.launch(
+                function, g, b, 0, raw_stream, packed
+            ),
+            "launch: the gate (enter + leave)": gate,
+            "launch: the kernel, grid and block checks": shape,
+            "launch: the arguments checked and packed": lambda: pack_args(kernel, args, "launch", self._live),
+            "launch: kept for fault reports, counted": record,
+        }
+
+    def _live(self, buf: DeviceBuffer) -> None:
+        """A launch's check of a buffer argument (for ``pack_args``): the very buffer the ledger handed out
+        passes at once; anything else goes through the whole rule (which names what is wrong)."""
+        if buf._owner is not self.ctx.ref or not self._holdings.ledger.has(buf):
+            self._holdings.require_live(buf, "launch")
+
+    def run_metrics(self) -> RunMetrics:
+        if self._metrics.pending:
+            forbid_during_capture("run_metrics()")
+            self._resolve_timings(wait=True)
+        return self._metrics
+
+    def _resolve_timings(self, *, wait: bool) -> None:
+        """Turn timed launches into GPU milliseconds: all of them, or (``wait=False``) those already done.
+        Called outside any capture only, where event queries are allowed."""
+        pending = self._metrics.pending
+        raw = self._raw
+        while pending:
+            key, start, end = pending[0]
+            if wait:
+                raw.event_synchronize(end)
+            elif not raw.event_query(end):
+                break
+            pending.pop(0)
+            ms = raw.event_elapsed_ms(start, end)
+            self._metrics.gpu_ms[key] = self._metrics.gpu_ms.get(key, 0.0) + ms
+            self.ctx.quietly("event destroy", raw.event_destroy, start)
+            self.ctx.quietly("event destroy", raw.event_destroy, end)
+
+    def release(self) -> None:
+        """At close: unload every registry's modules, destroy the pending timing events."""
+        with self.ctx.lock:
+            registries = list(self._registries)
+        for registry in registries:
+            registry.close()
+        for _, start, end in self._metrics.pending:
+            self.ctx.quietly("event destroy", self._raw.event_destroy, start)
+            self.ctx.quietly("event destroy", self._raw.event_destroy, end)
+        self._metrics.pending.clear()

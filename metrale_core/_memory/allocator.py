@@ -1,0 +1,508 @@
+"""The allocator: device, managed, arena and pinned host memory of one backend, from the raw
+call to the ledger and back.
+
+It owns the front of the ledger (a record on before ``alloc`` returns, off before ``free``
+releases), reclaim-and-retry after an out-of-memory error and the report that names who holds
+the memory, arena blocks and [`Arena`][metrale_core.Arena] objects, host buffers, and the
+sweep. What it hands out it records in `Holdings`; red zones
+are the zone guard's, asked for by the allocator.
+
+Nothing it makes outlives ``close()``: an allocation finishes by committing its record under
+the context's lock, and one that finds the backend closed by then (a callback closed it, or
+another thread's ``close()`` waited for it) releases its memory and raises
+[`BackendClosedError`][metrale_core.BackendClosedError] instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from .._device.buffer import DeviceBuffer
+from .._device.capture import call_entered, call_left, forbid_during_capture
+from .._device.context import DeviceContext, invalid_argument, raise_raw
+from .._device.handles import HostBuffer
+from .._device.stats import StatsCounter
+from .._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
+from .._redzones.layout import Layout
+from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
+from .arena import Arena
+from .holdings import Holdings, positive_size
+from .ledger import Ledger, call_site, describe_sites, largest_sites, next_index
+
+if TYPE_CHECKING:
+    from .._redzones.guard import ZoneGuard
+    from .monitor import MemoryMonitor
+
+__all__ = ["Allocator"]
+
+_log = logging.getLogger("metrale")
+
+#: How many of the records sweeps took an allocator keeps for `GpuBackend.ledger_report` (the newest).
+SWEPT_KEPT: Final = 10_000
+
+
+#: The core's own folder; its frames (but not those of ``testing`` or the commands) are cut from a stack.
+_CORE_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_USER_DIRS: Final = tuple(os.path.join(_CORE_DIR, d) + os.sep for d in ("testing", "_commands"))
+
+
+def _is_core_frame(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return path.startswith(_CORE_DIR + os.sep) and not path.startswith(_USER_DIRS)
+
+#: Whether this module runs as Python (``dev.py accelerate`` compiles it): then ``alloc``'s own frame is
+#: metrale's, and the call site's walk starts past it.
+_OWN_FRAME: Final = 1 if __file__.endswith(".py") else 0
+
+
+def _user_stack() -> traceback.StackSummary:
+    """The calling stack up to the user's call into metrale (the core's own frames at its top cut off)."""
+    frames = traceback.extract_stack()
+    while frames and _is_core_frame(frames[-1].filename):
+        frames.pop()
+    return traceback.StackSummary.from_list(frames)
+
+
+class _Reclaiming(threading.local):
+    """Per thread: whether the ``on_out_of_memory`` callbacks are running on it now."""
+
+    active = False
+
+
+class Allocator:
+    """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
+
+    __slots__ = (
+        "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_raw", "_reclaiming", "_stats", "_trace_idx",
+        "_zoned", "ctx", "swept",
+    )
+
+    def __init__(
+        self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter, guard: ZoneGuard, monitor: MemoryMonitor
+    ) -> None:
+        self.ctx = ctx
+        self._raw = ctx.raw
+        self._holdings = holdings
+        self._stats = stats
+        self._guard = guard
+        self._monitor = monitor
+        self._callbacks: list[Callable[[int], object]] = []
+        self._observers: list[Callable[[DeviceBuffer], None]] = []
+        #: What sweeps took since the backend opened (the leaks), the last `SWEPT_KEPT` of them.
+        self.swept: collections.deque[AllocRecord] = collections.deque(maxlen=SWEPT_KEPT)
+        self._reclaiming = _Reclaiming()
+        #: Whether device allocations may get red zones at all (the setting is fixed for the backend's life).
+        self._zoned = guard.zones.size > 0
+        self._trace_idx = ctx.settings.redzone_trace_idx  # (fixed too)
+
+    def on_release(self, observer: Callable[[DeviceBuffer], None]) -> None:
+        """Call ``observer(buf)`` as a buffer is released (to warn of graphs and exports still using it)."""
+        self._observers.append(observer)
+
+    def _released(self, buf: DeviceBuffer) -> None:
+        for observer in self._observers:
+            observer(buf)
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def alloc(self, nbytes: object, kind: AllocKind, what: str) -> DeviceBuffer:
+        """Device memory of ``kind``; on the ledger unless it is arena memory."""
+        forbid_during_capture(what)
+        # the size rule (positive_size) with its common case written out: a hot path
+        n = nbytes if type(nbytes) is int and 0 < nbytes < WORD_LIMIT else positive_size(nbytes, what)
+        ctx = self.ctx
+        index = next_index()
+        site = call_site(ctx.internal, _OWN_FRAME)
+        layout = self._guard.layout(n, index) if kind == "device" and self._zoned else None
+        if layout is None:
+            try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors
+                raw_ptr = ctx.plugin.alloc(n, kind)
+            except OutOfMemoryError as exc:
+                raw_ptr = self._raw_alloc(n, n, kind, what, exc)  # reclaim-and-retry
+            except Exception as exc:
+                raise_raw(ctx, ctx.name, "alloc", exc)
+            buf = DeviceBuffer._make(raw_ptr, n, kind, index, site, ctx.ref)
+        else:
+            raw_ptr, filled = self._zoned_alloc(layout, n, what)
+            buf = DeviceBuffer._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
+            try:
+                self._guard.guard(buf, layout, filled=filled)
+            except MetraleError:
+                self._release_quietly(raw_ptr, kind)
+                raise
+        holdings = self._holdings
+        with ctx.lock:  # the commit: the backend is open now, or nothing of this allocation remains
+            committed = not ctx.closed
+            if committed:
+                if layout is not None:
+                    holdings.raw_base[index] = raw_ptr
+                if kind == "arena":
+                    holdings.arena_blocks[index] = buf
+                else:
+                    holdings.ledger.add(buf)
+                self._stats.allocated(kind, n)
+        if not committed:
+            if layout is not None:
+                self._guard.forget(index)
+            self._release_quietly(raw_ptr, kind)
+            raise ctx.closed_error()
+        if self._trace_idx == index:
+            _log.warning(
+                "redzone_trace_idx=%d: %s of %d bytes allocated at %s; full stack:\n%s",
+                index, what, n, site, "".join(traceback.format_list(_user_stack())),
+            )
+        return buf
+
+    def _zoned_alloc(self, layout: Layout, n: int, what: str) -> tuple[int, bool]:
+        """The raw memory of a zoned device allocation, and whether its zones are filled already: a
+        checked block kept for reuse, or a new one from the driver (``False``)."""
+        if layout.raw_bytes >= WORD_LIMIT:
+            raise InvalidArgumentError(
+                f"{what}: {n} bytes and their red zones ({layout.raw_bytes} bytes in all) do not fit 64 bits "
+                f"(CUDA's size_t): ask for less"
+            )
+        reused = self._guard.reuse(layout)
+        if reused is not None:
+            return reused, True
+        return self._raw_alloc(layout.raw_bytes, n, "device", what), False
+
+    def _raw_alloc(
+        self, raw_bytes: int, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError | None = None
+    ) -> int:
+        """The raw allocation, with reclaim-and-retry: when it runs out of memory, the red-zone
+        quarantine is checked and released, with the zoned blocks kept for reuse, first (one more try),
+        then the ``on_out_of_memory``
+        callbacks are asked to free some, and a callback that says it did earns another try (at
+        most ``oom_retries``). ``failed``: the caller's own first try already ran out of memory."""
+        retries = 0
+        drained = False
+        while True:
+            try:
+                if failed is None:
+                    return self._raw.alloc(raw_bytes, kind)
+                first, failed = failed, None  # the caller's first try ran out of memory: on to the remedies
+                raise first
+            except OutOfMemoryError as exc:
+                if not drained and self._guard.held_bytes:  # freed memory the red zones hold back first
+                    drained = True
+                    # logged, not raised: the allocation goes on
+                    self._guard.drain(f"{what}, out of memory", may_raise=False, give_back=True)
+                    continue
+                reclaimed = retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what)
+                if self.ctx.closed:  # a callback closed the backend
+                    raise self.ctx.closed_error() from None
+                if reclaimed:
+                    retries += 1
+                    self._stats.oom_retries += 1
+                    forbid_during_capture(what)  # a capture may have begun while the callbacks ran
+                    continue
+                self._stats.oom_count += 1
+                raise self._out_of_memory(exc, n, kind, what, retries) from None
+
+    def on_out_of_memory(self, callback: Callable[[int], object]) -> None:
+        if not callable(callback):
+            raise invalid_argument("on_out_of_memory", "a callable", callback)
+        self._callbacks.append(callback)
+
+    def _reclaim(self, nbytes: int, what: str) -> bool:
+        """Call the ``on_out_of_memory`` callbacks, each once; whether any says it freed memory.
+
+        Never re-entered: an allocation that runs out of memory inside a callback (on the same
+        thread) gets its ``OutOfMemoryError`` without the callbacks being asked again.
+        """
+        state = self._reclaiming
+        if state.active:
+            _log.debug("%s of %s: out of memory inside an on_out_of_memory callback; not asking the callbacks "
+                       "again", what, format_bytes(nbytes))
+            return False
+        freed = False
+        state.active = True
+        try:
+            for callback in list(self._callbacks):
+                try:
+                    with self.ctx.outside():  # user code: close() from another thread need not wait for it
+                        if callback(nbytes):
+                            freed = True
+                except Exception as exc:  # a callback's bug must not hide the out-of-memory error
+                    _log.warning("on_out_of_memory callback %r raised %s: %s", callback, type(exc).__name__, exc)
+        finally:
+            state.active = False
+        if freed:
+            _log.info("%s of %s: out of memory; a callback freed memory, trying again", what, format_bytes(nbytes))
+        return freed
+
+    def _release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
+        try:
+            self._raw.free(raw_ptr, kind)
+        except MetraleError as exc:
+            _log.warning("releasing %#x after a failed allocation also failed: %s", raw_ptr, exc)
+
+    def _out_of_memory(self, exc: OutOfMemoryError, n: int, kind: str, what: str, retries: int) -> OutOfMemoryError:
+        ctx = self.ctx
+        try:
+            info = self._monitor.memory_info()
+            memory = (
+                f"{format_bytes(info.free)} free ({format_bytes(info.effective_free)} effective) "
+                f"of {format_bytes(info.total)}"
+            )
+        except MetraleError:
+            memory = "free memory unknown"
+        records = self._holdings.ledger.snapshot()
+        live = sum(r.nbytes for r in records)
+        sites = describe_sites(largest_sites(records))
+        retried = f"; tried {retries + 1} times after on_out_of_memory callbacks freed memory" if retries else ""
+        saved = ""
+        folder = ctx.settings.oom_snapshot_dir
+        if folder is not None:
+            path = folder / f"metrale-oom-{ctx.name}-{os.getpid()}-{next_index()}.json"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                self._monitor.save_snapshot(path)
+                saved = f"; memory snapshot saved to {path} (see it with: metrale report {path} --png oom.png)"
+            except (OSError, MetraleError) as err:
+                saved = f"; the memory snapshot could not be saved to {path}: {err}"
+        return OutOfMemoryError(
+            f"{what}({n}) on {ctx.name}:{ctx.ordinal} failed: out of device memory asking for "
+            f"{format_bytes(n)} ({kind}); {memory}; {format_bytes(live)} live on the ledger in "
+            f"{len(records)} allocation(s), largest call sites: {sites}{retried}{saved}. Free buffers "
+            f"you no longer need, register an on_out_of_memory callback that can, or ask for less",
+            requested=n, code=exc.code, name=exc.name,
+        )
+
+    def alloc_host(self, nbytes: object) -> HostBuffer:
+        """Pinned host memory, in a table of its own (not on the ledger)."""
+        forbid_during_capture("alloc_host")
+        n = positive_size(nbytes, "alloc_host")
+        try:
+            ptr, view = self._raw.alloc_host(n)
+        except OutOfMemoryError as exc:
+            raise OutOfMemoryError(
+                f"alloc_host({n}) failed: out of pinned host memory; free host buffers or ask for less",
+                requested=n, code=exc.code, name=exc.name,
+            ) from None
+        hb = HostBuffer(self, ptr, n, view)
+        with self.ctx.lock:
+            if not self.ctx.closed:
+                self._holdings.host[id(hb)] = hb
+                return hb
+        self.ctx.quietly("free host buffer", self._raw.free_host, ptr)
+        raise self.ctx.closed_error()
+
+    # -- release --------------------------------------------------------------------------------
+
+    def free(self, buf: object) -> None:
+        """Free a ``DeviceBuffer`` on the ledger (record off first, then the memory), or a ``HostBuffer``."""
+        forbid_during_capture("free")
+        if type(buf) is not DeviceBuffer or buf.kind != "device":  # (the common case skips these checks)
+            if isinstance(buf, HostBuffer):
+                self.free_host(buf, "free")
+                return
+            if not isinstance(buf, DeviceBuffer):
+                raise InvalidBufferError(f"free: expected a DeviceBuffer or HostBuffer, got {buf!r}")
+            if buf.kind == "arena":
+                with self._holdings.lock:
+                    block = buf.index in self._holdings.arena_blocks
+                if block:
+                    raise InvalidBufferError(
+                        f"free: allocation #{buf.index} is an arena block of alloc_arena(); release it with "
+                        f"free_arena()"
+                    )
+                raise InvalidBufferError(
+                    f"free: allocation #{buf.index} is arena memory: a piece of an Arena is released with the "
+                    f"Arena's reset() or close(), all pieces at once, and an Arena made by create_arena() with "
+                    f"its close(); free() never takes arena memory"
+                )
+            if buf.kind == "external":
+                raise InvalidBufferError(
+                    f"free: allocation #{buf.index} is another library's memory (from wrap()); metrale never "
+                    f"frees it: let go of it with unwrap(), then free it where it came from"
+                )
+        ctx, holdings = self.ctx, self._holdings
+        record = None if buf._owner is not ctx.ref else holdings.ledger.take(buf.index, buf.ptr, buf.nbytes)
+        if record is None:
+            raise InvalidBufferError(
+                f"free: allocation #{buf.index} ({buf.nbytes} bytes at {buf.ptr:#x}, from "
+                f"{buf.site}) is not on this backend's ledger: already freed, swept, or not "
+                f"from this backend. Free each buffer once"
+            )
+        self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever the release says
+        for observer in self._observers:  # (_released, written out: a hot path)
+            observer(buf)
+        kind: AllocKind = "managed" if record.kind == "managed" else "device"
+        if buf.index in holdings.raw_base:  # zoned (a racing free of the same buffer found no record above)
+            with holdings.lock:
+                raw_ptr = holdings.raw_base.pop(buf.index)
+            self._guard.free_checked(buf, raw_ptr, kind)
+            return
+        try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors
+            ctx.plugin.free(buf.ptr, kind)
+        except Exception as exc:
+            raise_raw(ctx, ctx.name, "free", exc)
+
+    def free_host(self, hb: HostBuffer, what: str) -> None:
+        """Release a pinned host buffer of this backend (by identity: the driver hands addresses out again)."""
+        forbid_during_capture(what)
+        with self._holdings.lock:
+            if not self._holdings.host_is_live(hb):
+                raise InvalidBufferError(f"{what}: {hb!r} is not a live host buffer of this backend")
+            del self._holdings.host[id(hb)]
+        hb._mark_closed()
+        self._raw.free_host(hb.ptr)
+
+    def free_arena(self, buf: object, what: str = "free_arena") -> None:
+        """Release an ``alloc_arena`` buffer."""
+        forbid_during_capture(what)
+        if not isinstance(buf, DeviceBuffer) or buf.kind != "arena":
+            raise InvalidBufferError(f"{what}: expected an arena DeviceBuffer, got {buf!r}")
+        holdings = self._holdings
+        with holdings.lock:
+            live = holdings.arena_blocks.get(buf.index)
+            if live is None or buf._owner is not self.ctx.ref or (live.ptr, live.nbytes) != (buf.ptr, buf.nbytes):
+                if any(arena.holds(buf) for arena in holdings.arenas):
+                    raise InvalidBufferError(
+                        f"{what}: allocation #{buf.index} is a piece of an Arena; reset() or close() the arena"
+                    )
+                raise InvalidBufferError(
+                    f"{what}: arena allocation #{buf.index} is not live on this backend; release each arena buffer once"
+                )
+            del holdings.arena_blocks[buf.index]
+        self._released(buf)
+        self._stats.released("arena", buf.nbytes)
+        self._raw.free(buf.ptr, "arena")
+
+    # -- arenas ---------------------------------------------------------------------------------
+
+    def create_arena(self, capacity: object) -> Arena:
+        block = self.alloc(capacity, "arena", "create_arena")
+        arena = Arena(block, self._arena_closed)
+        with self._holdings.lock:
+            self._holdings.arenas.append(arena)
+        return arena
+
+    def _arena_closed(self, arena: Arena, block: DeviceBuffer) -> None:
+        """``Arena.close()``: refused (changing nothing) where a free would be; else the block goes."""
+        self.ctx.enter()
+        try:
+            forbid_during_capture("Arena.close")
+            holdings = self._holdings
+            with holdings.lock:  # its pieces stop being live before the block is released
+                if holdings.arena_blocks.pop(block.index, None) is None:
+                    raise InvalidBufferError(f"Arena.close: the block of {arena!r} is not live on this backend")
+                if arena in holdings.arenas:
+                    holdings.arenas.remove(arena)
+                    self._stats.arena_allocs += arena.allocs
+            self._released(block)
+            self._stats.released("arena", block.nbytes)
+            self._raw.free(block.ptr, "arena")
+        finally:
+            self.ctx.leave()
+
+    # -- where the time of a pair goes (metrale bench) ----------------------------------------------
+
+    def cost_probes(self, nbytes: int) -> dict[str, Callable[[], object]]:
+        """One callable per step of an unzoned ``alloc`` + ``free`` of ``nbytes``, each doing what that
+        step does for a pair, for ``metrale bench --only breakdown``. The ledger and the stats steps run
+        on private instances of their own (the backend's are left alone); the others on this backend."""
+        ctx, target = self.ctx, self.ctx.target
+        internal = ctx.internal
+        ledger, stats = Ledger(), StatsCounter()
+        sample = DeviceBuffer._make(1 << 40, nbytes, "device", -1, "probe:0", ctx.ref)
+
+        def gate() -> None:
+            for _ in range(2):
+                ctx.enter()
+                ctx.leave()
+
+        def capture_rule() -> None:
+            for _ in range(2):
+                call_entered()
+                forbid_during_capture("probe")
+                call_left()
+
+        def guarded() -> None:  # the raw calls as the hot path makes them: errors turned by raise_raw
+            try:
+                ptr = target.alloc(nbytes, "device")
+            except Exception as exc:
+                raise_raw(ctx, ctx.name, "alloc", exc)
+            try:
+                target.free(ptr, "device")
+            except Exception as exc:
+                raise_raw(ctx, ctx.name, "free", exc)
+
+        def site() -> None:
+            call_site(internal)
+
+        def index_and_handle() -> None:
+            DeviceBuffer._make(1 << 40, nbytes, "device", next_index(), "probe:0", ctx.ref)
+
+        def ledger_pair() -> None:
+            ledger.add(sample)
+            ledger.take(-1, sample.ptr, nbytes)
+
+        def stats_pair() -> None:
+            stats.allocated("device", nbytes)
+            stats.released("device", nbytes)
+
+        return {
+            "the plugin's raw alloc + free": lambda: target.free(target.alloc(nbytes, "device"), "device"),
+            "the same with the core's error handling": guarded,
+            "the gate (enter + leave, twice)": gate,
+            "the capture rule (check + end, twice)": capture_rule,
+            "the call site": site,
+            "index and handle": index_and_handle,
+            "ledger (on + off)": ledger_pair,
+            "stats (allocated + released)": stats_pair,
+            "release observers": lambda: self._released(sample),
+        }
+
+    # -- sweep and close ------------------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Drain the ledger, free each allocation on it, and report; returns how many."""
+        ctx = self.ctx
+        # freed buffers waiting in quarantine are no leaks: released, with the blocks kept for reuse
+        self._guard.drain("sweep_unreleased()", give_back=True)
+        records = self._holdings.ledger.drain()
+        if records:
+            ctx.quietly("synchronize before a sweep", self._guard.sync_device)  # in-graph checks may read their zones
+            total = sum(r.nbytes for r in records)
+            origin = ctx.origin
+            _log.warning(
+                "sweep on %s:%d: %d allocation(s) totalling %s had no owner; largest sites: %s%s",
+                ctx.name, ctx.ordinal, len(records), format_bytes(total), describe_sites(largest_sites(records)),
+                f" (on {origin.describe()})" if origin is not None and origin.rank is not None else "",
+            )
+            self.swept.extend(records)
+        for rec in records:
+            self._stats.released(rec.kind, rec.nbytes)
+            with self._holdings.lock:
+                raw_ptr = self._holdings.raw_base.pop(rec.index, rec.ptr)
+            self._guard.forget(rec.index)
+            ctx.quietly(f"sweep: freeing allocation #{rec.index} at {rec.ptr:#x}", self._raw.free, raw_ptr, rec.kind)
+        return len(records)
+
+    def release(self) -> None:
+        """At close (the device is idle): sweep the ledger, release arena blocks and host buffers, and
+        let go of the on_out_of_memory callbacks (what they hold may hold this backend: a cycle)."""
+        ctx = self.ctx
+        holdings = self._holdings
+        with ctx.lock:
+            self._callbacks.clear()
+        with holdings.lock:
+            arenas, holdings.arenas = holdings.arenas, []
+            blocks, holdings.arena_blocks = holdings.arena_blocks, {}
+            hosts, holdings.host = holdings.host, {}
+        for arena in arenas:
+            arena._take_block()  # its block is among the blocks released below
+        self.sweep()
+        for buf in blocks.values():
+            ctx.quietly("free_arena", self._raw.free, buf.ptr, "arena")
+        for hb in hosts.values():
+            hb._mark_closed()
+            ctx.quietly("free host buffer", self._raw.free_host, hb.ptr)

@@ -1,0 +1,166 @@
+"""What one backend holds now, and the rules that follow from it: liveness and bounds.
+
+`Holdings` is the table of everything a backend has handed out and not
+taken back: the ledger (``device`` and ``managed`` memory), arena blocks
+(``alloc_arena``), the open [`Arena`][metrale_core.Arena] objects, wrapped
+memory (``wrap``) and pinned host buffers. The allocator and the export table
+fill and empty it; everyone asks it whether a handle is live and where an
+operation's bytes lie.
+
+Liveness is by the handle's owner, its creation index and the size recorded
+when it was made, never by the address or the size the caller's copy of the
+handle carries: a handle of another backend, one whose address the driver has
+handed out again, or a copy with a larger ``nbytes`` is not live here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from .._device.buffer import DeviceBuffer
+from .._device.context import DeviceContext, invalid_argument
+from .._device.handles import HostBuffer
+from .._errors import InvalidArgumentError, InvalidBufferError
+from .._types import WORD_LIMIT, as_index
+from .ledger import Ledger
+
+if TYPE_CHECKING:
+    from .arena import Arena
+
+__all__ = ["Holdings", "Wrapped"]
+
+#: The kinds of memory on the ledger.
+_LEDGERED: Final = frozenset({"device", "managed"})
+
+#: Memory of another library that ``wrap`` took in: the buffer, the object kept alive, and its release.
+Wrapped = tuple[DeviceBuffer, object, "Callable[[], None] | None"]
+
+
+def positive_size(nbytes: object, what: str) -> int:
+    """``nbytes`` as a positive ``int`` that fits 64 bits, or the typed error.
+
+    The one rule for sizes, decided here for every backend: a size that is not a positive
+    integer, or does not fit CUDA's 64-bit ``size_t``, is an ``InvalidArgumentError`` before any
+    backend sees it; a size that fits but cannot be satisfied is the backend's
+    ``OutOfMemoryError``.
+    """
+    n = as_index(nbytes)
+    if n is None or n <= 0:
+        raise InvalidBufferError(f"{what}: nbytes must be a positive integer, got {nbytes!r}")
+    if n >= WORD_LIMIT:
+        raise InvalidArgumentError(
+            f"{what}: {n} bytes do not fit 64 bits (CUDA's size_t); no device or host can hold them: ask for less"
+        )
+    return n
+
+
+def integer(value: object, what: str, name: str, *, minimum: int = 0) -> int:
+    """``value`` as an ``int`` of at least ``minimum``, or the typed error naming ``name``."""
+    number = as_index(value)
+    if number is None:
+        raise invalid_argument(what, f"an integer {name}", value)
+    if number < minimum:
+        raise InvalidArgumentError(f"{what}: {name} must be at least {minimum}, got {number}")
+    return number
+
+
+class Holdings:
+    """The live handles of one backend. Thread-safe; its own state only (the allocator and the
+    export table mutate it through these methods)."""
+
+    __slots__ = ("_ctx", "_lock", "arena_blocks", "arenas", "external", "host", "ledger", "raw_base")
+
+    def __init__(self, ctx: DeviceContext) -> None:
+        self._ctx = ctx
+        self._lock = threading.Lock()
+        #: ``device`` and ``managed`` allocations, with their call sites.
+        self.ledger = Ledger(ctx.settings.memory_history)
+        #: ``alloc_arena`` blocks (``create_arena``'s too), by creation index.
+        self.arena_blocks: dict[int, DeviceBuffer] = {}
+        #: The open arenas.
+        self.arenas: list[Arena] = []
+        #: Wrapped memory, by creation index.
+        self.external: dict[int, Wrapped] = {}
+        #: Pinned host buffers, by identity.
+        self.host: dict[int, HostBuffer] = {}
+        #: Zoned allocations: creation index -> the raw pointer (the user's pointer is past the leading zone).
+        self.raw_base: dict[int, int] = {}
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    # -- liveness ------------------------------------------------------------------------
+
+    def is_live(self, buf: DeviceBuffer) -> bool:
+        """Whether ``buf`` is live here: this backend's, not freed, with the size it was made with."""
+        if buf._owner is not self._ctx.ref:
+            return False
+        kind = buf.kind
+        if kind in _LEDGERED:
+            return self.ledger.holds(buf.index, buf.ptr, buf.nbytes)
+        if kind == "arena":
+            block = self.arena_blocks.get(buf.index)
+            if block is not None:
+                return block.ptr == buf.ptr and block.nbytes == buf.nbytes
+            return any(arena.holds(buf) for arena in list(self.arenas))
+        if kind == "external":
+            held = self.external.get(buf.index)
+            return held is not None and held[0].ptr == buf.ptr and held[0].nbytes == buf.nbytes
+        return False
+
+    def require_live(self, buf: DeviceBuffer, what: str) -> None:
+        if not self.is_live(buf):
+            raise InvalidBufferError(
+                f"{what}: allocation #{buf.index} ({buf.nbytes} bytes at {buf.ptr:#x}, from "
+                f"{buf.site}) is not live on backend {self._ctx.name}: it was freed, swept, or "
+                f"belongs to another backend. Use a live buffer"
+            )
+
+    def host_is_live(self, hb: HostBuffer) -> bool:
+        """Whether ``hb`` is a live host buffer of this backend (by identity: the driver reuses addresses)."""
+        return self.host.get(id(hb)) is hb
+
+    # -- bounds --------------------------------------------------------------------------
+
+    def span(
+        self, target: object, offset: object, nbytes: int | None, what: str
+    ) -> tuple[int, int, DeviceBuffer | None]:
+        """``(pointer, nbytes, buffer)`` for a device-side operand, bounds checked against the live buffer."""
+        off = integer(offset, what, "offset")
+        if isinstance(target, DeviceBuffer):
+            self.require_live(target, what)
+            size = target.nbytes  # what was recorded: require_live compared it
+            count = size - off if nbytes is None else nbytes
+            if off > size or count < 0 or off + count > size:
+                raise InvalidBufferError(
+                    f"{what}: bytes [{off}, {off + max(count, 0)}) run past allocation "
+                    f"#{target.index} of {size} bytes; stay within the buffer"
+                )
+            return target.ptr + off, count, target
+        ptr = as_index(target)
+        if ptr is None:
+            raise invalid_argument(what, "a DeviceBuffer or an int device pointer", target)
+        if ptr <= 0:
+            raise InvalidArgumentError(f"{what}: a device pointer must be positive, got {ptr}")
+        if nbytes is None:
+            raise InvalidArgumentError(f"{what}: a raw device pointer needs an explicit nbytes")
+        return ptr + off, nbytes, None
+
+    def host_view(self, obj: object, what: str, *, writable: bool) -> tuple[memoryview, HostBuffer | None]:
+        """The bytes of a host operand (a live ``HostBuffer`` of this backend, or a buffer-protocol object)."""
+        if isinstance(obj, HostBuffer):
+            if not self.host_is_live(obj):
+                raise InvalidBufferError(f"{what}: {obj!r} is not a live host buffer of this backend")
+            return obj.view(), obj
+        try:
+            view = memoryview(obj)  # type: ignore[arg-type]
+        except TypeError:
+            raise invalid_argument(what, "a buffer-protocol object or a HostBuffer", obj) from None
+        if not view.c_contiguous:
+            raise InvalidArgumentError(f"{what}: host memory must be C-contiguous; pass a contiguous copy")
+        if writable and view.readonly:
+            raise InvalidArgumentError(f"{what}: the host destination is read-only; pass a bytearray or array")
+        return view.cast("B") if view.format != "B" or view.ndim != 1 else view, None

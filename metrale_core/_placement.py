@@ -1,0 +1,115 @@
+"""Which device a process of a distributed job opens: [`placement`][metrale_core.placement] reads what the
+engine that started it says (torchrun's ``LOCAL_RANK``, Ray's GPU assignment; Dask-CUDA and Ray show each
+worker its own device first through ``CUDA_VISIBLE_DEVICES``), and
+[`open_for_rank`][metrale_core.open_for_rank] opens one backend on it.
+
+No engine is a dependency: the variables come through the settings
+([`MetraleSettings.launch`][metrale_core.MetraleSettings.launch]), and Ray is asked only where the program
+has imported it already.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+
+from ._backend import GpuBackend
+from ._discovery import device_count, open_backend
+from ._errors import BackendUnavailableError
+from ._settings.model import MetraleSettings
+
+__all__ = ["Placement", "open_for_rank", "placement"]
+
+_log = logging.getLogger("metrale")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Placement:
+    """The device a process opens, and why.
+
+    :param ordinal: the device ordinal to open (after ``CUDA_VISIBLE_DEVICES``).
+    :param device_count: the devices the backend sees here.
+    :param rank: the process's rank in the job (``RANK``), or ``None``.
+    :param local_rank: its rank on this host (``LOCAL_RANK``), or ``None``.
+    :param world_size: the processes in the job (``WORLD_SIZE``), or ``None``.
+    :param source: where the ordinal came from, in words (``"LOCAL_RANK=1"``).
+    :param shared: whether more processes of this host than devices were started, so some share a device.
+    """
+
+    ordinal: int
+    device_count: int
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    source: str
+    shared: bool
+
+
+def _ray_gpu_ids() -> list[str] | None:
+    """The GPUs Ray assigned to this worker, where the program imported Ray and it runs; else ``None``."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return None
+    try:
+        if not ray.is_initialized():
+            return None
+        ids = ray.get_gpu_ids()
+    except Exception as exc:  # Ray outside a worker, or a Ray without these: as if absent
+        _log.debug("placement: Ray answered no GPU ids: %s", exc)
+        return None
+    return [str(i) for i in ids] if ids else None
+
+
+def placement(name: str | None = None, *, settings: MetraleSettings | None = None) -> Placement:
+    """The device this process should open on backend ``name`` (``None``: ``settings.backend``).
+
+    In order: a Ray worker with GPUs assigned opens ordinal 0 (Ray shows it those GPUs first, through
+    ``CUDA_VISIBLE_DEVICES``); a process with ``LOCAL_RANK`` (torchrun, ``torch.distributed.launch``,
+    DeepSpeed, Accelerate) opens ``LOCAL_RANK % device_count``, so more local processes than devices share
+    them round-robin (``shared``; a WARNING says so); otherwise ordinal 0, which is also each Dask-CUDA
+    worker's own device. ``CUDA_VISIBLE_DEVICES`` needs nothing here: the driver numbers what it shows from 0.
+
+    :raises BackendUnavailableError: the backend cannot run here, or sees no device.
+    :raises ConfigError: a launcher variable is malformed (``LOCAL_RANK=first``).
+    """
+    settings = settings or MetraleSettings()
+    launch = settings.launch
+    count = device_count(name, settings=settings)
+    if count < 1:
+        raise BackendUnavailableError(f"placement: backend {name or settings.backend!r} sees no device here")
+    ray_ids = _ray_gpu_ids()
+    local = launch.local_rank
+    shared = False
+    if ray_ids is not None:
+        ordinal, source = 0, f"Ray assigned GPU(s) {', '.join(ray_ids)}, shown first through CUDA_VISIBLE_DEVICES"
+    elif local is not None:
+        ordinal = local % count
+        source = f"LOCAL_RANK={local}" + (f" modulo {count} device(s)" if local >= count else "")
+        local_world = launch.local_world_size
+        shared = local >= count or (local_world is not None and local_world > count)
+        if shared:
+            _log.warning(
+                "placement: %s processes on this host and %d device(s): ranks share devices (this one, "
+                "LOCAL_RANK=%d, opens ordinal %d); their memory adds up on each device",
+                local_world if local_world is not None else f"more than {local}", count, local, ordinal,
+            )
+    else:
+        ordinal, source = 0, "no launcher variable (LOCAL_RANK) is set: the first device"
+    if launch.cuda_visible_devices is not None:
+        source += f"; CUDA_VISIBLE_DEVICES={launch.cuda_visible_devices}"
+    return Placement(ordinal, count, launch.rank, local, launch.world_size, source, shared)
+
+
+def open_for_rank(name: str | None = None, *, settings: MetraleSettings | None = None) -> GpuBackend:
+    """Open backend ``name`` on this process's device, as [`placement`][metrale_core.placement] picks it
+    (logged at INFO with where it came from). One backend per process and device: the engine starts the
+    processes and carries their messages; metrale opens the right device.
+
+    :raises BackendUnavailableError: the backend cannot run here, or the device cannot be opened.
+    """
+    settings = settings or MetraleSettings()
+    where = placement(name, settings=settings)
+    _log.info("open_for_rank: rank %s opens ordinal %d of %d (%s)", where.rank, where.ordinal, where.device_count,
+              where.source)
+    return open_backend(name, ordinal=where.ordinal, settings=settings)

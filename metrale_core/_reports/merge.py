@@ -1,0 +1,263 @@
+"""Reports of many processes merged into one: [`LedgerReport`][metrale_core.LedgerReport] (one backend's
+ledger and leaks, picklable, so an engine's own messaging carries it: ``torch.distributed.gather_object``,
+Ray's object store), [`merge_reports`][metrale_core.merge_reports] (per rank, and the largest call sites
+across the job) and `merge_snapshots` (several memory snapshots as one, each site named by its
+rank, for ``metrale report A.json B.json``).
+
+metrale carries no messages itself: the engine that started the processes does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from .._errors import InvalidArgumentError
+from .._memory.snapshot import MemorySnapshot, SnapshotEvent
+from .._types import AllocRecord, Origin, format_bytes
+
+__all__ = ["LedgerReport", "MergedReport", "RankSummary", "SiteTotal", "merge_reports", "merge_snapshots"]
+
+
+def _unknown_origin(backend: str, ordinal: int) -> Origin:
+    return Origin(host="?", pid=0, rank=None, world_size=None, backend=backend, ordinal=ordinal)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LedgerReport:
+    """One backend's ledger, what its sweeps took (its leaks) and its counters, as
+    [`GpuBackend.ledger_report`][metrale_core.GpuBackend.ledger_report] gives them: plain values, picklable, for
+    another process to merge with [`merge_reports`][metrale_core.merge_reports].
+
+    :param origin: the backend's [`Origin`][metrale_core.Origin]: host, process, rank, ordinal, device UUID.
+    :param live: the allocations on its ledger when the report was made.
+    :param swept: the allocations its sweeps took since it opened (each one a leak: nobody freed it).
+    :param stats: its [`MemoryStats`][metrale_core.MemoryStats] as a mapping (``peak_total_bytes`` and the rest).
+    """
+
+    origin: Origin
+    live: tuple[AllocRecord, ...]
+    swept: tuple[AllocRecord, ...]
+    stats: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_snapshot(cls, snapshot: MemorySnapshot) -> LedgerReport:
+        """The report a memory snapshot holds: its live set, the allocations its event log says a sweep took
+        (none where history recording was off), its counters, and its origin (an unknown host where the file
+        names none)."""
+        origin = snapshot.origin or _unknown_origin(snapshot.backend, snapshot.ordinal)
+        swept = tuple(e.allocation for e in snapshot.events if e.op == "sweep")
+        return cls(origin, tuple(snapshot.live), swept, dict(snapshot.stats))
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes on the ledger when the report was made."""
+        return sum(a.nbytes for a in self.live)
+
+    @property
+    def leaked_bytes(self) -> int:
+        """Bytes the sweeps took."""
+        return sum(a.nbytes for a in self.swept)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RankSummary:
+    """One process's line of a [`MergedReport`][metrale_core.MergedReport]."""
+
+    origin: Origin
+    live_bytes: int
+    live_count: int
+    leaked_bytes: int
+    leaked_count: int
+    peak_total_bytes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SiteTotal:
+    """One call site across the job: its bytes and allocations, and the ranks (or hosts and pids, outside a
+    distributed job) they come from."""
+
+    site: str
+    nbytes: int
+    count: int
+    ranks: tuple[str, ...]
+
+
+def _who(origin: Origin) -> str:
+    return f"rank {origin.rank}" if origin.rank is not None else f"{origin.host} pid {origin.pid}"
+
+
+def _labels(origins: Iterable[Origin]) -> dict[Origin, str]:
+    """Each origin's name in a merged report: its rank (or host and pid), with its backend and ordinal where
+    that alone is shared (several devices of one rank or one process)."""
+    unique = list(dict.fromkeys(origins))
+    counts: dict[str, int] = {}
+    for origin in unique:
+        counts[_who(origin)] = counts.get(_who(origin), 0) + 1
+    return {
+        o: _who(o) + (f" {o.backend}:{o.ordinal}" if counts[_who(o)] > 1 else "") for o in unique
+    }
+
+
+def _order(origin: Origin) -> tuple[Any, ...]:
+    return (origin.rank is None, origin.rank or 0, origin.host, origin.pid, origin.backend, origin.ordinal)
+
+
+def _sites(
+    groups: Iterable[tuple[Origin, Iterable[AllocRecord]]], top: int, labels: Mapping[Origin, str]
+) -> tuple[SiteTotal, ...]:
+    totals: dict[str, list[Any]] = {}
+    for origin, records in groups:
+        for a in records:
+            entry = totals.setdefault(a.site, [0, 0, set()])
+            entry[0] += a.nbytes
+            entry[1] += 1
+            entry[2].add(origin)
+    ranked = sorted(totals.items(), key=lambda item: (-item[1][0], item[0]))[:top]
+    return tuple(
+        SiteTotal(site, nbytes, count, tuple(labels[o] for o in sorted(origins, key=_order)))
+        for site, (nbytes, count, origins) in ranked
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MergedReport:
+    """The ledgers of many processes as one: a line per process, the largest live call sites and the largest
+    leaks across the job. [`render`][metrale_core.MergedReport.render] writes it as text,
+    [`to_json`][metrale_core.MergedReport.to_json] as JSON."""
+
+    ranks: tuple[RankSummary, ...]
+    largest_live: tuple[SiteTotal, ...]
+    largest_leaks: tuple[SiteTotal, ...]
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes live across the job."""
+        return sum(r.live_bytes for r in self.ranks)
+
+    @property
+    def leaked_bytes(self) -> int:
+        """Bytes the sweeps of every process took."""
+        return sum(r.leaked_bytes for r in self.ranks)
+
+    def render(self) -> str:
+        """The report as a table per process and the call sites across the job."""
+        lines = [
+            f"merged ledger report: {len(self.ranks)} process(es), {format_bytes(self.live_bytes)} live, "
+            f"{format_bytes(self.leaked_bytes)} leaked"
+        ]
+        rows = [("process", "host", "pid", "device", "live", "leaked", "peak")]
+        for r in self.ranks:
+            o = r.origin
+            device = f"{o.backend}:{o.ordinal}" + (f" {o.device_uuid[:13]}" if o.device_uuid else "")
+            rows.append((
+                f"rank {o.rank}" if o.rank is not None else "-", o.host, str(o.pid), device,
+                f"{format_bytes(r.live_bytes)} ({r.live_count})", f"{format_bytes(r.leaked_bytes)} ({r.leaked_count})",
+                format_bytes(r.peak_total_bytes),
+            ))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+        for title, sites in (("largest live call sites across the job", self.largest_live),
+                             ("largest leaks across the job", self.largest_leaks)):
+            lines.append(f"{title}:" if sites else f"{title}: none")
+            lines += [
+                f"  {format_bytes(s.nbytes):>10} x{s.count:<4} {s.site}  ({', '.join(s.ranks)})" for s in sites
+            ]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready values."""
+        return {
+            "live_bytes": self.live_bytes,
+            "leaked_bytes": self.leaked_bytes,
+            "ranks": [
+                {"origin": r.origin.to_json(), "live_bytes": r.live_bytes, "live_count": r.live_count,
+                 "leaked_bytes": r.leaked_bytes, "leaked_count": r.leaked_count,
+                 "peak_total_bytes": r.peak_total_bytes}
+                for r in self.ranks
+            ],
+            "largest_live": [dataclasses.asdict(s) for s in self.largest_live],
+            "largest_leaks": [dataclasses.asdict(s) for s in self.largest_leaks],
+        }
+
+
+def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 10) -> MergedReport:
+    """Merge the ledger reports (or memory snapshots) of many processes: a line per process, in rank order,
+    with its live and leaked bytes and its peak; the ``top`` largest live call sites and leaks across the job,
+    each with the ranks it comes from.
+
+    :raises InvalidArgumentError: an item is neither a `LedgerReport` nor a memory snapshot, or ``top`` is not
+        a positive integer.
+    """
+    if type(top) is not int or top < 1:
+        raise InvalidArgumentError(f"merge_reports: top must be a positive integer, got {top!r}")
+    items: list[LedgerReport] = []
+    for item in reports:
+        report = LedgerReport.from_snapshot(item) if isinstance(item, MemorySnapshot) else item
+        if not isinstance(report, LedgerReport) or not isinstance(report.origin, Origin):
+            raise InvalidArgumentError(
+                f"merge_reports: expected LedgerReport or MemorySnapshot items (backend.ledger_report(), "
+                f"load_snapshot(path)), got {type(report).__name__}"
+            )
+        items.append(report)
+    items.sort(key=lambda r: _order(r.origin))
+    labels = _labels(r.origin for r in items)
+    ranks = tuple(
+        RankSummary(
+            r.origin, r.live_bytes, len(r.live), r.leaked_bytes, len(r.swept),
+            int(peak) if type(peak := r.stats.get("peak_total_bytes", 0)) is int else 0,
+        )
+        for r in items
+    )
+    return MergedReport(
+        ranks,
+        _sites(((r.origin, r.live) for r in items), top, labels),
+        _sites(((r.origin, r.swept) for r in items), top, labels),
+    )
+
+
+def merge_snapshots(snapshots: Iterable[MemorySnapshot]) -> MemorySnapshot:
+    """Several memory snapshots as one, for one picture of a job (``metrale report A.json B.json``): every
+    call site is prefixed with its process (``rank 1: app.py:12``), creation indices are renumbered so they
+    stay distinct, and the event logs are merged by time since each backend opened (processes a launcher
+    started together line up to within their start-up skew).
+
+    :raises InvalidArgumentError: no snapshot was given.
+    """
+    snaps = sorted(snapshots, key=lambda s: _order(s.origin or _unknown_origin(s.backend, s.ordinal)))
+    if not snaps:
+        raise InvalidArgumentError("merge_snapshots: no snapshot to merge")
+    events: list[SnapshotEvent] = []
+    live: list[AllocRecord] = []
+    base = 0
+    labels = _labels(s.origin for s in snaps if s.origin is not None)
+    for snap in snaps:
+        who = labels[snap.origin] if snap.origin is not None else str(snap.source or f"{snap.backend}:{snap.ordinal}")
+        records = [e.allocation for e in snap.events] + list(snap.live)
+        shift = base - min((a.index for a in records), default=0)
+
+        def moved(a: AllocRecord, who: str = who, shift: int = shift) -> AllocRecord:
+            return dataclasses.replace(a, index=a.index + shift, site=f"{who}: {a.site}")
+
+        events += [dataclasses.replace(e, allocation=moved(e.allocation)) for e in snap.events]
+        live += [moved(a) for a in snap.live]
+        base += max((a.index for a in records), default=0) - min((a.index for a in records), default=0) + 1
+    events.sort(key=lambda e: e.t)  # stable: each process's own order is kept where times tie
+    backends = sorted({s.backend for s in snaps})
+    elapsed = [s.elapsed for s in snaps if s.elapsed is not None]
+    return MemorySnapshot(
+        backend="+".join(backends),
+        device=f"{len(snaps)} devices of {len(snaps)} snapshots",
+        ordinal=0,
+        total=sum(s.total for s in snaps),
+        created=max(s.created for s in snaps),
+        history_limit=max(s.history_limit for s in snaps),
+        dropped=sum(s.dropped for s in snaps),
+        events=tuple(events),
+        live=tuple(live),
+        elapsed=max(elapsed) if len(elapsed) == len(snaps) else None,
+        stats=MappingProxyType({}),
+        source=None,
+    )
