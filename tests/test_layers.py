@@ -94,8 +94,12 @@ def _known(graph: Graph) -> set[str]:
 
 
 def _resolve(target: str, known: set[str]) -> str:
-    """The module an import names: ``from ..kernels import shipped_modules`` names ``kernels``, not a module
-    ``kernels.shipped_modules``; ``from . import hookspec`` names the module ``hookspec``; ``from .. import GpuBackend`` names ``__init__``."""
+    """The module an import names.
+
+    - ``from ..kernels import shipped_modules`` names ``kernels``;
+    - ``from . import hookspec`` names the module ``hookspec``;
+    - ``from .. import GpuBackend`` names ``__init__``.
+    """
     while target not in known:
         if "." not in target:
             return "__init__"  # a name of the package's face: ``from .. import GpuBackend``
@@ -128,7 +132,7 @@ def _upward(graph: Graph) -> list[str]:
             other = _unit(dep)
             if other != unit:
                 if wing_floor[other] > wing_floor[unit]:
-                    found.append(f"{module} ({unit}, floor {wing_floor[unit]}) imports {dep} (floor {wing_floor[other]})")
+                    found.append(f"{module} (floor {wing_floor[unit]}) imports {dep} (floor {wing_floor[other]})")
                 continue
             inside = _floors(INSIDE.get(unit, ()))
             a, b = _inner(module.removesuffix(".__init__")), _inner(dep)
