@@ -1,9 +1,12 @@
 """Finding backends through the entry-point group ``metrale.backends``, and opening one.
 
 Each entry point is loaded on its own and registered with one pluggy
-``PluginManager("metrale")``, and each plugin's hook is called on its own,
-so a plugin that fails to import, raises, or returns nonsense is listed as
-unavailable with a reason naming its distribution, and the others stand.
+``PluginManager("metrale")``, which validates its hooks against the spec.
+Every hook is called one way: through pluggy, one plugin at a time
+(`alone`, `each`). So an implementation may take fewer arguments than
+its spec, and a plugin that fails to import, raises, or returns nonsense
+is listed as unavailable with a reason naming its distribution; the
+others stand.
 
 The entry points are scanned once per state of ``sys.path`` (shared with the
 settings, which find the plugins' settings models through the same group).
@@ -30,6 +33,7 @@ from ._errors import (
     MetraleError,
 )
 from ._registration import BackendRegistration
+from ._settings.hooks import alone, each
 from ._settings.model import ENTRY_POINT_GROUP, MetraleSettings, backend_entry_points
 from ._types import BackendInfo, KernelImplementation, RedZoneViolation, as_index
 
@@ -96,13 +100,12 @@ def _discover_with_plugins(
             continue
         loaded[name] = plugin
 
-    for name in loaded:
+    for name, plugin in loaded.items():
         ep = by_name[name][0]
         dist = _distribution(ep)
         package = ep.module.partition(".")[0]
-        others = [p for n, p in loaded.items() if n != name]
         try:
-            results = pm.subset_hook_caller("metrale_backend", remove_plugins=others)(settings=settings)
+            results = alone(pm, "metrale_backend", plugin)(settings=settings)
         except Exception as exc:
             unavailable(name, dist, f"the metrale_backend hook of {dist} raised {type(exc).__name__}: {exc}")
             continue
@@ -183,17 +186,16 @@ def _close_quietly(raw: object) -> None:
 def _kernel_implementations(pm: pluggy.PluginManager, settings: MetraleSettings) -> list[KernelImplementation]:
     """Every plugin's ``metrale_kernel_implementations``, each called on its own."""
     collected: list[KernelImplementation] = []
-    for impl in pm.hook.metrale_kernel_implementations.get_hookimpls():
+    for name, hook in each(pm, "metrale_kernel_implementations"):
         try:
-            records = list(impl.function(settings=settings) or ())  # type: ignore[call-overload]
+            records = [r for result in hook(settings=settings) for r in result or ()]
         except Exception as exc:
-            _log.warning("plugin %s: metrale_kernel_implementations raised %s: %s", impl.plugin_name,
-                         type(exc).__name__, exc)
+            _log.warning("plugin %s: metrale_kernel_implementations raised %s: %s", name, type(exc).__name__, exc)
             continue
         bad = [r for r in records if not isinstance(r, KernelImplementation)]
         if bad:
             _log.warning("plugin %s: metrale_kernel_implementations returned %r, not KernelImplementation "
-                         "records; skipped", impl.plugin_name, bad[:3])
+                         "records; skipped", name, bad[:3])
             continue
         collected.extend(records)
     return collected
@@ -324,19 +326,18 @@ def open_backend(
         implementations = _kernel_implementations(plugins, settings)
         if implementations:
             backend.add_kernel_implementations(*implementations)
-        for impl in plugins.hook.metrale_redzone_violation.get_hookimpls():
-            backend.on_redzone_violation(_observer(impl.function, tuple(impl.argnames)))
+        for _, hook in each(plugins, "metrale_redzone_violation"):
+            backend.on_redzone_violation(_observer(hook))
     except BaseException:
         backend.close()
         raise
     return backend
 
 
-def _observer(function: Callable[..., object], argnames: tuple[str, ...]) -> Callable[[str, RedZoneViolation], object]:
-    """A plugin's ``metrale_redzone_violation`` as a backend observer (pluggy lets it take fewer arguments)."""
+def _observer(hook: pluggy.HookCaller) -> Callable[[str, RedZoneViolation], object]:
+    """One plugin's ``metrale_redzone_violation`` as a backend observer."""
 
     def observe(backend: str, violation: RedZoneViolation) -> object:
-        given = {"backend": backend, "violation": violation}
-        return function(**{name: given[name] for name in argnames})
+        return hook(backend=backend, violation=violation)
 
     return observe

@@ -19,21 +19,25 @@ What a backend needs is importable from [`metrale_core.plugin`][metrale_core.plu
 
 Every hook is documented with the same template: what it is for, how the
 results of several plugins combine, its parameters, and what it returns.
+
+metrale calls every hook through pluggy, one plugin at a time: an
+implementation may take fewer arguments than its spec offers, and one
+that takes an argument the spec lacks is refused when the plugin loads.
+The spec of ``metrale_settings`` is written beside the settings (the
+settings scan validates against it) and listed here with the others.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-import pluggy
-
-from ._settings.model import PROJECT_NAME
+from ._settings.hooks import PROJECT_NAME, hookimpl, hookspec, metrale_settings
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from ._registration import BackendRegistration
-    from ._settings.model import MetraleSettings, PluginSettings
+    from ._settings.model import MetraleSettings
     from ._types import KernelImplementation, RedZoneViolation
 
 __all__ = [
@@ -45,9 +49,6 @@ __all__ = [
     "metrale_redzone_violation",
     "metrale_settings",
 ]
-
-hookspec: Final = pluggy.HookspecMarker(PROJECT_NAME)
-hookimpl: Final = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec
@@ -103,30 +104,5 @@ def metrale_redzone_violation(backend: str, violation: RedZoneViolation) -> None
 
     :param backend: the name of the backend that found it.
     :param violation: the [`RedZoneViolation`][metrale_core.RedZoneViolation].
-    """
-    raise RuntimeError("hook specification: never called directly")  # pragma: no cover
-
-
-@hookspec
-def metrale_settings() -> type[PluginSettings] | None:
-    """Declare the plugin's own settings: a [`PluginSettings`][metrale_core.plugin.PluginSettings] subclass.
-
-    Called for each plugin on its own, once per process (again only when
-    ``sys.path`` changes), when the first [`MetraleSettings`][metrale_core.MetraleSettings]
-    is built; it takes no settings, since it says what they are. The model's
-    ``env_prefix`` must be ``METRALE_`` and the entry point's name in capitals
-    (``METRALE_FAKE_`` for ``fake``). Each field ``memory_bytes`` of it is then
-    the variable ``METRALE_FAKE_MEMORY_BYTES`` and the keyword and attribute
-    ``fake_memory_bytes`` of ``MetraleSettings``, validated with the core's
-    settings, listed in the settings table and known to the unknown-variable
-    warning; the plugin reads its values with ``settings.plugin(FakeSettings)``.
-    A hook that raises, returns anything but one such class, or whose model
-    names a setting the core or another plugin already has, is skipped with a
-    WARNING naming the plugin, and the others stand.
-
-    **Results:** one per plugin; not combined.
-
-    :returns: the plugin's [`PluginSettings`][metrale_core.plugin.PluginSettings]
-        subclass, or ``None`` when it has no settings of its own.
     """
     raise RuntimeError("hook specification: never called directly")  # pragma: no cover

@@ -140,6 +140,64 @@ def test_plugins_provide_kernel_implementations(site: Path, caplog: pytest.LogCa
     assert any("junk" in r.getMessage() and "KernelImplementation" in r.getMessage() for r in caplog.records)
 
 
+FEWER_ARGUMENTS = """
+    from metrale_core import hookimpl, kernel_implementation
+
+    SEEN = []
+
+    @kernel_implementation("app", "mine")
+    def mine(launch, p):
+        p[:4] = 7
+
+    @hookimpl
+    def metrale_kernel_implementations():
+        return [mine]
+
+    @hookimpl
+    def metrale_redzone_violation(violation):
+        SEEN.append(violation.offset)
+"""
+
+
+def test_hooks_that_take_fewer_arguments_than_the_spec_work(site: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """pluggy lets an implementation take fewer arguments than its spec; every hook is called through pluggy.
+
+    ``metrale_kernel_implementations()`` taking no settings was called as ``function(settings=...)``: a
+    ``TypeError`` logged at every open, and its kernels dropped."""
+    install_distribution(site, "mtp-fewer", "mtp_fewer", FEWER_ARGUMENTS, {"fewer": "mtp_fewer"})
+    image = b".version 8.0\n.target sm_80\n.visible .entry mine(.param .u64 p)\n{ ret; }\n"
+    settings = SETTINGS.updated(redzone=64, redzone_action="warn")
+    with caplog.at_level("WARNING", logger="metrale"), open_backend("fake", settings=settings) as gpu:
+        kernel = gpu.load_modules({"app": image}).kernel("app", "mine")
+        buf = gpu.alloc(4)
+        gpu.launch(kernel, 1, 1, [buf])
+        out = bytearray(4)
+        gpu.copy_to_host(out, buf)
+        assert out == b"\x07" * 4
+        gpu.memset(buf.ptr + buf.nbytes + 3, 0x00, nbytes=1)  # into the red zone
+        gpu.scan_redzones()
+    import mtp_fewer  # type: ignore[import-not-found]
+
+    assert mtp_fewer.SEEN[0] == 3
+    assert not [r for r in caplog.records if "mtp_fewer" in r.getMessage() or "fewer" in r.getMessage()]
+
+
+def test_a_hook_that_takes_an_argument_its_spec_lacks_is_refused(
+    site: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hooks are validated against their spec, ``metrale_settings`` too (the settings scan had no spec)."""
+    source = WITH_SETTINGS.replace("def metrale_settings():", "def metrale_settings(settings):")
+    install_distribution(site, "mtp-owned", "mtp_owned", source, {"owned": "mtp_owned"})
+    with caplog.at_level("WARNING", logger="metrale"):
+        settings = MetraleSettings()
+    assert not hasattr(settings, "owned_window_bytes")
+    assert any("mtp-owned" in r.getMessage() and "spec" in r.getMessage() and "settings" in r.getMessage()
+               for r in caplog.records)
+    owned = available_backends(SETTINGS)["owned"]
+    assert not owned.available and "hookspec" in (owned.reason or "")
+    assert available_backends(SETTINGS)["fake"].available
+
+
 NOT_A_DEVICE = """
     from metrale_core import BackendRegistration, hookimpl
 

@@ -40,6 +40,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .._errors import ConfigError, InvalidArgumentError
+from .hooks import PROJECT_NAME, settings_hook
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -64,8 +65,6 @@ _log = logging.getLogger("metrale.settings")
 ENV_PREFIX: Final = "METRALE_"
 #: The entry-point group every backend registers in, the bundled ones too.
 ENTRY_POINT_GROUP: Final = "metrale.backends"
-#: The pluggy project name of metrale's hooks.
-PROJECT_NAME: Final = "metrale"
 
 _SIZE_RE: Final = re.compile(r"^\s*(0[xX][0-9a-fA-F]+|-?\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
 _UNITS: Final = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
@@ -308,20 +307,19 @@ def _model_of(name: str, ep: importlib.metadata.EntryPoint) -> PluginModel | Non
     distribution = None if dist is None else str(dist.name)
     try:
         plugin = ep.load()
-        manager = pluggy.PluginManager(PROJECT_NAME)
-        manager.register(plugin, name=name)
     except Exception:  # a plugin's import may fail in any way; `metrale backends` says why
         _log.debug("plugin %s did not load; it contributes no settings", name, exc_info=True)
         return None
-    caller = getattr(manager.hook, "metrale_settings", None)
-    results: list[object] = []
-    for impl in [] if caller is None else caller.get_hookimpls():
-        try:
-            results.append(impl.function())
-        except Exception as exc:
-            _log.warning("plugin %s (%s): metrale_settings raised %s: %s; its settings are ignored",
-                         name, distribution, type(exc).__name__, exc)
-            return None
+    try:
+        results = settings_hook(plugin, name)
+    except pluggy.PluginValidationError as exc:
+        _log.warning("plugin %s (%s): metrale_settings does not fit the hook's spec: %s; its settings are ignored",
+                     name, distribution, " ".join(str(exc).split()))
+        return None
+    except Exception as exc:
+        _log.warning("plugin %s (%s): metrale_settings raised %s: %s; its settings are ignored",
+                     name, distribution, type(exc).__name__, exc)
+        return None
     models = [r for r in results if r is not None]
     if not models:
         return None
