@@ -38,9 +38,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
+from ._device.args import invalid_argument
 from ._device.buffer import DeviceBuffer
 from ._device.capture import forbid_during_capture
-from ._device.context import DeviceContext, gated, gated_read, invalid_argument
+from ._device.context import DeviceContext, gated, gated_read
 from ._device.handles import Event, Graph, GraphExec, HostBuffer, Stream
 from ._device.raw import RawDevice
 from ._device.stats import MemoryStats, StatsCounter
@@ -89,8 +90,8 @@ class GpuBackend:
         self.name: Final = name
         self.ordinal: Final = ordinal
         self.settings: Final = settings
+        self._raw_device = raw  # what `raw` answers, after close() too
         ctx = self._ctx = DeviceContext(name, ordinal, settings, raw, frozenset(internal_packages))
-        ctx.facade = lambda: self  # what handle.backend answers (a handle keeps its backend, as it always did)
         self._holdings = Holdings(ctx)
         self._stats = StatsCounter()
         self._streams = StreamFront(ctx, self._holdings, self._stats)
@@ -115,9 +116,10 @@ class GpuBackend:
         except ConfigError as exc:  # only placement() needs them right: the origin goes without
             _log.warning("%s:%d: the origin names no rank: %s", name, ordinal, exc)
             rank = world_size = None
-        ctx.origin = self._holdings.ledger.origin = Origin(
+        origin = self._holdings.ledger.origin = Origin(
             socket.gethostname(), os.getpid(), rank, world_size, name, ordinal, device_uuid
         )
+        ctx.bind(self, origin, self._exports)
 
     # -- the device ---------------------------------------------------------------------
 
@@ -142,7 +144,7 @@ class GpuBackend:
     @property
     def raw(self) -> RawDevice:
         """The backend's raw layer (for backend subclasses and diagnostics)."""
-        return self._ctx.target
+        return self._raw_device
 
     @property
     def default_stream(self) -> Stream:
@@ -640,14 +642,13 @@ class GpuBackend:
         self._memory.release()
         self._guard.release()
         self._streams.release_default()
-        target = ctx.target
+        target = self._raw_device
         try:
             target.close()
         except Exception as exc:  # close never raises, whatever a plugin does
             _log.warning("close of %s:%d: the backend's raw close failed: %s", self.name, self.ordinal, exc)
         # drop what the core holds of the raw device and the cycles through the context, so nothing of
         # this backend waits for the garbage collector; this object keeps the raw device for `raw`
-        self._closed_raw = target
         ctx.release()
 
     def __enter__(self) -> GpuBackend:

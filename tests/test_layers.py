@@ -37,7 +37,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_settings": (("hooks", "model"),),
     "kernels": (("_ptx", "_tensormap", "_ntile"), ("__init__",), ("__main__",)),
     "_interop": (("dlpack",), ("foreign",)),
-    "_device": (("stats", "raw", "buffer"), ("capture",), ("context",), ("handles",)),
+    "_device": (("args", "stats", "raw", "guarded"), ("buffer",), ("capture",), ("context",), ("handles",)),
     "_redzones": (("layout",), ("ingraph",), ("guard",)),
     "_memory": (
         ("meminfo", "ledger"),

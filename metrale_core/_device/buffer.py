@@ -17,7 +17,6 @@ import itertools
 import math
 import reprlib
 import sys
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from .._errors import InvalidArgumentError
@@ -32,6 +31,7 @@ from .._interop.dlpack import (
     numpy_dtype,
 )
 from .._types import CLASS_SWAP, WORD_LIMIT, ForeignMemory, as_index
+from .args import shape as shape_rule
 
 if TYPE_CHECKING:
     from typing_extensions import CapsuleType  # (pydantic's dependency; types.CapsuleType from Python 3.13)
@@ -197,34 +197,6 @@ def dtype_name(dtype: object) -> str:
     return name
 
 
-#: The most dimensions a view may have (numpy's limit; CuPy's and PyTorch's are the same or lower).
-_MAX_DIMS: Final = 64
-
-
-def _dims(shape: object) -> tuple[int, ...]:
-    """``shape`` as a tuple of counts: an integer, or a sequence (not ``str``/``bytes``) of integers, each >= 0.
-
-    Integers are what ``operator.index`` takes (numpy's too), never ``bool``; a float, a string, ``None`` or
-    a nested sequence is refused, as is a set or a mapping (no order) and an iterator (used up once read).
-    """
-    one = as_index(shape)
-    parts: list[int | None] = [None]
-    if one is not None:
-        parts = [one]
-    elif isinstance(shape, Sequence) and not isinstance(shape, str | bytes | bytearray | memoryview):
-        try:
-            if len(shape) <= _MAX_DIMS:
-                parts = [as_index(d) for d in shape]
-        except Exception:  # a sequence that fails to be read is no shape
-            parts = [None]
-    if any(d is None or d < 0 for d in parts):
-        raise InvalidArgumentError(
-            f"view: shape must be an integer or a tuple of integers >= 0 (at most {_MAX_DIMS} of them), "
-            f"got {reprlib.repr(shape)}"
-        )
-    return tuple(d for d in parts if d is not None)
-
-
 def _typestr(name: str, size: int) -> str:
     return ("|" if size == 1 else "<") + name[0] + str(size)
 
@@ -313,7 +285,7 @@ class DeviceArray:
                 )
             dims: tuple[int, ...] = (buffer.nbytes // size,)
         else:
-            dims = _dims(shape)
+            dims = shape_rule(shape)
         need = math.prod(dims) * size
         if need > buffer.nbytes:
             raise InvalidArgumentError(

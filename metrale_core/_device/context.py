@@ -1,25 +1,22 @@
 """The device context: what every part of one open backend shares.
 
-One small object per open backend, built first and released last. It holds the
-backend's name, ordinal and settings, the raw layer as the core calls it (every
-raw call watched, see `GuardedRaw`; the hot paths call the plugin itself,
-`DeviceContext.plugin`, under the same rule, `raise_raw`), the fault
-latch, the closed state, the gate that makes ``close()`` safe against every other
-call from any thread, and the lock for bookkeeping that spans parts. Handles, registries and the
-collaborators hold the context, never the facade ([`GpuBackend`][metrale_core.GpuBackend]).
+One small object per open backend, built first and released last. Handles,
+registries and the parts hold it, never the facade ([`GpuBackend`][metrale_core.GpuBackend]).
 
-The gate: every public call enters it (`DeviceContext.enter`, the
-`gated` decorator) and leaves it when it returns. ``close()`` shuts it
-(`DeviceContext.shut`): from then on every call is refused with
-[`BackendClosedError`][metrale_core.BackendClosedError], and ``close()`` waits for the calls
-already inside to leave, except the closing thread's own (a callback that closes
-the backend from inside one of its calls). A call that was inside when the gate
-shut sees `DeviceContext.closed` before it commits anything and undoes its
-raw work, so nothing it made outlives ``close()``.
-
-Release: the last step of ``close()`` (`DeviceContext.release`) drops what the
-core still holds of the raw device and breaks the reference cycles through the
-context, so a closed backend holds no memory and is freed by reference counting.
+- What it holds: the backend's name, ordinal and settings; the raw layer under two
+  names (`DeviceContext.raw`, guarded, and `DeviceContext.plugin`, the plugin's own,
+  both under `raise_raw`); the fault latch; the lock for bookkeeping that spans parts.
+- `DeviceContext.bind`: the facade, the origin and the export table, given once as
+  the facade opens (they are made after the context).
+- The gate: every public call enters it (`DeviceContext.enter`, `gated`) and leaves
+  it. ``close()`` shuts it (`DeviceContext.shut`): later calls raise
+  [`BackendClosedError`][metrale_core.BackendClosedError], and ``close()`` waits for
+  the calls inside to leave, but not the closing thread's own (a callback may close
+  the backend). A call inside when the gate shut sees `DeviceContext.closed` before it
+  commits, and undoes its raw work: nothing it made outlives ``close()``.
+- Release: the last step of ``close()`` (`DeviceContext.release`) lets go of the raw
+  device and breaks the cycles through the context. A closed backend then holds no
+  memory, and reference counting frees it.
 """
 
 from __future__ import annotations
@@ -32,19 +29,19 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Concatenate, Final, NoReturn, ParamSpec, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Concatenate, Final, ParamSpec, Protocol, TypeVar, cast, final
 
-from .._errors import BackendClosedError, DeviceFaultError, DriverError, InvalidArgumentError, MetraleError
+from .._errors import BackendClosedError, DeviceFaultError, MetraleError
 from .._settings.model import MetraleSettings
-from .._types import Origin
 from .capture import abandon_captures, leave_call, resume_calls, suspend_calls, thread_calls
+from .guarded import Detached, GuardedRaw
 from .raw import RawDevice
 
 if TYPE_CHECKING:
-    from .._types import ForeignMemory, LaunchArg
+    from .._types import ForeignMemory, LaunchArg, Origin
     from .buffer import BufferOwner, DeviceArray, DeviceBuffer
 
-__all__ = ["CORE_PACKAGES", "DeviceContext", "GuardedRaw", "Launch", "gated", "invalid_argument", "raise_raw"]
+__all__ = ["CORE_PACKAGES", "DeviceContext", "Launch", "describe_launch", "gated", "gated_read"]
 
 _log = logging.getLogger("metrale")
 
@@ -58,97 +55,14 @@ _CLOSE_WAIT_S: Final = 60.0
 Launch = tuple[str, str, tuple[int, int, int], tuple[int, int, int], "Sequence[LaunchArg]"]
 
 
-def describe_launch(launch: Launch) -> str:
-    module, kernel, grid, block, args = launch
-    return f"{module}.{kernel}<<<{grid}, {block}>>>({', '.join(a.describe() for a in args)})"
-
-
-def invalid_argument(what: str, expected: str, got: object) -> InvalidArgumentError:
-    """The error for an argument of the wrong kind: what was expected, and what was given."""
-    return InvalidArgumentError(f"{what}: expected {expected}, got {got!r}")
-
-
-class GuardedRaw:
-    """The raw layer as the core calls it: one place that watches every raw call.
-
-    A foreign exception (a plugin's bug) becomes a ``DriverError`` naming the
-    call, so none reaches the user; a ``DeviceFaultError`` latches the context's
-    fault, so every later call reports the first fault.
-
-    It holds its context weakly (the context holds it), so neither keeps the other
-    alive; `detach` (at ``close()``) lets go of the raw device: from then on
-    every raw call raises [`BackendClosedError`][metrale_core.BackendClosedError].
-    """
-
-    def __init__(self, target: RawDevice, context: DeviceContext) -> None:
-        self._target: object = target
-        self._context: Callable[[], DeviceContext | None] = context.ref
-        self._name = context.name
-
-    def __getattr__(self, name: str) -> Any:
-        target = self._target
-        attr = getattr(target, name)
-        if not callable(attr):
-            return attr
-        ref, who = self._context, self._name
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return attr(*args, **kwargs)
-            except Exception as exc:
-                raise_raw(ref(), who, name, exc)
-
-        if self._target is target:  # not detached meanwhile (close() on another thread)
-            self.__dict__[name] = call  # looked up once per name
-        return call
-
-    def detach(self, closed: str) -> None:
-        """Let go of the raw device and of every method of it looked up so far (at ``close()``);
-        later calls raise ``BackendClosedError(closed)``."""
-        name = self._name
-        self.__dict__.clear()
-        self._target = _Detached(closed)
-        self._context = _dead_ref
-        self._name = name
-
-
-def raise_raw(context: DeviceContext | None, who: str, name: str, exc: Exception) -> NoReturn:
-    """Raise what a raw call's exception becomes, decided here for every raw call (the guarded layer's
-    and the hot paths' that call the plugin directly, `DeviceContext.plugin`; call it in the
-    ``except`` block): a ``DeviceFaultError`` latches the context's fault; any other ``MetraleError``
-    goes on as it is (its cause kept); a foreign exception (a plugin's bug) becomes a ``DriverError``
-    naming the call, caused by it."""
-    if isinstance(exc, DeviceFaultError):
-        if context is None:  # pragma: no cover - a part holds the context while it calls
-            raise exc
-        raise context.faulted_by(exc) from None
-    if isinstance(exc, MetraleError):
-        raise exc
-    raise DriverError(
-        f"the {who} backend's raw {name}() raised {type(exc).__name__}: {exc}; this is a bug in that backend"
-    ) from exc
-
-
-def _dead_ref() -> None:
-    """What a detached ``GuardedRaw`` holds instead of its context."""
+def _nothing() -> None:
+    """The facade of a context not yet bound."""
     return None
 
 
-class _Detached:
-    """A closed backend's raw layer: every primitive raises ``BackendClosedError``."""
-
-    __slots__ = ("_closed",)
-
-    def __init__(self, closed: str) -> None:
-        self._closed = closed
-
-    def __getattr__(self, name: str) -> Callable[..., NoReturn]:
-        closed = self._closed
-
-        def refuse(*args: object, **kwargs: object) -> NoReturn:
-            raise BackendClosedError(f"raw {name}(): {closed}")
-
-        return refuse
+def describe_launch(launch: Launch) -> str:
+    module, kernel, grid, block, args = launch
+    return f"{module}.{kernel}<<<{grid}, {block}>>>({', '.join(a.describe() for a in args)})"
 
 
 class _ClosedExports:
@@ -195,13 +109,17 @@ class _Depth(threading.local):
 _LOCK_FREE: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
+@final
 class DeviceContext:
-    """What the parts of one open backend share. Thread-safe."""
+    """What the parts of one open backend share. Thread-safe.
+
+    Two names for the raw layer: `raw`, guarded, for every call but the hot paths';
+    `plugin`, the plugin's own, for the hot paths. Both refuse after `release`.
+    """
 
     __slots__ = (
-        "__weakref__", "_cells", "_closed", "_depth", "_fault", "_fault_code", "_gate", "_gate_lock", "_target",
-        "_target_ref", "exports", "facade", "internal", "lock", "name", "ordinal", "origin", "plugin", "raw", "recent",
-        "ref", "settings",
+        "__weakref__", "_cells", "_closed", "_depth", "_exports", "_facade", "_fault", "_fault_code", "_gate",
+        "_gate_lock", "_origin", "internal", "lock", "name", "ordinal", "plugin", "raw", "recent", "ref", "settings",
     )
 
     def __init__(
@@ -210,28 +128,22 @@ class DeviceContext:
         self.name: Final = name
         self.ordinal: Final = ordinal
         self.settings: Final = settings
-        self._target: RawDevice | None = target  # held strongly until release(); see target
-        self._target_ref: Callable[[], RawDevice | None] = lambda: None
         #: What buffers hold: a weak reference to their owner.
         self.ref: Final = weakref.ref(self)
-        #: The raw layer as every part calls it.
-        self.raw: Final = cast(RawDevice, GuardedRaw(target, self))
-        #: The plugin's raw layer itself, for the hot paths (alloc, free, memset, launch, graph launch),
-        #: which call it inside the gate and turn its exceptions with `raise_raw`, as `raw`
-        #: does for every other call: a frame less per raw call. At `release` it refuses, as ``raw``.
+        #: The raw layer as every part calls it: each call's exceptions go through `raise_raw`.
+        self.raw: Final = cast(RawDevice, GuardedRaw(target, self.ref, name))
+        #: The plugin's raw layer itself, for the hot paths (alloc, free, memset, launch, graph launch).
+        #: They call it inside the gate and turn its exceptions with `raise_raw`: a frame less per call.
         self.plugin: RawDevice = target
         #: Top-level packages whose frames are not call sites.
         self.internal: Final = CORE_PACKAGES | internal
         #: For bookkeeping that spans parts (short sections; never held across a wait).
         self.lock: Final = threading.RLock()
-        #: Where this backend's records come from (the facade sets it as it opens).
-        self.origin: Origin | None = None
-        #: The export table, once built (buffers export themselves through it).
-        self.exports: BufferOwner | None = None
-        #: A weak reference to the object the user holds (what ``handle.backend`` answers).
-        self.facade: Callable[[], object] = lambda: None
         #: The last launches, for a fault report (formatted only then: launches are a hot path).
         self.recent: collections.deque[Launch] = collections.deque(maxlen=8)
+        self._origin: Origin | None = None  # the three set by bind()
+        self._exports: BufferOwner | None = None
+        self._facade: Callable[[], object] = _nothing
         self._fault: str | None = None
         self._fault_code: tuple[int | None, str | None] = (None, None)
         self._closed = False
@@ -240,19 +152,33 @@ class DeviceContext:
         self._cells: weakref.WeakSet[_Cell] = weakref.WeakSet()  # every thread's (a thread's goes with it)
         self._depth = _Depth(self._cells, self._gate_lock)
 
+    def bind(self, facade: object, origin: Origin, exports: BufferOwner) -> None:
+        """Give the context what is made after it, once, as the facade opens.
+
+        - ``facade``: what ``handle.backend`` answers; held until `release`, weakly after.
+        - ``origin``: where this backend's records come from.
+        - ``exports``: the export table, through which buffers export themselves.
+        """
+        assert self._origin is None, "a context is bound once"
+        self._facade = lambda: facade  # a handle keeps its backend, as it always did
+        self._origin = origin
+        self._exports = exports
+
     # -- state ----------------------------------------------------------------------------
 
     @property
-    def target(self) -> RawDevice:
-        """The plugin's raw layer itself, for diagnostics and the final close.
+    def origin(self) -> Origin | None:
+        """Where this backend's records come from (``None`` until `bind`)."""
+        return self._origin
 
-        After `release` the context holds it only weakly (whoever holds it, the facade, keeps
-        it): a closed backend's handles do not keep a raw device, nor the memory it holds, alive.
-        """
-        target = self._target if self._target is not None else self._target_ref()
-        if target is None:  # released, and nothing else holds it: only a handle's context outlives it
-            return cast(RawDevice, _Detached(self.closed_message()))
-        return target
+    @property
+    def exports(self) -> BufferOwner | None:
+        """The export table (``None`` until `bind`; one that refuses after `release`)."""
+        return self._exports
+
+    def facade(self) -> object:
+        """The object the user holds (``None`` before `bind`, and once it is gone after `release`)."""
+        return self._facade()
 
     @property
     def closed(self) -> bool:
@@ -411,29 +337,24 @@ class DeviceContext:
     # -- release -------------------------------------------------------------------------------
 
     def release(self) -> None:
-        """The last step of ``close()``: drop every reference the core holds to the raw device and to
-        what holds memory, and the cycles through this context, so that a closed backend holds no
-        device memory even while something still references it, and is freed by reference counting
-        (not only by the garbage collector) once nothing does.
+        """The last step of ``close()``: let go of the raw device and break the cycles through this context.
 
-        The guarded raw layer lets go of the raw device (a straggling call raises
-        ``BackendClosedError``); this context keeps it only weakly, the facade weakly too (a handle of
-        a closed backend does not keep the backend), and the export table gives way to one that
-        refuses (it held this context: a cycle); the last launches are forgotten.
+        A closed backend then holds no device memory, even while something references it. It is
+        freed by reference counting once nothing does, not only by the garbage collector.
+
+        - `raw` and `plugin` let go of the raw device: a straggling call raises ``BackendClosedError``.
+          The facade keeps it (``GpuBackend.raw``); a handle of a closed backend does not.
+        - The facade is held weakly: a handle of a closed backend does not keep the backend.
+        - The export table gives way to one that refuses (it held this context: a cycle).
+        - The last launches are forgotten.
         """
         closed = self.closed_message()
         cast(GuardedRaw, self.raw).detach(closed)
-        self.plugin = cast(RawDevice, _Detached(closed))
-        target, self._target = self._target, None
-        if target is not None:
-            try:
-                self._target_ref = weakref.ref(target)
-            except TypeError:  # a raw device without __weakref__ (slots): keep it
-                self._target = target
-        facade = self.facade()
+        self.plugin = cast(RawDevice, Detached(closed))
+        facade = self._facade()
         if facade is not None:  # a GpuBackend: it takes weak references
-            self.facade = weakref.ref(facade)
-        self.exports = _ClosedExports(closed)
+            self._facade = weakref.ref(facade)
+        self._exports = _ClosedExports(closed)
         self.recent.clear()
 
     def __repr__(self) -> str:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from .._errors import BackendClosedError, InvalidArgumentError, capture_error
+from .args import invalid_argument
 from .capture import Capture, captured_event_error, forbid_during_capture, invalidated_error
-from .context import DeviceContext, gated, invalid_argument
+from .context import DeviceContext, gated
 
 if TYPE_CHECKING:
     from .buffer import DeviceBuffer

@@ -15,14 +15,16 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
+from .._device.args import dims, integer, invalid_argument
 from .._device.buffer import DeviceBuffer
 from .._device.capture import capturing, forbid_during_capture
-from .._device.context import DeviceContext, Launch, describe_launch, invalid_argument, raise_raw
+from .._device.context import DeviceContext, Launch, describe_launch
+from .._device.guarded import raise_raw
 from .._device.handles import Stream
 from .._errors import BackendClosedError, CaptureError, InvalidArgumentError, MetraleError
-from .._memory.holdings import Holdings, integer
+from .._memory.holdings import Holdings
 from .._streams.front import StreamFront
-from .._types import KernelImplementation, as_index
+from .._types import KernelImplementation
 from ..kernels._ptx import PtxImage, check_architecture, parse_ptx
 from .registry import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Kernel, KernelRegistry, RunMetrics, pack_args
 from .tensormaps import TensorMap
@@ -31,25 +33,6 @@ __all__ = ["KernelFront"]
 
 #: Timed launches whose events are kept before the finished ones are resolved (``kernel_timing``).
 _MAX_PENDING_TIMINGS: Final = 4096
-
-
-def _dims(value: object, name: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
-    if type(value) is int and 1 <= value <= limits[0]:  # the hot path: one dimension
-        return value, 1, 1
-    dims = [value] if isinstance(value, int) and not isinstance(value, bool) else value
-    if isinstance(dims, str | bytes) or not isinstance(dims, Sequence) or not 1 <= len(dims) <= 3:
-        raise InvalidArgumentError(f"launch: {name} must be an int or 1 to 3 ints, got {value!r}")
-    out = []
-    for d in dims:
-        n = as_index(d)
-        if n is None:
-            raise InvalidArgumentError(f"launch: {name} must hold integers, got {value!r}")
-        out.append(n)
-    out += [1] * (3 - len(out))
-    for n, limit in zip(out, limits, strict=True):
-        if not 1 <= n <= limit:
-            raise InvalidArgumentError(f"launch: {name} {tuple(out)} is outside 1..{limits} per dimension")
-    return out[0], out[1], out[2]
 
 
 class KernelFront:
@@ -124,8 +107,8 @@ class KernelFront:
             raise invalid_argument(what, "a Kernel of a registry of this backend", kernel)
         if kernel.registry.unloaded:  # (inside the gate the backend is open: only the registry can be closed)
             raise BackendClosedError(f"{what}: the registry of {kernel.signature} was closed; load the modules again")
-        g = _dims(grid, "grid", MAX_GRID)
-        b = _dims(block, "block", MAX_BLOCK)
+        g = dims(grid, "grid", MAX_GRID)
+        b = dims(block, "block", MAX_BLOCK)
         if b[0] * b[1] * b[2] > MAX_THREADS_PER_BLOCK:
             raise InvalidArgumentError(f"{what}: block {b} has more than {MAX_THREADS_PER_BLOCK} threads")
         shm = shared_mem if type(shared_mem) is int and shared_mem >= 0 else integer(shared_mem, what, "shared_mem")
@@ -180,7 +163,7 @@ class KernelFront:
         that step does (``metrale bench --only eager_breakdown``); the caller holds the arguments' buffers."""
         ctx, plugin, raw_stream = self.ctx, self.ctx.plugin, self._streams.default.raw
         packed = pack_args(kernel, args, "launch", self._live)
-        g, b = _dims(grid, "grid", MAX_GRID), _dims(block, "block", MAX_BLOCK)
+        g, b = dims(grid, "grid", MAX_GRID), dims(block, "block", MAX_BLOCK)
         metrics, function, key = self._metrics, kernel.raw, kernel.key
         recent: collections.deque[Launch] = collections.deque(maxlen=8)  # (its own: the backend's is left alone)
 
@@ -190,8 +173,8 @@ class KernelFront:
 
         def shape() -> None:
             kernel.registry.owned_by(ctx)
-            _dims(grid, "grid", MAX_GRID)
-            _dims(block, "block", MAX_BLOCK)
+            dims(grid, "grid", MAX_GRID)
+            dims(block, "block", MAX_BLOCK)
 
         def record() -> None:
             recent.append((kernel.module, kernel.name, g, b, packed))

@@ -13,10 +13,11 @@ import threading
 import weakref
 from typing import Any
 
+from .._device.args import integer, invalid_argument
 from .._device.buffer import DeviceBuffer
-from .._device.context import DeviceContext, gated, invalid_argument
+from .._device.context import DeviceContext, gated
 from .._errors import InvalidArgumentError, InvalidBufferError
-from .._memory.holdings import Holdings, integer
+from .._memory.holdings import Holdings
 from ..kernels._ntile import NTile, n_tile
 from ..kernels._tensormap import TensorMapSpec, check_tensor_map
 

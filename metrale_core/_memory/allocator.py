@@ -23,16 +23,18 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+from .._device.args import invalid_argument, positive_size
 from .._device.buffer import DeviceBuffer
 from .._device.capture import call_entered, call_left, forbid_during_capture
-from .._device.context import DeviceContext, invalid_argument, raise_raw
+from .._device.context import DeviceContext
+from .._device.guarded import raise_raw
 from .._device.handles import HostBuffer
 from .._device.stats import StatsCounter
 from .._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
 from .._redzones.layout import Layout
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena
-from .holdings import Holdings, positive_size
+from .holdings import Holdings
 from .ledger import Ledger, call_site, describe_sites, largest_sites, next_index
 
 if TYPE_CHECKING:
@@ -409,7 +411,7 @@ class Allocator:
         """One callable per step of an unzoned ``alloc`` + ``free`` of ``nbytes``, each doing what that
         step does for a pair, for ``metrale bench --only breakdown``. The ledger and the stats steps run
         on private instances of their own (the backend's are left alone); the others on this backend."""
-        ctx, target = self.ctx, self.ctx.target
+        ctx, target = self.ctx, self.ctx.plugin
         internal = ctx.internal
         ledger, stats = Ledger(), StatsCounter()
         sample = DeviceBuffer._make(1 << 40, nbytes, "device", -1, "probe:0", ctx.ref)

@@ -56,7 +56,6 @@ class ExportTable:
         self._exported: dict[int, int] = {}  # creation index -> DLPack tensors not yet released
         self._viewed: dict[int, weakref.WeakSet[DeviceArray]] = {}  # creation index -> views exported
         self._orders = True  # whether the backend orders foreign streams (until it says CUDA_ERROR_NOT_SUPPORTED)
-        ctx.exports = self
 
     # -- BufferOwner ----------------------------------------------------------------------
 

@@ -19,11 +19,12 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+from .._device.args import integer, invalid_argument
 from .._device.buffer import DeviceBuffer
-from .._device.context import DeviceContext, invalid_argument
+from .._device.context import DeviceContext
 from .._device.handles import HostBuffer
 from .._errors import InvalidArgumentError, InvalidBufferError
-from .._types import WORD_LIMIT, as_index
+from .._types import as_index
 from .ledger import Ledger
 
 if TYPE_CHECKING:
@@ -36,34 +37,6 @@ _LEDGERED: Final = frozenset({"device", "managed"})
 
 #: Memory of another library that ``wrap`` took in: the buffer, the object kept alive, and its release.
 Wrapped = tuple[DeviceBuffer, object, "Callable[[], None] | None"]
-
-
-def positive_size(nbytes: object, what: str) -> int:
-    """``nbytes`` as a positive ``int`` that fits 64 bits, or the typed error.
-
-    The one rule for sizes, decided here for every backend: a size that is not a positive
-    integer, or does not fit CUDA's 64-bit ``size_t``, is an ``InvalidArgumentError`` before any
-    backend sees it; a size that fits but cannot be satisfied is the backend's
-    ``OutOfMemoryError``.
-    """
-    n = as_index(nbytes)
-    if n is None or n <= 0:
-        raise InvalidBufferError(f"{what}: nbytes must be a positive integer, got {nbytes!r}")
-    if n >= WORD_LIMIT:
-        raise InvalidArgumentError(
-            f"{what}: {n} bytes do not fit 64 bits (CUDA's size_t); no device or host can hold them: ask for less"
-        )
-    return n
-
-
-def integer(value: object, what: str, name: str, *, minimum: int = 0) -> int:
-    """``value`` as an ``int`` of at least ``minimum``, or the typed error naming ``name``."""
-    number = as_index(value)
-    if number is None:
-        raise invalid_argument(what, f"an integer {name}", value)
-    if number < minimum:
-        raise InvalidArgumentError(f"{what}: {name} must be at least {minimum}, got {number}")
-    return number
 
 
 class Holdings:

@@ -13,13 +13,15 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from .._device.args import integer, invalid_argument, positive_size
 from .._device.buffer import DeviceBuffer, PeerSource
 from .._device.capture import Capture, active_captures, forbid_during_capture, invalidated_error
-from .._device.context import DeviceContext, invalid_argument, raise_raw
+from .._device.context import DeviceContext
+from .._device.guarded import raise_raw
 from .._device.handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
 from .._device.stats import StatsCounter
 from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError, MetraleError, capture_error
-from .._memory.holdings import Holdings, integer, positive_size
+from .._memory.holdings import Holdings
 from .._redzones.guard import ZoneGuard
 from .._types import as_index
 
