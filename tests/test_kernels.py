@@ -17,6 +17,7 @@ import pytest
 from conftest import SETTINGS
 from metrale_core import (
     ArchitectureError,
+    BackendClosedError,
     GpuBackend,
     InvalidArgumentError,
     InvalidBufferError,
@@ -323,6 +324,23 @@ def test_graph_refuses_to_launch_after_its_modules_unload(gpu: GpuBackend) -> No
     registry.close()
     with pytest.raises(MetraleError, match="unloaded"):
         exe.launch(stream)
+
+
+def test_a_graph_launch_after_its_registry_closed_is_backend_closed_as_an_eager_one(fake: GpuBackend) -> None:
+    """Both launches name the closed registry with one error type (the graph's was a bare ``MetraleError``)."""
+    registry = fake.load_modules(shipped_modules("vector"))
+    fill = registry.kernel("vector", "fill_u32")
+    buf = fake.alloc(256)
+    stream = fake.create_stream()
+    fake.begin_capture(stream)
+    fake.launch(fill, 1, 64, [buf, np.uint32(64), np.uint32(1)], stream=stream)
+    exe = fake.end_capture(stream).instantiate()
+    registry.close()
+    with pytest.raises(BackendClosedError, match="registry"):
+        fake.launch(fill, 1, 64, [buf, np.uint32(64), np.uint32(1)], stream=stream)
+    with pytest.raises(BackendClosedError, match="unloaded"):
+        exe.launch(stream)
+    assert not fake.closed
 
 
 def test_fake_fill_past_the_allocation_faults() -> None:

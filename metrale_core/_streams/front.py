@@ -158,7 +158,7 @@ class StreamFront:
                 )
         for registry in graph.registries:
             if registry.closed:
-                raise MetraleError(
+                raise BackendClosedError(
                     f"GraphExec.launch: the graph launches kernels of {registry!r}, whose modules "
                     f"were unloaded; keep the registry open while its graphs run, or capture again"
                 )
