@@ -8,6 +8,7 @@ import pytest
 
 from conftest import SETTINGS
 from metrale_core import CaptureError, GpuBackend, InvalidBufferError, MetraleError, open_backend
+from metrale_core.testing import FaultInjecting
 
 
 def test_event_recorded_in_capture_may_be_waited_on(gpu: GpuBackend) -> None:
@@ -135,14 +136,16 @@ def test_scale_variant_never_asks_the_driver() -> None:
     settings = SETTINGS.updated(target_hw="strix-halo")
     with open_backend("fake", settings=settings) as gpu:
         stream = gpu.create_stream()
-        gpu.inject_fault("is_capturing", code="CUDA_ERROR_NOT_SUPPORTED")  # type: ignore[attr-defined]
+        assert isinstance(gpu, FaultInjecting)
+        gpu.inject_fault("is_capturing", code="CUDA_ERROR_NOT_SUPPORTED")
         assert not gpu.stream_is_capturing(stream)
         gpu.begin_capture(stream)
         assert gpu.stream_is_capturing(stream)
         gpu.end_capture(stream).close()
         assert not gpu.stream_is_capturing(stream)
     with open_backend("fake", settings=SETTINGS.updated(target_hw="")) as gpu:
-        gpu.inject_fault("is_capturing", code="CUDA_ERROR_NOT_SUPPORTED")  # type: ignore[attr-defined]
+        assert isinstance(gpu, FaultInjecting)
+        gpu.inject_fault("is_capturing", code="CUDA_ERROR_NOT_SUPPORTED")
         with pytest.raises(MetraleError) as info:
             gpu.stream_is_capturing()
         assert info.value.name == "CUDA_ERROR_NOT_SUPPORTED", "outside the scale variant the driver is asked"

@@ -17,6 +17,7 @@ from metrale_core import (
     OutOfMemoryError,
     open_backend,
 )
+from metrale_core.testing import FaultInjecting
 
 
 @pytest.fixture
@@ -118,12 +119,14 @@ def test_injected_faults_land_after_the_core(fake: GpuBackend, op: str, call: ob
         fake.begin_capture(stream)
         fake.memset(buf, 1, stream=stream)
         exe = fake.end_capture(stream).instantiate()
-        fake.inject_fault(op)  # type: ignore[attr-defined]
+        assert isinstance(fake, FaultInjecting)
+        fake.inject_fault(op)
         with pytest.raises(error):
             exe.launch(stream)
         exe.launch(stream)  # once only
         return
-    fake.inject_fault(op, nth=2)  # type: ignore[attr-defined]
+    assert isinstance(fake, FaultInjecting)
+    fake.inject_fault(op, nth=2)
     call(fake, buf)  # type: ignore[operator]
     with pytest.raises(error) as info:
         call(fake, buf)  # type: ignore[operator]
@@ -132,7 +135,8 @@ def test_injected_faults_land_after_the_core(fake: GpuBackend, op: str, call: ob
 
 
 def test_injected_sticky_fault_is_a_device_fault(fake: GpuBackend) -> None:
-    fake.inject_fault("synchronize", code="CUDA_ERROR_ILLEGAL_ADDRESS")  # type: ignore[attr-defined]
+    assert isinstance(fake, FaultInjecting)
+    fake.inject_fault("synchronize", code="CUDA_ERROR_ILLEGAL_ADDRESS")
     with pytest.raises(DeviceFaultError) as info:
         fake.synchronize()
     assert info.value.code == 700
@@ -142,7 +146,8 @@ def test_injected_sticky_fault_is_a_device_fault(fake: GpuBackend) -> None:
                                                  ("free", 1, "CUDA_SUCCESS"), ("free", 1, "oops")])
 def test_inject_fault_rejects_bad_arguments(fake: GpuBackend, op: str, nth: int, code: str) -> None:
     with pytest.raises(InvalidArgumentError):
-        fake.inject_fault(op, nth=nth, code=code)  # type: ignore[attr-defined]
+        assert isinstance(fake, FaultInjecting)
+        fake.inject_fault(op, nth=nth, code=code)
 
 
 def test_large_copies_round_trip(fake: GpuBackend) -> None:

@@ -29,6 +29,7 @@ from metrale_core import (
     parse_ptx,
 )
 from metrale_core.kernels import shipped_modules
+from metrale_core.testing import FaultInjecting
 
 # every test here that runs on each backend (those taking backend_name) needs the backend to run kernels
 pytestmark = pytest.mark.needs("kernels")
@@ -399,7 +400,8 @@ def test_timed_launches_do_not_pile_up() -> None:
 def test_handles_close_quietly_after_a_device_fault() -> None:
     with open_backend("fake", settings=SETTINGS) as gpu:
         stream, event = gpu.create_stream(), gpu.create_event()
-        gpu.inject_fault("synchronize", code="CUDA_ERROR_ILLEGAL_ADDRESS")  # type: ignore[attr-defined]
+        assert isinstance(gpu, FaultInjecting)
+        gpu.inject_fault("synchronize", code="CUDA_ERROR_ILLEGAL_ADDRESS")
         with pytest.raises(MetraleError):
             gpu.synchronize()
         assert gpu.faulted is not None

@@ -52,6 +52,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_launch": (("tensormaps",), ("registry",), ("front",)),
     "_commands": (("progress", "bench"), ("conformance", "selftest"), ("cli",)),
     "testing": (
+        ("_faults",),
         ("_model", "_bad_inputs", "_capabilities", "_tensormap_rules", "_memory_rules"),
         ("_machine",),
         ("_pytest",),

@@ -19,6 +19,7 @@ from metrale_core import (
     InvalidBufferError,
     open_backend,
 )
+from metrale_core.testing import FaultInjecting
 
 MIB = 1 << 20
 
@@ -163,7 +164,8 @@ def test_a_fault_during_a_capture_stays_with_its_backend() -> None:
             buf = faulty.alloc(256)
             stream = faulty.create_stream()
             faulty.begin_capture(stream)
-            faulty.inject_fault("memset", code="CUDA_ERROR_ILLEGAL_ADDRESS")  # type: ignore[attr-defined]
+            assert isinstance(faulty, FaultInjecting)
+            faulty.inject_fault("memset", code="CUDA_ERROR_ILLEGAL_ADDRESS")
             with pytest.raises(DeviceFaultError):
                 faulty.memset(buf, 1, stream=stream)
             other.free(other.alloc(64))  # no CaptureError: the faulted backend's capture is gone

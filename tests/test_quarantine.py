@@ -29,6 +29,7 @@ from metrale_core import (
 )
 from metrale_core._redzones.guard import QUARANTINE_MAX_BUFFERS
 from metrale_core.kernels import shipped_modules
+from metrale_core.testing import FaultInjecting
 
 FILL = 0xA5
 ZONE = 64  # the trailing zone
@@ -308,7 +309,8 @@ def test_a_free_into_quarantine_leaves_an_injected_free_failure_for_the_next_raw
     """The raw free of a quarantined buffer happens at the drain: its ``free`` never meets the fault."""
     with open_backend("fake", settings=ZONED) as gpu:
         zoned, plain = gpu.alloc(100), gpu.alloc_managed(100)
-        gpu.inject_fault("free")  # type: ignore[attr-defined]
+        assert isinstance(gpu, FaultInjecting)
+        gpu.inject_fault("free")
         gpu.free(zoned)  # into quarantine: no raw free yet
         with pytest.raises(DriverError, match="a fault injected into the fake's 'free'"):
             gpu.free(plain)  # the next raw free meets it
@@ -320,7 +322,8 @@ def test_a_failed_release_at_a_drain_is_logged_not_raised(caplog: pytest.LogCapt
         buf = gpu.alloc(100)
         gpu.free(buf)
         gpu.memset(_edge(buf, "trail")[0], 0x00, nbytes=1)  # a bad zone: the drain releases it, not keeps it
-        gpu.inject_fault("free")  # type: ignore[attr-defined]
+        assert isinstance(gpu, FaultInjecting)
+        gpu.inject_fault("free")
         with caplog.at_level(logging.WARNING, logger="metrale"):
             assert len(gpu.scan_redzones()) == 1  # the drain's release fails: it belongs to a free long returned
         assert _quarantine(gpu) == (0, 0, 0) and gpu.stats().redzone_reusable == 0
@@ -331,7 +334,8 @@ def test_a_failed_release_of_a_block_kept_for_reuse_is_logged_not_raised(caplog:
     with open_backend("fake", settings=ZONED) as gpu:
         gpu.free(gpu.alloc(100))
         assert gpu.scan_redzones() == [] and gpu.stats().redzone_reusable == 1
-        gpu.inject_fault("free")  # type: ignore[attr-defined]
+        assert isinstance(gpu, FaultInjecting)
+        gpu.inject_fault("free")
         with caplog.at_level(logging.WARNING, logger="metrale"):
             assert gpu.sweep_unreleased() == 0  # gives the kept block back: its release fails, logged
         assert gpu.stats().redzone_reusable == 0 and gpu.memory_info().quarantined == 0

@@ -11,9 +11,10 @@ The state machine drives the backend through random programs of
 allocations, frees (double frees too), copies, memsets, captures and
 replays, capture-rule violations, sweeps, red-zone overruns, an
 [`Arena`][metrale_core.Arena] (pieces, a full arena, resets) and, where the
-backend has ``inject_fault``, driver failures and reclaim-and-retry after an
-out-of-memory error. After every step it checks the ledger and ``stats()``
-against a model and every read against the bytes the model expects.
+backend has ``inject_fault`` ([`FaultInjecting`][metrale_core.testing.FaultInjecting]),
+driver failures and reclaim-and-retry after an out-of-memory error. After
+every step it checks the ledger and ``stats()`` against a model and every
+read against the bytes the model expects.
 
 The optional primitives (kernels, interop, a baseline, tensor maps) are probed by
 [`backend_capabilities`][metrale_core.testing.backend_capabilities]; a test that needs one skips, with the reason,
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from ._bad_inputs import BAD_INPUTS, BadInput, BadInputFixture, bad_input_fixture, check_bad_input
 from ._capabilities import CAPABILITIES, Capabilities, backend_capabilities, probe_capabilities
+from ._faults import FaultInjecting
 from ._machine import BackendMachine
 from ._pytest import backend_params, backend_state_machine
 
@@ -37,6 +39,7 @@ __all__ = [
     "BadInput",
     "BadInputFixture",
     "Capabilities",
+    "FaultInjecting",
     "backend_capabilities",
     "backend_params",
     "backend_state_machine",

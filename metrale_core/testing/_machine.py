@@ -220,7 +220,7 @@ class BackendMachine(TensorMapRules):
         if self._reuses(kind, 128):
             return  # a checked block kept for reuse: the driver is not asked
         records = self.probe.records()
-        self.gpu.inject_fault("alloc", code=code)  # type: ignore[attr-defined]
+        self.injector().inject_fault("alloc", code=code)
         fn = {"device": self.gpu.alloc, "managed": self.gpu.alloc_managed, "arena": self.gpu.alloc_arena}[kind]
         try:
             fn(128)
@@ -236,7 +236,7 @@ class BackendMachine(TensorMapRules):
         if self._reuses("device", 64):
             return  # a checked block kept for reuse still holds its fill: none is made
         records = self.probe.records()
-        self.gpu.inject_fault("memset")  # type: ignore[attr-defined]
+        self.injector().inject_fault("memset")
         try:
             buf = self.gpu.alloc(64)
         except DriverError:
@@ -264,7 +264,7 @@ class BackendMachine(TensorMapRules):
         before any on_out_of_memory callback is asked."""
         if self._reuses(kind, 128):
             return  # a kept block serves it: the driver is not asked
-        self.gpu.inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")  # type: ignore[attr-defined]
+        self.injector().inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")
         self.reclaimed, self.heard[:] = [], []
         self.alloc(kind, 128)
         assert self.reclaimed == [], "the callbacks were asked before the quarantine was released"
@@ -280,7 +280,7 @@ class BackendMachine(TensorMapRules):
     @rule(data=st.data())
     def free_fails(self, data: st.DataObject) -> None:
         buf, _ = self._pick(data, self._frees_at_once())
-        self.gpu.inject_fault("free")  # type: ignore[attr-defined]
+        self.injector().inject_fault("free")
         try:
             self.gpu.free(buf)
         except DriverError:
@@ -300,7 +300,7 @@ class BackendMachine(TensorMapRules):
         buffers in quarantine are released first, and then no callback is asked."""
         if self.quarantine or self.reusable:
             return  # alloc_drains_the_quarantine
-        self.gpu.inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")  # type: ignore[attr-defined]
+        self.injector().inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")
         self.reclaim_answer, self.reclaimed = True, []
         try:
             self.alloc(kind, n)

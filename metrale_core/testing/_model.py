@@ -28,6 +28,7 @@ from .. import (
 )
 from ..kernels import shipped_modules
 from ._capabilities import backend_capabilities
+from ._faults import FaultInjecting
 
 __all__ = ["ARENA_BYTES", "COLLECT_EVERY", "MAX_BYTES", "Contents", "MachineModel", "Pool"]
 
@@ -95,7 +96,9 @@ class MachineModel(RuleBasedStateMachine):
         self.arena: Pool = {}
         self.stale: list[DeviceBuffer] = []
         self.dirty: dict[tuple[int, str], int] = {}  # (index, side) -> first changed offset
-        self.can_inject = callable(getattr(self.gpu, "inject_fault", None))
+        #: The backend, where it can inject driver failures.
+        self.faults: FaultInjecting | None = self.gpu if isinstance(self.gpu, FaultInjecting) else None
+        self.can_inject = self.faults is not None
         capabilities = backend_capabilities(self.gpu.name, settings)
         self.shares = capabilities.has("interop")
         self.peers = capabilities.has("peers")
@@ -166,6 +169,11 @@ class MachineModel(RuleBasedStateMachine):
             gc.collect()
 
     # -- helpers ------------------------------------------------------------------------
+
+    def injector(self) -> FaultInjecting:
+        """The backend as `FaultInjecting` (the rules that call this run only where ``can_inject``)."""
+        assert self.faults is not None
+        return self.faults
 
     def _load_kernel(self, module: str, name: str) -> Kernel | None:
         """The shipped ``module.name`` (``vector.fill_u32``, ``fault.write_u8``), or ``None`` where the
