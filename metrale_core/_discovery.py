@@ -20,6 +20,7 @@ import dataclasses
 import importlib.metadata
 import logging
 from collections.abc import Callable
+from typing import final
 
 import pluggy
 
@@ -45,6 +46,7 @@ _log = logging.getLogger("metrale.discovery")
 INSTALL_ADVICE = 'pip install metrale (the fake backend) or pip install "metrale[cuda]" (NVIDIA GPUs)'
 
 
+@final
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Found:
     info: BackendInfo

@@ -26,7 +26,7 @@ backend) carry ``code`` and ``name`` ``None``.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, final
 
 __all__ = [
     "ArchitectureError",
@@ -79,10 +79,12 @@ class MetraleError(Exception):
         return text
 
 
+@final
 class ConfigError(MetraleError):
     """A ``METRALE_*`` setting (or a keyword to ``MetraleSettings``) is invalid."""
 
 
+@final
 class SnapshotError(MetraleError):
     """A memory snapshot file cannot be written (``save_snapshot``: the path is a folder, its
     folder is missing or not writable) or read (``metrale report``: missing, not JSON, not a
@@ -95,14 +97,17 @@ class SnapshotError(MetraleError):
         self.path = None if path is None else str(path)
 
 
+@final
 class BackendNotFoundError(MetraleError):
     """No installed backend has the name that was asked for."""
 
 
+@final
 class BackendUnavailableError(MetraleError):
     """The backend is installed but cannot run here; the message says why."""
 
 
+@final
 class BackendClosedError(MetraleError):
     """A backend, or a handle of one, was used after ``close()``; open a new backend."""
 
@@ -111,14 +116,17 @@ class InvalidArgumentError(MetraleError, ValueError):
     """An argument is out of range or of the wrong kind; nothing was changed."""
 
 
+@final
 class InvalidBufferError(InvalidArgumentError):
     """A buffer is unknown, no longer live, or an operation would run past it."""
 
 
+@final
 class ArchitectureError(InvalidArgumentError):
     """PTX images target an architecture the device cannot run (``CUDA_ERROR_NO_BINARY_FOR_GPU``)."""
 
 
+@final
 class TensorMapError(InvalidArgumentError):
     """A tensor map breaks a rule ``cuTensorMapEncodeTiled`` enforces (``CUDA_ERROR_INVALID_VALUE``); ``rule``
     names it (``"box_dim"``, ``"global_stride"``...: ``metrale_core.TENSOR_MAP_RULES`` lists them all)."""
@@ -147,6 +155,7 @@ class OutOfMemoryError(MetraleError, MemoryError):
         self.requested = requested
 
 
+@final
 class ArenaFullError(OutOfMemoryError):
     """An [`Arena`][metrale_core.Arena] has no room left for an allocation: ``requested``
     bytes were asked for, ``used`` of its ``capacity`` are handed out. The device may
@@ -161,10 +170,12 @@ class ArenaFullError(OutOfMemoryError):
         self.used = used
 
 
+@final
 class CaptureError(MetraleError):
     """A stream-capture rule was broken (CUDA's codes 900-908)."""
 
 
+@final
 class DeviceFaultError(MetraleError):
     """The device faulted (a sticky error): the context is unusable."""
 
@@ -173,10 +184,12 @@ class DriverError(MetraleError):
     """Any other failure the driver (or the fake, speaking for it) reported."""
 
 
+@final
 class KernelNotFoundError(DriverError):
     """A module or kernel the registry does not hold (``CUDA_ERROR_NOT_FOUND``); the message lists what it does."""
 
 
+@final
 class RedZoneError(MetraleError):
     """Red zones changed and ``redzone_action`` is ``"raise"``; ``violations`` lists them."""
 

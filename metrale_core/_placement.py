@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+from typing import final
 
 from ._backend import GpuBackend
 from ._discovery import device_count, open_backend
@@ -24,6 +25,7 @@ __all__ = ["Placement", "open_for_rank", "placement"]
 _log = logging.getLogger("metrale")
 
 
+@final
 @dataclasses.dataclass(frozen=True, slots=True)
 class Placement:
     """The device a process opens, and why.

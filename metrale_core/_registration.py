@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, final
 
 if TYPE_CHECKING:
     from ._backend import GpuBackend
@@ -26,6 +26,7 @@ def _one_device(settings: MetraleSettings) -> int:
     return 1
 
 
+@final
 @dataclasses.dataclass(frozen=True, slots=True)
 class BackendRegistration:
     """What a backend plugin provides.

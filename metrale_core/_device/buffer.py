@@ -17,7 +17,7 @@ import itertools
 import math
 import reprlib
 import sys
-from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, final, runtime_checkable
 
 from .._errors import InvalidArgumentError
 from .._interop.dlpack import (
@@ -79,6 +79,7 @@ class PeerSource(Protocol):
         """Whether ``buf`` is still a live buffer of this (open) backend: for a graph that copies from it."""
 
 
+@final
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceBuffer:
     """A handle to device memory. Immutable; liveness is the backend's to say.
@@ -145,6 +146,7 @@ class DeviceBuffer:
         return buf  # type: ignore[no-any-return]
 
 
+@final
 class _Unfrozen:
     """[`DeviceBuffer`][metrale_core.DeviceBuffer]'s slots with a plain ``__init__``: how `DeviceBuffer._make` builds
     one."""
@@ -245,6 +247,7 @@ def _dlpack_stream(stream: object) -> int | None:
     return value
 
 
+@final
 class DeviceArray:
     """A typed, C-contiguous view of a device buffer, for other array libraries. Made by
     [`DeviceBuffer.view`][metrale_core.DeviceBuffer.view].

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, final
 
 from .._errors import CaptureError, capture_error
 
@@ -62,6 +62,7 @@ _IDLE = threading.Condition(_LOCK)
 BARRED_WAIT_S = 2.0
 
 
+@final
 class _Flag:
     """One thread's flag: whether it is inside a barred call (its check passed, its metrale call not
     returned), and how many metrale calls it is inside, of every backend (the flag goes with the
@@ -74,6 +75,7 @@ class _Flag:
         self.calls = 0
 
 
+@final
 class _Starting:
     """How many captures are waiting in `Capture.start` now (changed under ``_LOCK``)."""
 
@@ -89,6 +91,7 @@ _STARTING = _Starting()
 _FLAGS: weakref.WeakSet[_Flag] = weakref.WeakSet()
 
 
+@final
 class _Barred(threading.local):
     """Per thread: its `_Flag`."""
 
@@ -105,6 +108,7 @@ def _others_inside(own: _Flag) -> bool:
     return any(flag.inside for flag in list(_FLAGS) if flag is not own)
 
 
+@final
 class Capture:
     """One capture in progress: the device context it belongs to (``owner``), whether it is
     invalidated, and what it touched (the buffers, host buffers and kernel registries its work uses)."""

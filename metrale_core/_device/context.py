@@ -65,6 +65,7 @@ def describe_launch(launch: Launch) -> str:
     return f"{module}.{kernel}<<<{grid}, {block}>>>({', '.join(a.describe() for a in args)})"
 
 
+@final
 class _ClosedExports:
     """A closed backend's export table (``DeviceContext.exports`` after ``close()``): exports are refused,
     and the count of DLPack tensors a consumer lets go of has nothing left to count."""
@@ -81,6 +82,7 @@ class _ClosedExports:
         pass
 
 
+@final
 class _Cell:
     """How many calls of one context one thread is inside (``depth``), and that thread's flag of the
     capture rule (``flag``: ``_capture``'s, of every backend; the gate counts the thread's calls there
@@ -94,6 +96,7 @@ class _Cell:
         self.flag = thread_calls()
 
 
+@final
 class _Depth(threading.local):
     """Per thread: its `_Cell` of this context (made at the thread's first call, and added to
     the context's cells under the gate's lock)."""

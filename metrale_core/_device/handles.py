@@ -9,7 +9,7 @@ buffers), each reached through the small protocol it implements here
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, final
 
 from .._errors import BackendClosedError, InvalidArgumentError, capture_error
 from .args import invalid_argument
@@ -93,6 +93,7 @@ class _Handle:
         return True
 
 
+@final
 class Stream(_Handle):
     """A queue of device work. Work on one stream runs in issue order."""
 
@@ -169,6 +170,7 @@ class Stream(_Handle):
         return f"<metrale {kind}Stream of {self._ctx.name}:{self._ctx.ordinal}>"
 
 
+@final
 class Event(_Handle):
     """A marker in a stream's work, for ordering and timing."""
 
@@ -235,6 +237,7 @@ class Event(_Handle):
 _NO_BYTES: Final = memoryview(b"")
 
 
+@final
 class HostBuffer(_Handle):
     """Pinned (page-locked) host memory: fast, truly asynchronous copies.
 
@@ -288,6 +291,7 @@ class HostBuffer(_Handle):
         return f"HostBuffer(ptr={self.ptr:#x}, nbytes={self.nbytes})"
 
 
+@final
 class Graph(_Handle):
     """Work recorded by a stream capture; instantiate it to run it."""
 
@@ -326,6 +330,7 @@ class Graph(_Handle):
             self._owner.release(self)
 
 
+@final
 class GraphExec(_Handle):
     """An instantiated graph: ``launch`` replays its work on a stream."""
 

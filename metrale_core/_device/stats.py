@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Final
+from typing import Final, final
 
 __all__ = ["KINDS", "MemoryStats", "StatsCounter"]
 
@@ -15,6 +15,7 @@ __all__ = ["KINDS", "MemoryStats", "StatsCounter"]
 KINDS: Final = ("device", "managed", "arena")
 
 
+@final
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemoryStats:
     """What a backend has allocated since it opened (peaks since the last ``reset_peak()``).
@@ -67,6 +68,7 @@ class MemoryStats:
         return sum(self.current_bytes.values())
 
 
+@final
 class StatsCounter:
     """The mutable counters behind [`MemoryStats`][metrale_core.MemoryStats]. Thread-safe."""
 

@@ -14,7 +14,7 @@ Only pluggy is imported at run time; the settings model imports this module.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, final
 
 import pluggy
 
@@ -55,6 +55,7 @@ def metrale_settings() -> type[PluginSettings] | None:
     raise RuntimeError("hook specification: never called directly")  # pragma: no cover
 
 
+@final
 class _SettingsSpec:
     """The spec the settings scan registers a plugin against (the other hooks are discovery's)."""
 
