@@ -15,7 +15,7 @@ import dev
 
 
 def _options(**given: Any) -> argparse.Namespace:
-    options = {"only": None, "quick": False, "against": None, "rounds": 2, "bench": None, "budget": 540,
+    options: dict[str, Any] = {"only": None, "quick": False, "against": None, "rounds": 2, "bench": None, "budget": 540,
                "out": "/tmp/gpu-logs-test", "no_install": False, "dry_run": True, "pytest_args": []}
     return argparse.Namespace(**{**options, **given})
 
