@@ -278,6 +278,7 @@ class GpuStep:
     kind: str = "plain"  # "pytest", "bench", "against-bench", "info" (its rc not counted), "plain"
     counted: bool = True
     folders: tuple[Path, ...] = ()
+    needs: str | None = None  # a step that must have passed first, else this one is not run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +294,7 @@ class GpuPlan:
 @dataclasses.dataclass
 class GpuResult:
     step: GpuStep
-    rc: int | None  # None: not run, the budget spent
+    rc: int | None  # None: not run (`lines` says why)
     seconds: float
     limit_s: float
     lines: list[str]
@@ -407,7 +408,8 @@ def gpu_plan(options: argparse.Namespace) -> GpuPlan:
                     turns.append(GpuCommand(_metrale(*bench_args, "--json", str(json_path)), cwd=base / "run",
                                             path_first=first))
             title = f"metrale bench of {options.against} (old) and this checkout (new), in turns, {options.rounds} each"
-            step = GpuStep("bench", title, limit * 2 * options.rounds, tuple(turns), "against-bench")
+            # without the old code installed, the "old" runs would time the new code
+            step = GpuStep("bench", title, limit * 2 * options.rounds, tuple(turns), "against-bench", needs="against")
         steps.append(step)
     return GpuPlan(out, tuple(steps), not options.no_install, options.budget, options.against, options.rounds)
 
@@ -504,7 +506,7 @@ def step_lines(step: GpuStep, text: str, logs: Path) -> list[str]:
         device = reports["new"][0].get("device", "?")
         return [f"on {device}; medians of the rounds; us: lower is better, GB/s: higher is better",
                 *bench_table(reports["old"], reports["new"])]
-    return tail[-3:]
+    return tail[-5:]
 
 
 # -- running
@@ -561,7 +563,7 @@ def _summary(plan: GpuPlan, results: Sequence[GpuResult], started: str, commit: 
         rc = "-" if r.rc is None else str(r.rc)
         lines.append(f"{r.step.name:<12} {rc:>4} {r.seconds:>6.0f}s {r.limit_s:>6.0f}s  {r.step.title}")
     for r in results:
-        head = "not run: the budget was spent" if r.rc is None else f"rc {r.rc}, {r.seconds:.0f} s"
+        head = "not run" if r.rc is None else f"rc {r.rc}, {r.seconds:.0f} s"
         lines += ["", f"== {r.step.name} ({head})", *(f"  {line}" for line in r.lines)]
     return "\n".join(lines) + "\n"
 
@@ -625,8 +627,11 @@ def gpu(argv: Sequence[str]) -> int:
     for step in steps:
         left = plan.budget_s - (time.monotonic() - start)
         limit = min(step.limit_s, left)
-        if limit < GPU_MIN_STEP_S:
-            results.append(GpuResult(step, None, 0.0, 0.0, []))
+        failed = [r.step.name for r in results if r.step.name == step.needs and r.rc != 0]
+        if failed:
+            results.append(GpuResult(step, None, 0.0, 0.0, [f"not run: {failed[0]} failed"]))
+        elif limit < GPU_MIN_STEP_S:
+            results.append(GpuResult(step, None, 0.0, 0.0, [f"not run: the budget of {plan.budget_s} s was spent"]))
         else:
             print(f"== {step.name}: {step.title} (at most {limit:.0f} s)", flush=True)
             log = logs / f"{step.name}.txt"

@@ -53,7 +53,7 @@ def test_against_installs_the_old_revision_and_takes_turns() -> None:
     plan = dev.gpu_plan(_options(only="bench", against="1932081", rounds=3, bench="alloc"))
     against, bench = plan.steps
     assert against.name == "against" and "1932081" in against.commands[0].argv
-    assert bench.kind == "against-bench"
+    assert bench.kind == "against-bench" and bench.needs == "against"  # never the new code timed as the old
     turns = [(c.path_first is not None, c.argv[-1].rsplit("/", 1)[-1]) for c in bench.commands]
     assert turns == [(True, "bench-old-1.json"), (False, "bench-new-1.json"), (True, "bench-old-2.json"),
                      (False, "bench-new-2.json"), (True, "bench-old-3.json"), (False, "bench-new-3.json")]
