@@ -374,7 +374,7 @@ def gpu_plan(options: argparse.Namespace) -> GpuPlan:
         "info": (
             GpuCommand(("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")),
             GpuCommand(_python("-c", _VERSIONS)),
-            GpuCommand(("git", "rev-parse", "--short", "HEAD")),
+            GpuCommand(("git", "describe", "--always", "--dirty")),  # -dirty: the tree is not HEAD's
             GpuCommand(_metrale("--version")),
             GpuCommand(_metrale("backends")),
             GpuCommand(_metrale("preflight", *sorted(str(p.relative_to(ROOT))
@@ -578,7 +578,8 @@ def _pack(out: Path) -> None:
 
 
 def _commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+    # "-dirty" where the working tree differs from HEAD (the GPU machine's copy may carry an older .git)
+    done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
                           check=False)
     return done.stdout.strip() or "an unknown commit"
 
