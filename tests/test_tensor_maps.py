@@ -729,7 +729,7 @@ def test_a_tile_of_another_element_type_fails_the_launch_naming_it() -> None:
 def test_narrow_swizzled_rows_take_the_whole_span(gpu: GpuBackend, tma: Kernel, swizzle: str, inner: int) -> None:
     """A 16-row box loaded through a swizzled map, its shared memory stored row-major through a map tall
     enough to show every byte: each row starts a span apart, its 16-byte chunks XORed in place (the H100 put
-    every element there for each case, tools/gpu-run/swizzle_probe.py; the fake does the same)."""
+    every element there for each case; the fake does the same)."""
     rows, cols = 16, inner // 4
     tall = rows * _SPAN[swizzle] // inner * 2
     a = (np.arange(rows * cols, dtype=np.float32) + 1000).reshape(rows, cols)
