@@ -38,7 +38,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "kernels": (("_ptx", "_tensormap", "_ntile"), ("__init__",), ("__main__",)),
     "_interop": (("dlpack",), ("foreign",)),
     "_device": (("stats", "raw", "buffer"), ("capture",), ("context",), ("handles",)),
-    "_redzones": (("layout",), ("scanner", "ingraph"), ("queued",), ("guard",)),
+    "_redzones": (("layout",), ("scanner",), ("ingraph", "queued"), ("guard",)),
     "_memory": (
         ("meminfo", "ledger"),
         ("arena",),

@@ -30,7 +30,7 @@ from .._device.handles import Stream
 from .._device.stats import StatsCounter
 from .._errors import MetraleError, RedZoneError
 from .._types import RedZoneChecks, RedZoneViolation
-from .ingraph import GraphCheck, GraphChecks
+from .ingraph import GraphCheck, GraphChecks, open_checks
 from .layout import Layout, RedZones, Zone
 from .queued import QueuedScans
 from .scanner import Scanner
@@ -247,34 +247,15 @@ class ZoneGuard:
     # -- graphs -------------------------------------------------------------------------------
 
     def _in_graph(self) -> GraphChecks | None:
-        """The in-graph checks, opened on first use.
-
-        ``None`` where graphs are not checked inside: off, or the backend cannot. Then `checks` says
-        why, and the queued scans stand in.
-        """
-        if self._checks is not None or self._checks_off:
-            return self._checks
-        settings = self._ctx.settings
-        if settings.redzone == 0 or not settings.redzone_scan_graphs:
-            self._checks_off = "off"
-            return None
-        kernel = self._scanner.kernel()
-        if kernel is False or kernel.verdict is None:
-            self._checks_off = "the scan kernel cannot run here" if kernel is False else "no in-graph check kernel"
-            return None
-        if active_captures():  # opening allocates: not while a capture runs (tried again at the next one)
-            return None
-        function, params = kernel.verdict
-        checks = GraphChecks(self._ctx, self.zones, function, params)
-        try:
-            checks.open(self._default_stream)
-        except MetraleError as exc:
-            self._checks_off = f"no mapped host memory here ({exc.message})"
-            _log.info("red zones: graphs are checked by scans queued behind each launch, not inside the graph: %s",
-                      self._checks_off)
-            return None
-        self._checks = checks
-        return checks
+        """The in-graph checks, opened on first use; ``None`` where graphs are not checked inside (then
+        `checks` says why, and the queued scans stand in)."""
+        if self._checks is None and not self._checks_off:
+            opened = open_checks(self._ctx, self.zones, self._scanner, self._default_stream)
+            if isinstance(opened, str):
+                self._checks_off = opened
+            else:
+                self._checks = opened
+        return self._checks
 
     @property
     def checks(self) -> RedZoneChecks:
