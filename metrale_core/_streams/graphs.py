@@ -84,7 +84,7 @@ class GraphFront:
     def launch_graph(self, graph: GraphExec, stream: Stream | None) -> None:
         holdings = self._holdings
         is_live = holdings.is_live
-        plain = graph.check is None and not graph.peers and not self._scan_graphs
+        plain = graph.check is None and not graph.peers
         for registry in graph.registries:  # (loops, not any() over a generator: both are short)
             if registry.unloaded:
                 plain = False
@@ -100,22 +100,22 @@ class GraphFront:
                     graph.live_at = taken
                 else:  # None: arena or external memory among them, each by its own rule
                     plain = live is None and all(is_live(buf) for buf in graph.buffers)
-        if plain:
+        if plain:  # every operand live
             target = self._streams.resolve(stream, "GraphExec.launch")
-            plain = target.capture is None
-        if plain:  # the common case written out (a hot path): every operand live, no capture, no check
-            guard = self._guard
-            if guard.fills:
-                guard.settle_for(target)
-            ctx = self.ctx
-            try:
-                ctx.plugin.graph_launch(graph.raw, target.raw)
-            except Exception as exc:
-                raise_raw(ctx, ctx.name, "graph_launch", exc)
-            self._stats.graph_launches += 1
-            return
-        self._check_operands(graph)
-        target = self._streams.resolve(stream, "GraphExec.launch")
+            if target.capture is None and not self._scan_graphs:  # the common case written out (a hot path)
+                guard = self._guard
+                if guard.fills:
+                    guard.settle_for(target)
+                ctx = self.ctx
+                try:
+                    ctx.plugin.graph_launch(graph.raw, target.raw)
+                except Exception as exc:
+                    raise_raw(ctx, ctx.name, "graph_launch", exc)
+                self._stats.graph_launches += 1
+                return
+        else:
+            self._check_operands(graph)
+            target = self._streams.resolve(stream, "GraphExec.launch")
         with self._guard.graph_launch(graph.check, target, is_live):
             capture = target.capture
             if capture is not None:
