@@ -60,7 +60,7 @@ from ._redzones.guard import ZoneGuard
 from ._reports.merge import LedgerReport
 from ._settings.model import MetraleSettings
 from ._streams.front import StreamFront
-from ._types import KernelImplementation, MemoryInfo, Origin, RedZoneViolation
+from ._types import KernelImplementation, MemoryInfo, Origin, RedZoneChecks, RedZoneViolation
 from .kernels._ntile import NTile
 from .kernels._tensormap import TensorMapSpec
 
@@ -525,11 +525,15 @@ class GpuBackend:
 
     @property
     @gated
-    def redzone_checks(self) -> str:
-        """How this backend checks red zones around graph launches, in words: inside every captured
-        graph (where the backend maps host memory), by a scan queued or waited for after each launch
-        (where it cannot, and why), or not at all (``redzone_scan_graphs`` off, or red zones off)."""
-        return self._guard.check_mode
+    def redzone_checks(self) -> RedZoneChecks:
+        """How this backend checks red zones around graph launches: a ``str``, in words, with a ``mode``.
+
+        - ``mode``: ``"inside"`` every captured graph (where the backend maps host memory);
+          ``"queued"`` or ``"waited"``, a scan after each launch (where it cannot); ``"off"``
+          (``redzone_scan_graphs`` off, or red zones off); ``"unknown"`` while a capture runs.
+        - ``reason``: why graphs are not checked inside (``""`` where they are).
+        - Compare ``mode``; print the string."""
+        return self._guard.checks
 
     @gated
     def on_redzone_violation(self, observer: Callable[[str, RedZoneViolation], object]) -> None:

@@ -12,7 +12,7 @@ import operator
 import struct
 import sys
 from collections.abc import Callable
-from typing import Any, Final, Literal, SupportsIndex, cast
+from typing import Any, Final, Literal, SupportsIndex, cast, final
 
 __all__ = [
     "WORD_LIMIT",
@@ -25,6 +25,8 @@ __all__ = [
     "MemoryInfo",
     "Origin",
     "Param",
+    "RedZoneCheckMode",
+    "RedZoneChecks",
     "RedZoneViolation",
     "as_index",
     "format_bytes",
@@ -198,6 +200,35 @@ class RedZoneViolation:
             f"first changed byte at zone offset {self.offset}"
             + (f", on {self.origin.describe()}" if self.origin is not None and self.origin.rank is not None else "")
         )
+
+
+#: How graph launches are checked: see `RedZoneChecks`.
+RedZoneCheckMode = Literal["inside", "queued", "waited", "unknown", "off"]
+
+
+@final
+class RedZoneChecks(str):
+    """How a backend checks red zones around graph launches: a ``str``, the sentence ``metrale info`` prints.
+
+    - `mode`: ``"inside"`` (the verdict kernel ends every captured graph), ``"queued"`` (a scan queued
+      behind each launch), ``"waited"`` (a check after each launch, waited for), ``"unknown"`` (asked
+      while a capture runs), or ``"off"`` (red zones off, or ``redzone_scan_graphs`` off).
+    - `reason`: why graphs are not checked inside, in words (``""`` where they are).
+    - Compare `mode`, not the sentence: the sentence is for people.
+    """
+
+    # (no __slots__: a str subclass holds its attributes in a __dict__)
+    mode: RedZoneCheckMode
+    reason: str
+
+    def __new__(cls, text: str, mode: RedZoneCheckMode, reason: str = "") -> RedZoneChecks:
+        self = super().__new__(cls, text)
+        self.mode = mode
+        self.reason = reason
+        return self
+
+    def __getnewargs__(self) -> tuple[str, RedZoneCheckMode, str]:  # type: ignore[override]
+        return str(self), self.mode, self.reason
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,7 +7,9 @@ after graph launches stand in, and the tests here expect their words (``gpu.redz
 
 from __future__ import annotations
 
+import json
 import logging
+import pickle
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -27,7 +29,7 @@ from metrale_core import (
     Stream,
     open_backend,
 )
-from metrale_core._redzones.guard import QUARANTINE_MAX_BUFFERS
+from metrale_core._memory.quarantine import QUARANTINE_MAX_BUFFERS
 from metrale_core.kernels import shipped_modules
 from metrale_core.testing import FaultInjecting
 
@@ -53,7 +55,7 @@ def _open(backend_name: str, **changes: object) -> GpuBackend:
 
 def _in_graph(gpu: GpuBackend) -> bool:
     """Whether graphs are checked inside (the verdict kernel as their last node)."""
-    return gpu.redzone_checks.startswith("inside every captured graph")
+    return gpu.redzone_checks.mode == "inside"
 
 
 def _edge(buf: DeviceBuffer, side: str) -> tuple[int, int]:
@@ -464,16 +466,37 @@ def _launch_expecting(gpu: GpuBackend, exe: GraphExec, stream: Stream, queued: b
 def test_redzone_checks_says_how_graphs_are_checked(backend_name: str) -> None:
     with _open(backend_name, redzone=0) as gpu:
         assert gpu.redzone_checks == "off"
+        assert (gpu.redzone_checks.mode, gpu.redzone_checks.reason) == ("off", "red zones are off")
     with _open(backend_name) as gpu:
         assert gpu.redzone_checks.endswith("(redzone_scan_graphs is off)")
+        assert (gpu.redzone_checks.mode, gpu.redzone_checks.reason) == ("off", "redzone_scan_graphs is off")
     for queued in (False, True):
         with _open(backend_name, redzone_scan_graphs=True, redzone_scan_queued=queued) as gpu:
-            mode = gpu.redzone_checks
+            checks = gpu.redzone_checks
             wait = "queued" if queued else "waited for"
-            assert mode.startswith((
+            assert checks.startswith((
                 f"inside every captured graph (its last node), verdicts in mapped host memory, {wait}",
                 f"by a scan {wait} after every graph launch (", "after every graph launch, zones read back",
-            )), mode
+            )), checks
+            if checks.mode == "inside":
+                assert checks.startswith("inside every captured graph") and checks.reason == ""
+            elif checks.startswith("after every graph launch, zones read back"):  # no kernels: always waited for
+                assert checks.mode == "waited" and checks.endswith(f"({checks.reason})") and checks.reason
+            else:
+                assert checks.mode == ("queued" if queued else "waited"), checks
+                assert checks.endswith(f"({checks.reason})") and checks.reason
+
+
+def test_redzone_checks_is_a_string_with_a_mode(backend_name: str) -> None:
+    """Printed, compared, formatted, written as JSON, pickled: what a plain string did, it still does."""
+    with _open(backend_name, redzone_scan_graphs=True) as gpu:
+        checks = gpu.redzone_checks
+        text = str(checks)
+        assert isinstance(checks, str) and checks == text and f"{checks}" == text and repr(checks) == repr(text)
+        assert json.loads(json.dumps({"graph_checks": checks})) == {"graph_checks": text}
+        again = pickle.loads(pickle.dumps(checks))
+        assert (again, again.mode, again.reason) == (text, checks.mode, checks.reason)
+        assert checks.mode in ("inside", "queued", "waited")
 
 
 def test_the_fake_checks_graphs_inside() -> None:

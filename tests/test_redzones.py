@@ -28,7 +28,7 @@ AT_ONCE = SETTINGS.updated(redzone_quarantine_bytes=0)
 
 def _in_graph(gpu: GpuBackend) -> bool:
     """Whether graphs are checked inside (the verdict kernel as their last node), not by scans after launches."""
-    return gpu.redzone_checks.startswith("inside every captured graph")
+    return gpu.redzone_checks.mode == "inside"
 
 
 def test_free_reports_its_own_zone(backend_name: str, caplog: pytest.LogCaptureFixture) -> None:

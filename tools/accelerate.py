@@ -39,6 +39,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "metrale_core/_memory/ledger.py",
         "metrale_core/_memory/pressure.py",
         "metrale_core/_streams/front.py",
+        "metrale_core/_streams/graphs.py",
         "metrale_core/_redzones/guard.py",
     ),
     "backends/cuda": ("metrale_cuda/_device.py", "metrale_cuda/_driver.py"),

@@ -4,8 +4,8 @@ call to the ledger and back.
 It owns the front of the ledger (a record on before ``alloc`` returns, off before ``free``
 releases), reclaim-and-retry after an out-of-memory error and the report that names who holds
 the memory, arena blocks and [`Arena`][metrale_core.Arena] objects, host buffers, and the
-sweep. What it hands out it records in `Holdings`; red zones
-are the zone guard's, asked for by the allocator.
+sweep. What it hands out it records in `Holdings`. Red zones are the zone guard's, asked for by the
+allocator; freed zoned blocks wait in its `Quarantine`, which it drains before it gives up on memory.
 
 Nothing it makes outlives ``close()``: an allocation finishes by committing its record under
 the context's lock, and one that finds the backend closed by then (a callback closed it, or
@@ -36,6 +36,7 @@ from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena
 from .holdings import Holdings
 from .ledger import Ledger, call_site, describe_sites, largest_sites, next_index
+from .quarantine import Quarantine
 
 if TYPE_CHECKING:
     from .._redzones.guard import ZoneGuard
@@ -81,8 +82,8 @@ class Allocator:
     """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
 
     __slots__ = (
-        "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_raw", "_reclaiming", "_stats", "_trace_idx",
-        "_zoned", "ctx", "swept",
+        "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_quarantine", "_raw", "_reclaiming", "_stats",
+        "_trace_idx", "_zoned", "ctx", "swept",
     )
 
     def __init__(
@@ -93,6 +94,7 @@ class Allocator:
         self._holdings = holdings
         self._stats = stats
         self._guard = guard
+        self._quarantine = Quarantine(ctx, stats, guard)
         self._monitor = monitor
         self._callbacks: list[Callable[[int], object]] = []
         self._observers: list[Callable[[DeviceBuffer], None]] = []
@@ -169,7 +171,7 @@ class Allocator:
                 f"{what}: {n} bytes and their red zones ({layout.raw_bytes} bytes in all) do not fit 64 bits "
                 f"(CUDA's size_t): ask for less"
             )
-        reused = self._guard.reuse(layout)
+        reused = self._quarantine.reuse(layout)
         if reused is not None:
             return reused, True
         return self._raw_alloc(layout.raw_bytes, n, "device", what), False
@@ -191,10 +193,10 @@ class Allocator:
                 first, failed = failed, None  # the caller's first try ran out of memory: on to the remedies
                 raise first
             except OutOfMemoryError as exc:
-                if not drained and self._guard.held_bytes:  # freed memory the red zones hold back first
+                if not drained and self._quarantine.held_bytes:  # freed memory the red zones hold back first
                     drained = True
                     # logged, not raised: the allocation goes on
-                    self._guard.drain(f"{what}, out of memory", may_raise=False, give_back=True)
+                    self._quarantine.drain(f"{what}, out of memory", may_raise=False, give_back=True)
                     continue
                 reclaimed = retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what)
                 if self.ctx.closed:  # a callback closed the backend
@@ -340,7 +342,7 @@ class Allocator:
         if buf.index in holdings.raw_base:  # zoned (a racing free of the same buffer found no record above)
             with holdings.lock:
                 raw_ptr = holdings.raw_base.pop(buf.index)
-            self._guard.free_checked(buf, raw_ptr, kind)
+            self._quarantine.free(buf, raw_ptr, kind)
             return
         try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors
             ctx.plugin.free(buf.ptr, kind)
@@ -469,7 +471,7 @@ class Allocator:
         """Drain the ledger, free each allocation on it, and report; returns how many."""
         ctx = self.ctx
         # freed buffers waiting in quarantine are no leaks: released, with the blocks kept for reuse
-        self._guard.drain("sweep_unreleased()", give_back=True)
+        self._quarantine.drain("sweep_unreleased()", give_back=True)
         records = self._holdings.ledger.drain()
         if records:
             ctx.quietly("synchronize before a sweep", self._guard.sync_device)  # in-graph checks may read their zones
@@ -503,6 +505,7 @@ class Allocator:
         for arena in arenas:
             arena._take_block()  # its block is among the blocks released below
         self.sweep()
+        self._quarantine.release()
         for buf in blocks.values():
             ctx.quietly("free_arena", self._raw.free, buf.ptr, "arena")
         for hb in hosts.values():

@@ -21,25 +21,29 @@ launch that needs it, after every earlier launch on other streams (an event each
 every later one (they wait for the write's event), so no scan ever reads a table being written.
 Zones leave the table only once their memory is about to be released, after the device went
 idle, and the table is written again at once, so no scan ever reads released memory.
+
+- `open_checks`: the checks of one backend, opened on first use, or why graphs are not checked inside.
+- `GraphChecks`: the pages of slots, the table and its writes, the launches issued and judged.
+- `GraphCheck`: the check captured into one graph: its slot, its launches.
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, final
 
 from .._device.capture import active_captures
 from .._device.context import DeviceContext
 from .._errors import MetraleError
-from .._types import LaunchArg
-from ..kernels._ptx import Param
+from .._types import LaunchArg, Param
+from .scanner import Scanner
 
 if TYPE_CHECKING:
     from .._device.handles import Stream
     from .layout import RedZones
 
-__all__ = ["GRID", "GraphCheck", "GraphChecks"]
+__all__ = ["GRID", "GraphCheck", "GraphChecks", "open_checks"]
 
 _log = logging.getLogger("metrale")
 
@@ -52,6 +56,7 @@ _SLOTS_PER_PAGE: Final = 128
 _DESC = struct.Struct("<4Q")  # table address, zone count, version, fill
 
 
+@final
 class _Page:
     """Mapped host memory for `_SLOTS_PER_PAGE` slots and the device memory of their states."""
 
@@ -65,6 +70,7 @@ class _Page:
         self.free = list(range(_SLOTS_PER_PAGE - 1, -1, -1))
 
 
+@final
 class GraphCheck:
     """The check captured into one graph (shared by its executable graphs): its slot, and how many
     of its launches the host issued and has judged."""
@@ -114,6 +120,7 @@ class GraphCheck:
         ]
 
 
+@final
 class GraphChecks:
     """The in-graph checks of one backend (the zone guard's). Callers hold the guard's lock."""
 
@@ -311,3 +318,32 @@ class GraphChecks:
         self._retiring.clear()
         self._readers.clear()
         self._ordered.clear()
+
+
+def open_checks(ctx: DeviceContext, zones: RedZones, scanner: Scanner, default: Stream) -> GraphChecks | str | None:
+    """The in-graph checks of one backend, opened; else why graphs are not checked inside.
+
+    - ``"off"``: red zones or ``redzone_scan_graphs`` are off.
+    - Another reason: the backend cannot (no kernels, no verdict kernel, no mapped host memory).
+      The queued scans stand in.
+    - ``None``: a capture runs; opening allocates, so it is tried again at the next one.
+    """
+    settings = ctx.settings
+    if settings.redzone == 0 or not settings.redzone_scan_graphs:
+        return "off"
+    kernel = scanner.kernel()
+    if kernel is False:
+        return "the scan kernel cannot run here"
+    if kernel.verdict is None:
+        return "no in-graph check kernel"
+    if active_captures():
+        return None
+    function, params = kernel.verdict
+    checks = GraphChecks(ctx, zones, function, params)
+    try:
+        checks.open(default)
+    except MetraleError as exc:
+        off = f"no mapped host memory here ({exc.message})"
+        _log.info("red zones: graphs are checked by scans queued behind each launch, not inside the graph: %s", off)
+        return off
+    return checks

@@ -1,17 +1,23 @@
-"""Red-zone bookkeeping: where each guard band lies and how to judge it."""
+"""Red-zone bookkeeping: where each guard band lies and how to judge it.
+
+- `Zone`, `Layout`: one guard band; where a zoned allocation's parts lie.
+- `RedZones`: the live zones of one backend, and the dense table the scan kernel reads.
+- `zone_table`, `zone_violations`: a scan's table for some zones, and the violations in its results.
+"""
 
 from __future__ import annotations
 
 import array
 import dataclasses
 import threading
-from typing import Final, Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Final, Literal, final
 
 from .._device.buffer import DeviceBuffer
 from .._settings.model import MetraleSettings
 from .._types import RedZoneViolation
 
-__all__ = ["ALIGN", "Layout", "RedZones", "Zone"]
+__all__ = ["ALIGN", "Layout", "RedZones", "Zone", "zone_table", "zone_violations"]
 
 #: Device pointers handed to users are aligned to this, as cuMemAlloc's are.
 ALIGN: Final = 256
@@ -21,6 +27,7 @@ def _round_up(n: int, align: int = ALIGN) -> int:
     return (n + align - 1) // align * align
 
 
+@final
 @dataclasses.dataclass(frozen=True, slots=True)
 class Zone:
     """One guard band: ``length`` bytes at device address ``start``."""
@@ -31,6 +38,7 @@ class Zone:
     length: int
 
 
+@final
 @dataclasses.dataclass(frozen=True, slots=True)
 class Layout:
     """Where a zoned allocation's parts lie within its raw allocation."""
@@ -40,6 +48,7 @@ class Layout:
     trail: int
 
 
+@final
 class RedZones:
     """The zones of one backend's live allocations, and the settings that shape them.
 
@@ -156,3 +165,22 @@ class RedZones:
             side=zone.side,
             offset=len(data) - len(rest),
         )
+
+
+def zone_table(zones: Sequence[Zone]) -> bytes:
+    """The scan kernel's table for ``zones``: an (address, length) pair of u64 per zone."""
+    table = array.array("Q")
+    for zone in zones:
+        table.extend((zone.start, zone.length))
+    return table.tobytes()
+
+
+def zone_violations(
+    zones: Sequence[Zone], firsts: Iterable[int], keep: Callable[[DeviceBuffer], bool] = lambda buf: True
+) -> list[RedZoneViolation]:
+    """The violations in a scan's results: ``firsts[i]`` is zone ``i``'s first changed offset + 1, or 0."""
+    return [
+        RedZoneViolation(z.buffer.ptr, z.buffer.nbytes, z.buffer.index, z.buffer.site, z.side, first - 1)
+        for z, first in zip(zones, firsts, strict=True)
+        if first and keep(z.buffer)
+    ]

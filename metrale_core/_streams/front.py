@@ -1,29 +1,31 @@
-"""The stream front: streams, events and graphs of one backend, and the work issued on them.
+"""The stream front: streams and events of one backend, and the work issued on them.
 
-It owns every stream (the default one too), event, graph and executable graph it hands out
-(released at ``close()``, dependents first), issues memsets, copies and graph launches after
-their operands are checked live and in bounds (``Holdings``), records what a capture touches,
-and begins and ends captures under the rules of ``_capture``. It decides for the raw layer when
-a wait is allowed: never while a capture runs anywhere in the process.
+- It owns every stream (the default one too), event, graph and executable graph it hands out, in one
+  handle table; released at ``close()``, dependents first.
+- It issues memsets, copies and peer copies after their operands are checked live and in bounds
+  (``Holdings``), recording what a capture touches (`.graphs.record`).
+- Captures and graph launches are the graph front's (`.graphs.GraphFront`), made at `StreamFront.attach`.
+- It decides for the raw layer when a wait is allowed: never while a capture runs anywhere in the process.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TypeVar, final
 
 from .._device.args import integer, invalid_argument, positive_size
 from .._device.buffer import DeviceBuffer, PeerSource
-from .._device.capture import Capture, active_captures, forbid_during_capture, invalidated_error
+from .._device.capture import active_captures, forbid_during_capture
 from .._device.context import DeviceContext
 from .._device.guarded import raise_raw
 from .._device.handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
 from .._device.stats import StatsCounter
-from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError, MetraleError, capture_error
+from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError
 from .._memory.holdings import Holdings
 from .._redzones.guard import ZoneGuard
 from .._types import as_index
+from .graphs import GraphFront, Peer, record
 
 __all__ = ["StreamFront"]
 
@@ -32,10 +34,11 @@ _log = logging.getLogger("metrale")
 _H = TypeVar("_H", bound=_Handle)
 
 
+@final
 class StreamFront:
-    """Streams, events, graphs and the work on them, for one backend (the ``HandleOwner`` of those handles)."""
+    """Streams, events and the work on them, for one backend (the ``HandleOwner`` of streams and events)."""
 
-    __slots__ = ("_execs", "_guard", "_handles", "_holdings", "_raw", "_scan_graphs", "_stats", "ctx", "default")
+    __slots__ = ("_execs", "_guard", "_handles", "_holdings", "_raw", "_stats", "ctx", "default", "graphs")
 
     def __init__(self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter) -> None:
         self.ctx = ctx
@@ -44,14 +47,16 @@ class StreamFront:
         self._stats = stats
         self._handles: dict[int, _Handle] = {}
         self._execs = 0  # how many of them are executable graphs (a free looks for its buffer in those)
-        self._scan_graphs = ctx.settings.redzone_scan_graphs  # (settings are fixed for the backend's life)
         #: This backend's own non-blocking stream, used wherever ``stream=None``.
         self.default = Stream(self, self._raw.stream_create(), default=True)
         self._guard: ZoneGuard  # set by attach(), before any use
+        #: Captures and graph launches (the owner of graphs and executable graphs), made by attach().
+        self.graphs: GraphFront
 
     def attach(self, guard: ZoneGuard) -> None:
         """The zone guard (built on the default stream, so after this front): fills to settle, scans to run."""
         self._guard = guard
+        self.graphs = GraphFront(self, self._holdings, self._stats, guard)
 
     @property
     def guard(self) -> ZoneGuard:
@@ -94,7 +99,7 @@ class StreamFront:
                     self._execs -= 1
             check = getattr(handle, "check", None)
             if check is not None:
-                self.guard.drop_check(check)
+                self._guard.drop_check(check)
             destroy = getattr(self._raw, handle._destroy_op)
             if ctx.fault is None:
                 destroy(handle.raw)
@@ -104,80 +109,11 @@ class StreamFront:
             ctx.leave()
 
     def waited(self) -> None:
-        self.guard.waited(self._holdings.is_live)
+        self._guard.waited(self._holdings.is_live)
 
     def launch_graph(self, graph: GraphExec, stream: Stream | None) -> None:
-        holdings = self._holdings
-        is_live = holdings.is_live
-        plain = graph.check is None and not graph.peers
-        for registry in graph.registries:  # (loops, not any() over a generator: both are short)
-            if registry.unloaded:
-                plain = False
-        for hb in graph.host_buffers:
-            if hb.closed:
-                plain = False
-        if plain:
-            ledger = holdings.ledger
-            taken = ledger.taken  # read first: a record that comes off during the check shows at the next launch
-            if graph.live_at != taken:  # records came off since its buffers were last found live: look again
-                live = ledger.holds_all(graph.buffers, self.ctx.ref)
-                if live:
-                    graph.live_at = taken
-                else:  # None: arena or external memory among them, each by its own rule
-                    plain = live is None and all(is_live(buf) for buf in graph.buffers)
-        if plain:
-            target = self.resolve(stream, "GraphExec.launch")
-            plain = target.capture is None
-        if plain:  # the common case written out (a hot path): every operand live, no check, no capture
-            guard = self._guard
-            if guard.fills:
-                guard.settle_for(target)
-            ctx = self.ctx
-            try:
-                ctx.plugin.graph_launch(graph.raw, target.raw)
-            except Exception as exc:
-                raise_raw(ctx, ctx.name, "graph_launch", exc)
-            self._stats.graph_launches += 1
-            if self._scan_graphs:
-                guard.after_graph_launch(target, is_live)
-            return
-        for buf in graph.buffers:
-            if not is_live(buf):
-                raise InvalidBufferError(
-                    f"GraphExec.launch: the graph recorded allocation #{buf.index} "
-                    f"({buf.nbytes} bytes from {buf.site}), which is no longer live; its "
-                    f"address may belong to another allocation now. Capture the graph again "
-                    f"with live buffers"
-                )
-        for buf, peer_is_live in graph.peers:
-            if not peer_is_live(buf):
-                raise InvalidBufferError(
-                    f"GraphExec.launch: the graph copies from allocation #{buf.index} of another backend "
-                    f"({buf.nbytes} bytes from {buf.site}), which is no longer live (freed, or its backend "
-                    f"closed). Capture the graph again with live buffers"
-                )
-        for registry in graph.registries:
-            if registry.closed:
-                raise BackendClosedError(
-                    f"GraphExec.launch: the graph launches kernels of {registry!r}, whose modules "
-                    f"were unloaded; keep the registry open while its graphs run, or capture again"
-                )
-        for hb in graph.host_buffers:
-            if hb.closed:
-                raise InvalidBufferError(f"GraphExec.launch: the graph recorded {hb!r}, which was freed; capture again")
-        target = self.resolve(stream, "GraphExec.launch")
-        raw = graph.raw
-        guard, check = self.guard, graph.check
-        if check is None:
-            self.issue(target, "GraphExec.launch", graph.buffers, lambda s: self._raw.graph_launch(raw, s),
-                       peers=graph.peers)
-        else:
-            with guard.lock:  # the zone table stays as the graph's check reads it until the launch is issued
-                guard.before_graph_launch(check, target)
-                self.issue(target, "GraphExec.launch", graph.buffers, lambda s: self._raw.graph_launch(raw, s),
-                           peers=graph.peers)
-        self._stats.graph_launches += 1
-        guard.after_graph_launch(target, is_live, check)
+        """(``HandleOwner``'s; graphs are owned by `graphs`, which their launches reach directly.)"""
+        self.graphs.launch_graph(graph, stream)
 
     def memset_probes(self, buf: DeviceBuffer, nbytes: int) -> dict[str, Callable[[], object]]:
         """One callable per step of an eager ``memset`` of ``nbytes`` of ``buf`` on the default stream, each
@@ -224,23 +160,14 @@ class StreamFront:
         buffers: Iterable[DeviceBuffer | None],
         work: Callable[[object], None],
         host_buffers: Iterable[HostBuffer | None] = (),
-        peers: Iterable[tuple[DeviceBuffer, Callable[[DeviceBuffer], bool]]] = (),
+        peers: Iterable[Peer] = (),
     ) -> None:
         """Run ``work`` on ``target``'s raw stream, recording what it touches if the stream captures
         (``peers``: buffers of other backends it reads, each with its owner's liveness check)."""
-        self.guard.settle_for(target)
+        self._guard.settle_for(target)
         capture = target.capture
         if capture is not None:
-            if capture.invalidated:
-                raise invalidated_error(capture, what)
-            for buf in buffers:
-                if buf is not None:
-                    capture.buffers[buf.index] = buf
-            for hb in host_buffers:
-                if hb is not None:
-                    capture.host_buffers[id(hb)] = hb
-            for buf, is_live in peers:  # (creation indexes are the process's: one key per buffer of any backend)
-                capture.peers[buf.index] = (buf, is_live)
+            record(capture, what, buffers, host_buffers, peers)
         work(target.raw)
 
     def memset(self, dst: object, value: object, offset: object, nbytes: object, stream: Stream | None) -> None:
@@ -367,75 +294,19 @@ class StreamFront:
 
     def synchronize(self) -> None:
         forbid_during_capture("synchronize()")
-        self.guard.sync_device()
+        self._guard.sync_device()
         self.waited()
 
-    # -- capture -----------------------------------------------------------------------------
+    # -- capture (the graph front's) ------------------------------------------------------------
 
     def begin_capture(self, stream: Stream | None) -> None:
-        target = self.resolve(stream, "begin_capture")
-        if target.capture is not None:
-            raise capture_error(
-                "CUDA_ERROR_ILLEGAL_STATE", "begin_capture: this stream is already capturing; call end_capture first"
-            )
-        self.guard.settle()  # no wait is allowed once a capture runs
-        check = self.guard.reserve_check()  # the red-zone check the graph will end with (allocations allowed now)
-        capture = Capture(self.ctx)
-        capture.check = check
-        capture.start()  # on the record first: no barred call of another thread reaches the driver now
-        try:
-            self._raw.begin_capture(target.raw)
-        except BaseException:
-            capture.finish()
-            if check is not None:
-                self.guard.drop_check(check)
-            raise
-        target.capture = capture
+        self.graphs.begin_capture(stream)
 
     def end_capture(self, stream: Stream | None) -> Graph:
-        target = self.resolve(stream, "end_capture")
-        capture = target.capture
-        if capture is None:
-            raise capture_error(
-                "CUDA_ERROR_ILLEGAL_STATE", "end_capture: this stream is not capturing; call begin_capture first"
-            )
-        target.capture = None
-        check = capture.check
-        try:  # off the record only once the driver's capture has ended: until then barred calls stay refused
-            if capture.invalidated:
-                self._discard_raw_capture(target)
-                raise invalidated_error(capture, "end_capture")
-            if check is not None:
-                try:
-                    self.guard.seal_check(check, target)  # the graph's last node: its red-zone check
-                except BaseException:
-                    self._discard_raw_capture(target)
-                    raise
-            graph = self._raw.end_capture(target.raw)
-        except BaseException:
-            capture.check = None
-            if check is not None:
-                self.guard.drop_check(check)
-            raise
-        finally:
-            capture.finish()
-        return self.adopt(Graph(self, graph, capture))
-
-    def _discard_raw_capture(self, target: Stream) -> None:
-        try:
-            graph = self._raw.end_capture(target.raw)
-        except MetraleError:
-            return
-        try:
-            self._raw.graph_destroy(graph)
-        except MetraleError as exc:
-            _log.debug("destroying a discarded capture's graph failed: %s", exc)
+        return self.graphs.end_capture(stream)
 
     def is_capturing(self, stream: Stream | None) -> bool:
-        target = self.resolve(stream, "stream_is_capturing")
-        if self.ctx.settings.scale_variant:
-            return target.capture is not None
-        return self._raw.is_capturing(target.raw)
+        return self.graphs.is_capturing(stream)
 
     # -- close --------------------------------------------------------------------------------
 
@@ -443,16 +314,7 @@ class StreamFront:
         """At close, first: end every capture in progress (discarding its work)."""
         with self.ctx.lock:
             streams = [h for h in self._handles.values() if isinstance(h, Stream)]
-        for stream in [*streams, self.default]:
-            capture = stream.capture
-            if capture is not None:
-                _log.warning("close: aborting the capture in progress on %r", stream)
-                stream.capture = None
-                capture.check = None  # the guard releases every check at close
-                try:
-                    self._discard_raw_capture(stream)
-                finally:
-                    capture.finish()
+        self.graphs.abort([*streams, self.default])
 
     def release_handles(self) -> None:
         """At close, first of the releases: destroy every handle given out, dependents first."""

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from .. import ArenaFullError, DeviceBuffer, GpuBackend, InvalidBufferError, RedZoneError, device_count, open_backend
-from .._redzones.guard import QUARANTINE_MAX_BUFFERS
+from .._memory.quarantine import QUARANTINE_MAX_BUFFERS
 from ._model import ARENA_BYTES, MAX_BYTES, Contents, MachineModel
 
 __all__ = ["MemoryRules"]

@@ -194,10 +194,10 @@ class MachineModel(RuleBasedStateMachine):
         releases nothing), or ``""`` (not checked)."""
         if self.redzone == 0 or not self.gpu.settings.redzone_scan_graphs:
             return ""
-        mode = self.gpu.redzone_checks
-        if mode.startswith("inside every captured graph"):
+        mode = self.gpu.redzone_checks.mode
+        if mode == "inside":
             return "inside"
-        return "queued" if mode.startswith("by a scan queued") else "waiting"
+        return "queued" if mode == "queued" else "waiting"
 
     def _all(self) -> Pool:
         return {**self.live, **self.arena, **self.pieces}
