@@ -173,7 +173,7 @@ _WHERE: dict[str, str] = {
     "GpuBackend": "_backend",
     "DeviceArray": "_device.buffer",
     "DeviceBuffer": "_device.buffer",
-    "ENTRY_POINT_GROUP": "_settings.model",
+    "ENTRY_POINT_GROUP": "_settings.plugins",
     "available_backends": "_discovery",
     "open_backend": "_discovery",
     "ArchitectureError": "_errors",

@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Final
 
 import pluggy
 
-from ._settings.model import PROJECT_NAME
+from ._settings.plugins import PROJECT_NAME
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from ._registration import BackendRegistration
-    from ._settings.model import MetraleSettings, PluginSettings
+    from ._settings.model import MetraleSettings
+    from ._settings.plugins import PluginSettings
     from ._types import KernelImplementation, RedZoneViolation
 
 __all__ = [

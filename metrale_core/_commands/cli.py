@@ -472,7 +472,8 @@ def _versions() -> str:
 
     from .. import __version__
     from .._discovery import INSTALL_ADVICE, _discover_with_plugins
-    from .._settings.model import MetraleSettings, backend_entry_points
+    from .._settings.model import MetraleSettings
+    from .._settings.plugins import backend_entry_points
 
     lines = [f"metrale-core {__version__} (Python {platform.python_version()})"]
     by_name = backend_entry_points()
