@@ -42,6 +42,7 @@ __all__ = [
     "InvalidBufferError",
     "KernelNotFoundError",
     "MetraleError",
+    "MissingPackageError",
     "OutOfMemoryError",
     "RedZoneError",
     "SnapshotError",
@@ -81,6 +82,11 @@ class MetraleError(Exception):
 
 class ConfigError(MetraleError):
     """A ``METRALE_*`` setting (or a keyword to ``MetraleSettings``) is invalid."""
+
+
+class MissingPackageError(MetraleError):
+    """An optional package is not installed (matplotlib or plotly, for ``metrale report``'s plots); the
+    message names the extra of the ``metrale`` distribution that brings it. Not a setting: no ``ConfigError``."""
 
 
 class SnapshotError(MetraleError):

@@ -48,9 +48,9 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("allocator",),
     ),
     "_streams": (("front",),),
-    "_reports": (("merge", "timeline"),),
+    "_reports": (("merge", "timeline"), ("summary",)),
     "_launch": (("tensormaps",), ("registry",), ("front",)),
-    "_commands": (("progress", "bench"), ("conformance", "selftest"), ("cli",)),
+    "_commands": (("progress", "bench"), ("conformance", "selftest"), ("commands",), ("cli",)),
     "testing": (
         ("_model", "_bad_inputs", "_capabilities", "_tensormap_rules", "_memory_rules"),
         ("_machine",),
