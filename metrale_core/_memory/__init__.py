@@ -1,1 +1,15 @@
-"""TODO"""
+"""Memory: what one backend allocates, holds, frees and reports.
+
+- `meminfo`: honest free memory (the host's ``MemAvailable`` for integrated devices);
+- `ledger`: every live allocation with its call site, the call site itself, the origin its records name;
+- `arena`: the bump sub-allocator over one ``alloc_arena`` block;
+- `pressure`: the OOM watchdog and the memory summary table;
+- `snapshot`: the snapshot file format, written and read in one module;
+- `holdings`: what a backend holds now (ledger, arenas, host buffers), liveness and bounds;
+- `monitor`: free memory, stats, watchdogs and snapshots, as a backend answers them;
+- `exports`: memory handed to other libraries, and theirs taken in;
+- `quarantine`: freed zoned blocks, checked, reused and released; the allocator owns it;
+- `allocator`: alloc and free of every kind, reclaim-and-retry, arenas, the sweep.
+
+Each module imports only those listed before it (the layer test's floors); the allocator is on top.
+"""
