@@ -1,22 +1,14 @@
 """``GpuBackend``: the front every host application talks to, a thin facade.
 
-Each method enters the context's gate (refused once closed; ``close()`` waits for calls in flight) and
-delegates in a line to the part that owns the state:
-
-- `DeviceContext`: name, ordinal, settings, the guarded raw layer, the fault latch, the gate, the origin;
-- `Holdings`: what is live: the ledger, arena blocks and arenas, wrapped memory, host buffers;
-- `StatsCounter`: the counters behind ``stats()``;
-- `StreamFront`: streams, events, graphs, copies, memsets, captures;
-- `ZoneGuard`: red zones: fills, quarantine, scans, in-graph checks, the report;
-- `MemoryMonitor`: free memory, stats, watchdogs, snapshots;
-- `Allocator`: alloc and free of every kind, reclaim-and-retry, arenas, the sweep;
-- `ExportTable`: exports to other libraries, wrapped memory;
-- `KernelFront`: kernel modules, launches, run metrics;
-- `TensorMapFront`: tensor maps (TMA descriptors), the GEMM N tile.
-
-``close()`` runs in two phases: quiesce (shut the gate, stop the watchdogs, abort captures, wait for the
-device, the final red-zone scan), then release in the reverse order of construction.
-`parts` gives ``metrale bench`` the context and the release observers, to time each step alone.
+- Each method enters the context's gate (refused once closed; ``close()`` waits for calls in flight).
+- It delegates in a line to the part that owns the state: `DeviceContext` (settings, guarded raw layer,
+  fault latch, gate, origin), `Holdings` (what is live), `StatsCounter`, `StreamFront` (streams, graphs,
+  copies, captures), `ZoneGuard` (red zones), `MemoryMonitor` (free memory, stats, watchdogs, snapshots),
+  `Allocator` (alloc, free, reclaim-and-retry, arenas, the sweep), `ExportTable` (exports, wrapped
+  memory), `KernelFront` (modules, launches, run metrics), `TensorMapFront` (tensor maps, the N tile).
+- ``close()`` quiesces (shut the gate, stop the watchdogs, abort captures, wait, the final red-zone scan),
+  then releases the parts in the reverse order of construction.
+- `parts` hands ``metrale bench`` the context and the release observers, to time each step alone.
 """
 
 from __future__ import annotations
@@ -86,7 +78,7 @@ class GpuBackend:
         self._exports = ExportTable(ctx, self._holdings, self._guard)
         self._kernels = KernelFront(ctx, self._holdings, self._streams)
         self._maps = TensorMapFront(ctx, self._holdings)
-        for observer in _release_observers(self):
+        for observer in parts(self).release_observers:
             self._memory.on_release(observer)
         ctx.origin = self._holdings.ledger.origin = origin_of(ctx)
 
@@ -144,10 +136,9 @@ class GpuBackend:
         self._ctx.raw.bind_to_thread()
 
     def alloc(self, nbytes: int) -> DeviceBuffer:
-        """Device memory, on the ledger until ``free`` or ``sweep_unreleased`` takes it off.
+        """Device memory, on the ledger with the caller's ``file:line`` until ``free`` or ``sweep_unreleased``.
 
         :param nbytes: the size in bytes (an ``int``, numpy integers too; 0 is allowed).
-        :returns: the buffer, recorded on the ledger with the caller's ``file:line``.
         :raises OutOfMemoryError: no room, even after ``on_out_of_memory``; it names the largest call sites.
         :raises CaptureError: a capture is in progress (allocating is not a capturable call).
         :raises InvalidArgumentError: ``nbytes`` is not a byte count.
@@ -220,9 +211,8 @@ class GpuBackend:
         self, dst: DeviceBuffer | int, value: int, *, offset: int = 0, nbytes: int | None = None,
         stream: Stream | None = None,
     ) -> None:
-        """Set ``nbytes`` bytes of ``dst`` from ``offset`` to ``value`` (0..255) on ``stream``.
+        """Set ``nbytes`` bytes (``None``: the rest) of ``dst`` from ``offset`` to ``value`` (0..255) on ``stream``.
 
-        :param nbytes: how many bytes; ``None``: the rest of ``dst`` from ``offset``.
         :raises InvalidBufferError: ``dst`` is not live, or the range runs past it.
         :raises InvalidArgumentError: ``value`` is not a byte, or ``offset`` or ``nbytes`` is not a count.
         """
@@ -237,9 +227,9 @@ class GpuBackend:
     def copy_to_device(
         self, dst: DeviceBuffer | int, src: Any, *, offset: int = 0, stream: Stream | None = None
     ) -> None:
-        """Copy all of ``src`` to ``dst`` at ``offset``.
+        """Copy all of ``src``, C-contiguous host memory (``bytes``, numpy) or a pinned
+        [`HostBuffer`][metrale_core.HostBuffer], to ``dst`` at ``offset``.
 
-        :param src: C-contiguous host memory (``bytes``, numpy) or a pinned [`HostBuffer`][metrale_core.HostBuffer].
         :raises InvalidBufferError: ``dst`` is not live, or ``src`` does not fit from ``offset``.
         :raises InvalidArgumentError: ``src`` is not C-contiguous host memory.
         """
@@ -247,10 +237,9 @@ class GpuBackend:
 
     @gated
     def copy_to_host(self, dst: Any, src: DeviceBuffer | int, *, offset: int = 0, stream: Stream | None = None) -> None:
-        """Fill all of ``dst`` from ``src`` at ``offset``.
+        """Fill all of ``dst``, writable C-contiguous host memory (``bytearray``, numpy) or a
+        [`HostBuffer`][metrale_core.HostBuffer], from ``src`` at ``offset``.
 
-        :param dst: writable C-contiguous host memory (``bytearray``, numpy) or a
-            [`HostBuffer`][metrale_core.HostBuffer]; its size is the number of bytes copied.
         :raises InvalidBufferError: ``src`` is not live, or ``dst``'s size overruns it from ``offset``.
         :raises InvalidArgumentError: ``dst`` is not writable, C-contiguous host memory.
         """
@@ -261,11 +250,8 @@ class GpuBackend:
         self, dst: DeviceBuffer | int, src: DeviceBuffer | int, *, nbytes: int | None = None, dst_offset: int = 0,
         src_offset: int = 0, stream: Stream | None = None,
     ) -> None:
-        """Copy ``nbytes`` from ``src`` at ``src_offset`` to ``dst`` at ``dst_offset``, device to device.
-
-        :param nbytes: how many bytes; ``None``: the rest of ``src`` from ``src_offset``.
-        :raises InvalidBufferError: a buffer is not live, or a range runs past its end.
-        """
+        """Copy ``nbytes`` (``None``: the rest of ``src``) from ``src`` at ``src_offset`` to ``dst`` at
+        ``dst_offset``, device to device. A buffer not live, or a range past its end: ``InvalidBufferError``."""
         self._streams.copy_device(dst, src, nbytes, dst_offset, src_offset, stream)
 
     @gated
@@ -273,16 +259,12 @@ class GpuBackend:
         self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int | None = None, *, dst_offset: int = 0,
         src_offset: int = 0, stream: Stream | None = None,
     ) -> None:
-        """Copy from a buffer of another backend of this process (any device) into one of this backend's.
-
-        Queued on a stream of this backend (CUDA: ``cuMemcpyAsync``); direct after
-        [`enable_peer_access`][metrale_core.GpuBackend.enable_peer_access], else through the host. A capture
-        records it (its graph's launch is refused once ``src`` is not live). Order it after the source's writes
+        """Copy ``nbytes`` (``None``: the rest) of ``src``, a live buffer of any open backend of this plugin in this
+        process, into ``dst``, one of this backend's. Queued on a stream of this backend (CUDA: ``cuMemcpyAsync``);
+        direct after [`enable_peer_access`][metrale_core.GpuBackend.enable_peer_access], else through the host. A
+        capture records it (its launch is refused once ``src`` is not live). Order it after the source's writes
         yourself: synchronize the source's stream or backend on the host, as with CUDA.
 
-        :param dst: a live buffer of this backend.
-        :param src: a live buffer of any open backend of the same plugin in this process (this one too).
-        :param nbytes: how many bytes; ``None``: the rest of ``src`` from ``src_offset``.
         :raises InvalidBufferError: a buffer is not live (or ``src``'s backend is closed), or a range overruns.
         :raises InvalidArgumentError: the backends are of different plugins, or an argument is malformed.
         """
@@ -354,13 +336,11 @@ class GpuBackend:
         self, kernel: Kernel, grid: int | Sequence[int], block: int | Sequence[int], args: Sequence[object], *,
         shared_mem: int = 0, stream: Stream | None = None,
     ) -> None:
-        """Launch ``kernel`` (from [`KernelRegistry.kernel`][metrale_core.KernelRegistry.kernel]) on ``stream``.
-
-        A capture records it. ``debug_sync_kernels`` waits for it (outside captures); a failure names it.
+        """Launch ``kernel`` (from [`KernelRegistry.kernel`][metrale_core.KernelRegistry.kernel]) on ``stream``. A
+        capture records it; ``debug_sync_kernels`` waits for it (outside captures), and a failure names it.
 
         :param grid: blocks per grid, and ``block`` threads per block: an ``int`` or up to three dimensions.
-        :param args: one value per kernel parameter: a ``DeviceBuffer`` (checked live), an ``int`` device
-            pointer (unchecked), or a typed scalar (numpy or ctypes) of the parameter's type.
+        :param args: per parameter: a ``DeviceBuffer`` (checked live), an ``int`` pointer (unchecked), a typed scalar.
         :param shared_mem: dynamic shared memory per block, in bytes.
         :raises InvalidArgumentError: ``args`` does not match the kernel's parameters, or the shape is invalid.
         :raises InvalidBufferError: a buffer argument is not live.
@@ -416,10 +396,9 @@ class GpuBackend:
 
     @gated
     def wrap(self, obj: object) -> DeviceBuffer:
-        """Another library's memory as a ``DeviceBuffer`` of kind ``"external"``, without a copy. ``obj`` exports the
-        CUDA array interface or DLPack (CuPy, PyTorch), or on the fake is writable C-contiguous memory (numpy).
-        Waits for the device's work first. Never on the ledger, never freed by metrale:
-        [`unwrap`][metrale_core.GpuBackend.unwrap] lets go of it and of ``obj``."""
+        """Another library's memory (CUDA array interface or DLPack; on the fake, writable C-contiguous memory) as
+        a ``DeviceBuffer`` of kind ``"external"``, without a copy, after the device's work. Never on the ledger, never
+        freed by metrale: [`unwrap`][metrale_core.GpuBackend.unwrap] lets go of it and of ``obj``."""
         return self._exports.wrap(obj)
 
     @gated
@@ -437,8 +416,7 @@ class GpuBackend:
         """This backend's ledger, what its sweeps took (its leaks), its counters and its
         [`origin`][metrale_core.GpuBackend.origin]: picklable values another process merges
         ([`merge_reports`][metrale_core.merge_reports], ``gather_object``). Answers after a device fault too."""
-        live = self._holdings.ledger.snapshot()
-        return ledger_report(self.origin, live, self._memory.swept, self._monitor.stats())
+        return ledger_report(self.origin, self._holdings.ledger, self._memory.swept, self._monitor.stats())
 
     @gated_read
     def memory_summary(self, top: int = 5) -> str:
@@ -467,9 +445,8 @@ class GpuBackend:
         return self._monitor.save_snapshot(path)
 
     def close(self) -> None:
-        """Abort a capture, sweep the ledger, release everything; idempotent, never raises.
-
-        Safe from any thread: calls running finish first (a callback of this thread may close its backend);
+        """Abort a capture, sweep the ledger, release everything; idempotent, never raises. Safe from any
+        thread: calls running finish first (a callback of this thread may close its backend);
         later ones raise [`BackendClosedError`][metrale_core.BackendClosedError]. Afterwards nothing of it holds
         memory or waits for the garbage collector; only [`raw`][metrale_core.GpuBackend.raw] keeps the raw device.
         """
@@ -509,23 +486,15 @@ class GpuBackend:
         return f"<metrale {type(self).__name__} {self.name}:{self.ordinal} ({state})>"
 
 
-def _release_observers(backend: GpuBackend) -> tuple[Callable[[DeviceBuffer], None], ...]:
-    """What the allocator calls as a buffer is released: warnings of graphs, exports and tensor maps using it."""
-    return (backend._streams.warn_if_graphed, backend._exports.warn_if_exported, backend._maps.warn_if_mapped)
-
-
 class Parts(NamedTuple):
-    """The parts of an open backend that ``metrale bench`` times one step at a time.
-
-    - ``context``: the gate, the call site's packages, the raw layer's error rule;
-    - ``release_observers``: what a release calls, in order.
-    """
+    """A backend's parts that ``metrale bench`` times one step at a time: the ``context`` (the gate, the call
+    site's packages) and the ``release_observers`` (the allocator calls them as a buffer is released)."""
 
     context: DeviceContext
     release_observers: tuple[Callable[[DeviceBuffer], None], ...]
 
 
 def parts(backend: GpuBackend) -> Parts:
-    """The parts of ``backend`` for ``metrale bench``'s per-step timings (``_commands/bench/breakdown.py``).
-    The only door into a backend's parts from outside it; nothing else calls it."""
-    return Parts(backend._ctx, _release_observers(backend))
+    """The one door into ``backend``'s parts from outside it (``_commands/bench/breakdown.py``)."""
+    observers = (backend._streams.warn_if_graphed, backend._exports.warn_if_exported, backend._maps.warn_if_mapped)
+    return Parts(backend._ctx, observers)

@@ -16,6 +16,7 @@ from typing import Any
 
 from .._device.stats import MemoryStats
 from .._errors import InvalidArgumentError
+from .._memory.ledger import Ledger
 from .._memory.snapshot import MemorySnapshot, SnapshotEvent
 from .._types import AllocRecord, Origin, format_bytes
 
@@ -65,12 +66,10 @@ class LedgerReport:
         return sum(a.nbytes for a in self.swept)
 
 
-def ledger_report(
-    origin: Origin, live: Iterable[AllocRecord], swept: Iterable[AllocRecord], stats: MemoryStats
-) -> LedgerReport:
-    """The report of one open backend (``GpuBackend.ledger_report``): its counters as plain values."""
+def ledger_report(origin: Origin, ledger: Ledger, swept: Iterable[AllocRecord], stats: MemoryStats) -> LedgerReport:
+    """The report of one open backend (``GpuBackend.ledger_report``): its ledger now, its counters as plain values."""
     summary = dataclasses.asdict(stats) | {"current_total_bytes": stats.current_total_bytes}
-    return LedgerReport(origin, tuple(live), tuple(swept), summary)
+    return LedgerReport(origin, tuple(ledger.snapshot()), tuple(swept), summary)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -178,8 +178,8 @@ def launch_steps(gpu: GpuBackend, kernel: Kernel, grid: int, block: int, args: S
     }
 
 
-def _pair(gpu: GpuBackend, n: int) -> None:
-    gpu.free(gpu.alloc(n))
+def _pair(alloc: Callable[[int], DeviceBuffer], free: Callable[[DeviceBuffer], None], n: int) -> None:
+    free(alloc(n))
 
 
 def measure_breakdown(b: Bench) -> Result:
@@ -191,7 +191,7 @@ def measure_breakdown(b: Bench) -> Result:
     with open_backend(gpu.name, ordinal=gpu.ordinal, settings=settings) as plain:
         keep = plain.alloc(MIB)  # a live allocation, as in a running application
         steps = pair_steps(plain, n, keep)
-        ops: dict[str, Op] = {_PAIR: functools.partial(_pair, plain, n), _RAW_PAIR: steps.raw,
+        ops: dict[str, Op] = {_PAIR: functools.partial(_pair, plain.alloc, plain.free, n), _RAW_PAIR: steps.raw,
                               _GUARDED_PAIR: steps.guarded, **steps.parts}
         b.say(f"  {len(ops)} steps, {rounds} rounds of {calls}")
         medians = turns(ops, rounds=rounds, calls=calls)
