@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ._device.handles import Event, Graph, GraphExec, HostBuffer, Stream
     from ._device.raw import Baseline, CopyDirection, RawDevice
     from ._device.stats import MemoryStats
-    from ._discovery import ENTRY_POINT_GROUP, available_backends, device_count, open_backend
+    from ._discovery import available_backends, device_count, open_backend
     from ._errors import (
         ArchitectureError,
         ArenaFullError,
@@ -54,10 +54,12 @@ if TYPE_CHECKING:
     from ._memory.ledger import LedgerEvent, LedgerProbe
     from ._memory.meminfo import effective_free_bytes, parse_mem_available, read_mem_available
     from ._memory.pressure import OomWatchdog
+    from ._memory.snapshot import MemorySnapshot, load_snapshot
     from ._placement import Placement, open_for_rank, placement
     from ._registration import BackendRegistration
     from ._reports.merge import LedgerReport, MergedReport, RankSummary, SiteTotal, merge_reports
     from ._settings.model import LaunchEnvironment, MetraleSettings
+    from ._settings.plugins import ENTRY_POINT_GROUP
     from ._types import (
         AllocKind,
         AllocRecord,
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
         MemoryInfo,
         Origin,
         Param,
+        RedZoneChecks,
         RedZoneViolation,
         kernel_implementation,
     )
@@ -124,6 +127,7 @@ __all__ = [
     "LedgerProbe",
     "LedgerReport",
     "MemoryInfo",
+    "MemorySnapshot",
     "MemoryStats",
     "MergedReport",
     "MetraleError",
@@ -138,6 +142,7 @@ __all__ = [
     "RankSummary",
     "RawDevice",
     "RedZoneError",
+    "RedZoneChecks",
     "RedZoneViolation",
     "RunMetrics",
     "SiteTotal",
@@ -156,6 +161,7 @@ __all__ = [
     "error_for_code",
     "hookimpl",
     "kernel_implementation",
+    "load_snapshot",
     "merge_reports",
     "n_tile",
     "open_backend",
@@ -166,88 +172,49 @@ __all__ = [
     "read_mem_available",
 ]
 
-#: The module each public name is defined in. A name is imported from it on first use (PEP 562), so
-#: ``import metrale_core`` costs little: pydantic, pluggy and the backend load with the first name that needs them.
-_WHERE: dict[str, str] = {
-    "Arena": "_memory.arena",
-    "GpuBackend": "_backend",
-    "DeviceArray": "_device.buffer",
-    "DeviceBuffer": "_device.buffer",
-    "ENTRY_POINT_GROUP": "_settings.model",
-    "available_backends": "_discovery",
-    "open_backend": "_discovery",
-    "ArchitectureError": "_errors",
-    "ArenaFullError": "_errors",
-    "BackendClosedError": "_errors",
-    "BackendNotFoundError": "_errors",
-    "BackendUnavailableError": "_errors",
-    "CaptureError": "_errors",
-    "ConfigError": "_errors",
-    "DeviceFaultError": "_errors",
-    "DriverError": "_errors",
-    "InvalidArgumentError": "_errors",
-    "InvalidBufferError": "_errors",
-    "KernelNotFoundError": "_errors",
-    "MetraleError": "_errors",
-    "OutOfMemoryError": "_errors",
-    "RedZoneError": "_errors",
-    "SnapshotError": "_errors",
-    "TensorMapError": "_errors",
-    "cuda_code": "_errors",
-    "error_for_code": "_errors",
-    "Event": "_device.handles",
-    "Graph": "_device.handles",
-    "GraphExec": "_device.handles",
-    "HostBuffer": "_device.handles",
-    "Stream": "_device.handles",
-    "LedgerEvent": "_memory.ledger",
-    "LedgerProbe": "_memory.ledger",
-    "effective_free_bytes": "_memory.meminfo",
-    "parse_mem_available": "_memory.meminfo",
-    "read_mem_available": "_memory.meminfo",
-    "NTile": "kernels._ntile",
-    "n_tile": "kernels._ntile",
-    "MemoryStats": "_device.stats",
-    "OomWatchdog": "_memory.pressure",
-    "Param": "_types",
-    "PtxImage": "kernels._ptx",
-    "parse_ptx": "kernels._ptx",
-    "Baseline": "_device.raw",
-    "CopyDirection": "_device.raw",
-    "RawDevice": "_device.raw",
-    "BackendRegistration": "_registration",
-    "Kernel": "_launch.registry",
-    "KernelRegistry": "_launch.registry",
-    "RunMetrics": "_launch.registry",
-    "MetraleSettings": "_settings.model",
-    "TENSOR_MAP_DTYPES": "kernels._tensormap",
-    "TENSOR_MAP_RULES": "kernels._tensormap",
-    "TensorMapEncoding": "kernels._tensormap",
-    "TensorMapSpec": "kernels._tensormap",
-    "check_tensor_map": "kernels._tensormap",
-    "TensorMap": "_launch.tensormaps",
-    "AllocKind": "_types",
-    "AllocRecord": "_types",
-    "BackendInfo": "_types",
-    "ForeignMemory": "_types",
-    "KernelImplementation": "_types",
-    "LaunchArg": "_types",
-    "MemoryInfo": "_types",
-    "RedZoneViolation": "_types",
-    "kernel_implementation": "_types",
-    "device_count": "_discovery",
-    "LedgerReport": "_reports.merge",
-    "MergedReport": "_reports.merge",
-    "RankSummary": "_reports.merge",
-    "SiteTotal": "_reports.merge",
-    "merge_reports": "_reports.merge",
-    "Placement": "_placement",
-    "open_for_rank": "_placement",
-    "placement": "_placement",
-    "LaunchEnvironment": "_settings.model",
-    "Origin": "_types",
-    "hookimpl": "hookspec",
+#: The public names, by the module that defines each: the one table. The lazy loader reads it (`_WHERE`);
+#: ``__all__`` and the imports above say the same for static tools, and ``tests/test_exported_members.py``
+#: checks that all three agree.
+_PUBLIC: dict[str, tuple[str, ...]] = {
+    "_backend": ("GpuBackend",),
+    "_device.buffer": ("DeviceArray", "DeviceBuffer"),
+    "_device.handles": ("Event", "Graph", "GraphExec", "HostBuffer", "Stream"),
+    "_device.raw": ("Baseline", "CopyDirection", "RawDevice"),
+    "_device.stats": ("MemoryStats",),
+    "_discovery": ("available_backends", "device_count", "open_backend"),
+    "_errors": (
+        "ArchitectureError", "ArenaFullError", "BackendClosedError", "BackendNotFoundError", "BackendUnavailableError",
+        "CaptureError", "ConfigError", "DeviceFaultError", "DriverError", "InvalidArgumentError", "InvalidBufferError",
+        "KernelNotFoundError", "MetraleError", "OutOfMemoryError", "RedZoneError", "SnapshotError", "TensorMapError",
+        "cuda_code", "error_for_code",
+    ),
+    "_launch.registry": ("Kernel", "KernelRegistry", "RunMetrics"),
+    "_launch.tensormaps": ("TensorMap",),
+    "_memory.arena": ("Arena",),
+    "_memory.ledger": ("LedgerEvent", "LedgerProbe"),
+    "_memory.meminfo": ("effective_free_bytes", "parse_mem_available", "read_mem_available"),
+    "_memory.pressure": ("OomWatchdog",),
+    "_memory.snapshot": ("MemorySnapshot", "load_snapshot"),
+    "_placement": ("Placement", "open_for_rank", "placement"),
+    "_registration": ("BackendRegistration",),
+    "_reports.merge": ("LedgerReport", "MergedReport", "RankSummary", "SiteTotal", "merge_reports"),
+    "_settings.model": ("LaunchEnvironment", "MetraleSettings"),
+    "_settings.plugins": ("ENTRY_POINT_GROUP",),
+    "_types": (
+        "AllocKind", "AllocRecord", "BackendInfo", "ForeignMemory", "KernelImplementation", "LaunchArg", "MemoryInfo",
+        "Origin", "Param", "RedZoneChecks", "RedZoneViolation", "kernel_implementation",
+    ),
+    "hookspec": ("hookimpl",),
+    "kernels._ntile": ("NTile", "n_tile"),
+    "kernels._ptx": ("PtxImage", "parse_ptx"),
+    "kernels._tensormap": (
+        "TENSOR_MAP_DTYPES", "TENSOR_MAP_RULES", "TensorMapEncoding", "TensorMapSpec", "check_tensor_map",
+    ),
 }
+
+#: The module each public name is imported from on first use (PEP 562), so ``import metrale_core`` costs
+#: little: pydantic, pluggy and the backend load with the first name that needs them.
+_WHERE: dict[str, str] = {name: module for module, names in _PUBLIC.items() for name in names}
 
 if not TYPE_CHECKING:  # mypy sees the imports above; a name missing from them is an error there, as it should be
 

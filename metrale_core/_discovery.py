@@ -35,7 +35,8 @@ from ._errors import (
 )
 from ._registration import BackendRegistration
 from ._settings.hooks import alone, each
-from ._settings.model import ENTRY_POINT_GROUP, MetraleSettings, backend_entry_points
+from ._settings.model import MetraleSettings
+from ._settings.plugins import ENTRY_POINT_GROUP, backend_entry_points
 from ._types import BackendInfo, KernelImplementation, RedZoneViolation, as_index
 
 __all__ = ["ENTRY_POINT_GROUP", "available_backends", "device_count", "open_backend"]

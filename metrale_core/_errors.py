@@ -42,6 +42,7 @@ __all__ = [
     "InvalidBufferError",
     "KernelNotFoundError",
     "MetraleError",
+    "MissingPackageError",
     "OutOfMemoryError",
     "RedZoneError",
     "SnapshotError",
@@ -82,6 +83,12 @@ class MetraleError(Exception):
 @final
 class ConfigError(MetraleError):
     """A ``METRALE_*`` setting (or a keyword to ``MetraleSettings``) is invalid."""
+
+
+@final
+class MissingPackageError(MetraleError):
+    """An optional package is not installed (matplotlib or plotly, for ``metrale report``'s plots); the
+    message names the extra of the ``metrale`` distribution that brings it. Not a setting: no ``ConfigError``."""
 
 
 @final

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._settings.hooks import PROJECT_NAME, hookimpl, hookspec, metrale_settings
+from ._settings.hooks import PROJECT_NAME, hookimpl, hookspec
+from ._settings.plugins import metrale_settings
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -41,7 +41,8 @@ from metrale_core import (
 )
 
 from ._errors import is_sticky
-from ._settings.model import PluginSettings, Size
+from ._settings.parsing import Size
+from ._settings.plugins import PluginSettings
 from ._types import as_index, format_bytes
 
 __all__ = [

@@ -34,7 +34,7 @@ WINGS: tuple[tuple[str, ...], ...] = (
 
 #: Inside each wing, bottom first: its modules (by their name in the wing) and their floors.
 INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
-    "_settings": (("hooks", "model"),),
+    "_settings": (("parsing", "hooks"), ("plugins",), ("model",)),
     "kernels": (("_ptx", "_tensormap", "_ntile"), ("__init__",), ("__main__",)),
     "_interop": (("dlpack",), ("foreign",)),
     "_device": (("args", "stats", "raw", "guarded"), ("buffer",), ("capture",), ("context",), ("handles",)),
@@ -48,9 +48,9 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("allocator",),
     ),
     "_streams": (("graphs",), ("front",)),
-    "_reports": (("merge", "timeline"),),
+    "_reports": (("merge", "timeline"), ("summary",)),
     "_launch": (("tensormaps",), ("registry",), ("front",)),
-    "_commands": (("progress", "bench"), ("conformance", "selftest"), ("cli",)),
+    "_commands": (("progress", "bench"), ("conformance", "selftest"), ("commands",), ("cli",)),
     "testing": (
         ("_faults",),
         ("_model", "_bad_inputs", "_capabilities", "_tensormap_rules", "_memory_rules"),

@@ -117,12 +117,14 @@ def test_html_timeline(snapshot_file: Path, tmp_path: Path) -> None:
 def test_html_without_plotly_says_what_to_install(snapshot_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from metrale_core import ConfigError
+    from metrale_core import ConfigError, MetraleError
+    from metrale_core._errors import MissingPackageError
 
     monkeypatch.setitem(sys.modules, "plotly", None)
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
-    with pytest.raises(ConfigError, match=r"needs plotly.*pip install 'metrale-core\[report\]'"):
+    with pytest.raises(MissingPackageError, match=r'needs plotly.*pip install "metrale\[report\]"') as info:
         plot_html(load_snapshot(snapshot_file), snapshot_file.with_suffix(".html"))
+    assert isinstance(info.value, MetraleError) and not isinstance(info.value, ConfigError)
 
 
 class _Terminal(io.StringIO):

@@ -19,7 +19,7 @@ import metrale_core
 from conftest import SETTINGS, install_distribution
 from metrale_core import BackendNotFoundError, BackendUnavailableError, _discovery, open_backend
 from metrale_core._commands import cli as _cli
-from metrale_core._settings import model as _settings
+from metrale_core._settings import plugins as _settings
 from metrale_core.plugin import BackendRegistration
 
 ROOT = Path(__file__).resolve().parent.parent

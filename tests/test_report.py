@@ -20,6 +20,7 @@ from metrale_core import (
     open_backend,
 )
 from metrale_core._commands.cli import main
+from metrale_core._errors import MissingPackageError
 from metrale_core._memory import snapshot as _snapshot
 from metrale_core._reports import timeline as _report
 from metrale_core._reports.timeline import (
@@ -378,8 +379,23 @@ def test_plot_png(tmp_path: Path, history: str) -> None:
 def test_plot_without_matplotlib_says_what_to_install(snapshot_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(ConfigError, match=r"pip install 'metrale-core\[report\]'"):
+    with pytest.raises(MissingPackageError, match=r'pip install "metrale\[report\]"') as info:
         plot_png(load_snapshot(snapshot_path), snapshot_path.with_suffix(".png"))
+    assert isinstance(info.value, MetraleError) and not isinstance(info.value, ConfigError)
+
+
+@pytest.mark.parametrize(("option", "package"), [("--png", "matplotlib"), ("--html", "plotly")])
+def test_cli_without_a_plotting_package_says_what_to_install(
+    snapshot_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    option: str, package: str,
+) -> None:
+    for name in (package, f"{package}.figure", f"{package}.graph_objects"):
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["report", str(snapshot_path), option, str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("metrale report: ") and f'needs {package}, which is not installed' in err
+    assert 'pip install "metrale[report]"' in err and "ConfigError" not in err
+    assert not (tmp_path / "out").exists()
 
 
 # -- the command --------------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ def test_hex_for_plain_integers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _integer_settings() -> list[str]:
     """Every plain integer setting, the core's and the installed plugins' (as ``MetraleSettings`` keywords)."""
-    from metrale_core._settings.model import installed_plugin_settings, is_size
+    from metrale_core._settings.model import installed_plugin_settings
+    from metrale_core._settings.parsing import is_size
 
     def integer(field: FieldInfo) -> bool:
         return field.annotation in (int, int | None) and not is_size(field)
@@ -266,7 +267,8 @@ def test_the_settings_table_lists_the_core_and_the_fake(monkeypatch: pytest.Monk
 def _every_setting() -> list[tuple[str, str]]:
     """``(variable, keyword)`` of every setting: the core's, and the installed plugins' (read through
     ``MetraleSettings``)."""
-    from metrale_core._settings.model import ENV_PREFIX, installed_plugin_settings
+    from metrale_core._settings.model import installed_plugin_settings
+    from metrale_core._settings.plugins import ENV_PREFIX
 
     pairs = [(f"{ENV_PREFIX}{name.upper()}", name) for name in MetraleSettings.model_fields]
     for p in installed_plugin_settings():

@@ -22,7 +22,7 @@ from metrale_core import MetraleSettings, available_backends, open_backend
 
 #: Modules a bare ``import metrale_core`` or ``metrale --help`` must not load.
 HEAVY = ("pydantic", "pydantic_settings", "pluggy", "numpy", "importlib.metadata", "hypothesis",
-         "metrale_core._settings.model", "metrale_core._backend", "metrale_core._discovery", "metrale_fake")
+         "metrale_core._settings", "metrale_core._backend", "metrale_core._discovery", "metrale_fake")
 
 
 def _loaded_after(code: str) -> list[str]:

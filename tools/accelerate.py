@@ -42,7 +42,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "metrale_core/_streams/graphs.py",
         "metrale_core/_redzones/guard.py",
     ),
-    "backends/cuda": ("metrale_cuda/_device.py", "metrale_cuda/_driver.py"),
+    "backends/cuda": ("metrale_cuda/_device.py", "metrale_cuda/_driver.py", "metrale_cuda/_launch.py"),
     "backends/fake": ("metrale_fake/_device.py", "metrale_fake/_memory.py"),
 }
 

@@ -13,7 +13,9 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from metrale_core import MetraleSettings
-from metrale_core._settings.model import ENV_PREFIX, installed_plugin_settings, is_size
+from metrale_core._settings.model import installed_plugin_settings
+from metrale_core._settings.parsing import is_size
+from metrale_core._settings.plugins import ENV_PREFIX
 
 PLACEHOLDER = "<!-- metrale:settings-table -->"
 

@@ -9,10 +9,9 @@ metrics and the timing events of ``kernel_timing``.
 
 from __future__ import annotations
 
-import collections
 import reprlib
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from .._device.args import dims, integer, invalid_argument
@@ -29,7 +28,7 @@ from ..kernels._ptx import PtxImage, check_architecture, parse_ptx
 from .registry import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Kernel, KernelRegistry, RunMetrics, pack_args
 from .tensormaps import TensorMap
 
-__all__ = ["KernelFront"]
+__all__ = ["KernelFront", "dims"]
 
 #: Timed launches whose events are kept before the finished ones are resolved (``kernel_timing``).
 _MAX_PENDING_TIMINGS: Final = 4096
@@ -103,7 +102,7 @@ class KernelFront:
     ) -> None:
         what = "launch"
         ctx = self.ctx
-        if not isinstance(kernel, Kernel) or not kernel.registry.owned_by(ctx):
+        if not isinstance(kernel, Kernel) or not kernel.registry._owned_by(ctx):
             raise invalid_argument(what, "a Kernel of a registry of this backend", kernel)
         if kernel.registry.unloaded:  # (inside the gate the backend is open: only the registry can be closed)
             raise BackendClosedError(f"{what}: the registry of {kernel.signature} was closed; load the modules again")
@@ -155,40 +154,6 @@ class KernelFront:
             raise type(exc)(
                 f"{what} of {describe_launch(launched)} failed: {exc.message}", code=exc.code, name=exc.name
             ) from exc
-
-    def launch_probes(
-        self, kernel: Kernel, grid: int, block: int, args: Sequence[object]
-    ) -> dict[str, Callable[[], object]]:
-        """One callable per step of an eager ``launch`` of ``kernel`` on the default stream, each doing what
-        that step does (``metrale bench --only eager_breakdown``); the caller holds the arguments' buffers."""
-        ctx, plugin, raw_stream = self.ctx, self.ctx.plugin, self._streams.default.raw
-        packed = pack_args(kernel, args, "launch", self._live)
-        g, b = dims(grid, "grid", MAX_GRID), dims(block, "block", MAX_BLOCK)
-        metrics, function, key = self._metrics, kernel.raw, kernel.key
-        recent: collections.deque[Launch] = collections.deque(maxlen=8)  # (its own: the backend's is left alone)
-
-        def gate() -> None:
-            ctx.enter()
-            ctx.leave()
-
-        def shape() -> None:
-            kernel.registry.owned_by(ctx)
-            dims(grid, "grid", MAX_GRID)
-            dims(block, "block", MAX_BLOCK)
-
-        def record() -> None:
-            recent.append((kernel.module, kernel.name, g, b, packed))
-            metrics.launched(key)
-
-        return {
-            "launch: the plugin's raw launch (arguments packed)": lambda: plugin.launch(
-                function, g, b, 0, raw_stream, packed
-            ),
-            "launch: the gate (enter + leave)": gate,
-            "launch: the kernel, grid and block checks": shape,
-            "launch: the arguments checked and packed": lambda: pack_args(kernel, args, "launch", self._live),
-            "launch: kept for fault reports, counted": record,
-        }
 
     def _live(self, buf: DeviceBuffer) -> None:
         """A launch's check of a buffer argument (for ``pack_args``): the very buffer the ledger handed out

@@ -111,7 +111,7 @@ class KernelRegistry:
     def closed(self) -> bool:
         return self.unloaded or self._ctx.closed
 
-    def owned_by(self, ctx: DeviceContext) -> bool:
+    def _owned_by(self, ctx: DeviceContext) -> bool:
         """Whether this registry belongs to the backend of ``ctx``."""
         return self._ctx is ctx
 

@@ -85,9 +85,6 @@ class TensorMap:
         copy._front, copy._ctx, copy.spec, copy._state = self._front, self._ctx, self.spec, self._state
         return copy
 
-    def owned_by(self, ctx: DeviceContext) -> bool:
-        return self._ctx is ctx
-
     def __repr__(self) -> str:
         buf, off, _ = self._state
         s = self.spec

@@ -1,13 +1,15 @@
-"""Memory: what a backend holds, how it gets it, and how it lets go.
+"""Memory: what one backend allocates, holds, frees and reports.
 
-One layer per module, each importing only those before it:
+- `meminfo`: honest free memory (the host's ``MemAvailable`` for integrated devices);
+- `ledger`: every live allocation with its call site, the call site itself, the origin its records name;
+- `arena`: the bump sub-allocator over one ``alloc_arena`` block;
+- `pressure`: the OOM watchdog and the memory summary table;
+- `snapshot`: the snapshot file format, written and read in one module;
+- `holdings`: what a backend holds now (ledger, arenas, host buffers), liveness and bounds;
+- `monitor`: free memory, stats, watchdogs and snapshots, as a backend answers them;
+- `exports`: memory handed to other libraries, and theirs taken in;
+- `quarantine`: freed zoned blocks, checked, reused and released; the allocator owns it;
+- `allocator`: alloc and free of every kind, reclaim-and-retry, arenas, the sweep.
 
-- `.meminfo`, `.ledger`: honest free memory; the allocation ledger (records, call sites);
-- `.arena`: `Arena`, the bump sub-allocator over one ``alloc_arena`` block;
-- `.pressure`: the OOM watchdog and the memory summary;
-- `.snapshot`, `.holdings`: the snapshot file, both ways; what is live, liveness and bounds;
-- `.monitor`, `.exports`, `.quarantine`: free memory and snapshots; memory shared with other
-  libraries; freed zoned blocks, judged by the zone guard, then reused or released;
-- `.allocator`: `Allocator`, alloc and free of every kind. It owns the quarantine: it drains it and
-  retries when the device runs out of memory.
+Each module imports only those listed before it (the layer test's floors); the allocator is on top.
 """

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Final
 
 from .._device.args import invalid_argument, positive_size
 from .._device.buffer import DeviceBuffer
-from .._device.capture import call_entered, call_left, forbid_during_capture
+from .._device.capture import forbid_during_capture
 from .._device.context import DeviceContext
 from .._device.guarded import raise_raw
 from .._device.handles import HostBuffer
@@ -35,7 +35,7 @@ from .._redzones.layout import Layout
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena
 from .holdings import Holdings
-from .ledger import Ledger, call_site, describe_sites, largest_sites, next_index
+from .ledger import call_site, describe_sites, largest_sites, next_index
 from .quarantine import Quarantine
 
 if TYPE_CHECKING:
@@ -406,64 +406,6 @@ class Allocator:
             self._raw.free(block.ptr, "arena")
         finally:
             self.ctx.leave()
-
-    # -- where the time of a pair goes (metrale bench) ----------------------------------------------
-
-    def cost_probes(self, nbytes: int) -> dict[str, Callable[[], object]]:
-        """One callable per step of an unzoned ``alloc`` + ``free`` of ``nbytes``, each doing what that
-        step does for a pair, for ``metrale bench --only breakdown``. The ledger and the stats steps run
-        on private instances of their own (the backend's are left alone); the others on this backend."""
-        ctx, target = self.ctx, self.ctx.plugin
-        internal = ctx.internal
-        ledger, stats = Ledger(), StatsCounter()
-        sample = DeviceBuffer._make(1 << 40, nbytes, "device", -1, "probe:0", ctx.ref)
-
-        def gate() -> None:
-            for _ in range(2):
-                ctx.enter()
-                ctx.leave()
-
-        def capture_rule() -> None:
-            for _ in range(2):
-                call_entered()
-                forbid_during_capture("probe")
-                call_left()
-
-        def guarded() -> None:  # the raw calls as the hot path makes them: errors turned by raise_raw
-            try:
-                ptr = target.alloc(nbytes, "device")
-            except Exception as exc:
-                raise_raw(ctx, ctx.name, "alloc", exc)
-            try:
-                target.free(ptr, "device")
-            except Exception as exc:
-                raise_raw(ctx, ctx.name, "free", exc)
-
-        def site() -> None:
-            call_site(internal)
-
-        def index_and_handle() -> None:
-            DeviceBuffer._make(1 << 40, nbytes, "device", next_index(), "probe:0", ctx.ref)
-
-        def ledger_pair() -> None:
-            ledger.add(sample)
-            ledger.take(-1, sample.ptr, nbytes)
-
-        def stats_pair() -> None:
-            stats.allocated("device", nbytes)
-            stats.released("device", nbytes)
-
-        return {
-            "the plugin's raw alloc + free": lambda: target.free(target.alloc(nbytes, "device"), "device"),
-            "the same with the core's error handling": guarded,
-            "the gate (enter + leave, twice)": gate,
-            "the capture rule (check + end, twice)": capture_rule,
-            "the call site": site,
-            "index and handle": index_and_handle,
-            "ledger (on + off)": ledger_pair,
-            "stats (allocated + released)": stats_pair,
-            "release observers": lambda: self._released(sample),
-        }
 
     # -- sweep and close ------------------------------------------------------------------------
 

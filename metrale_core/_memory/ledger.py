@@ -16,6 +16,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import logging
+import os
+import socket
 import sys
 import threading
 import time
@@ -24,9 +27,15 @@ from types import FrameType
 from typing import Final, Literal
 
 from .._device.buffer import DeviceBuffer
+from .._device.context import DeviceContext
+from .._errors import ConfigError, MetraleError
 from .._types import AllocRecord, Origin, format_bytes
 
-__all__ = ["Ledger", "LedgerEvent", "LedgerProbe", "call_site", "format_bytes", "largest_sites", "next_index"]
+__all__ = [
+    "Ledger", "LedgerEvent", "LedgerProbe", "call_site", "format_bytes", "largest_sites", "next_index", "origin_of",
+]
+
+_log = logging.getLogger("metrale")
 
 # One per-process sequence of creation indexes, shared by every backend: the
 # contract says so, and it is what lets `redzone_trace_idx` name one allocation
@@ -147,6 +156,27 @@ class LedgerEvent:
     t: float
     op: Literal["alloc", "free", "sweep"]
     record: AllocRecord
+
+
+def origin_of(ctx: DeviceContext) -> Origin:
+    """Where the records of the backend of ``ctx`` come from: this host and process, the rank, the device.
+
+    - the device's UUID: ``""`` where the raw layer gives none (logged at DEBUG);
+    - the rank and world size: ``None`` where the launcher's variables are bad (a WARNING: only
+      ``placement()`` needs them right).
+    """
+    try:
+        device_uuid = ctx.raw.device_uuid()
+    except MetraleError as exc:
+        _log.debug("%s:%d: no device UUID for the origin: %s", ctx.name, ctx.ordinal, exc)
+        device_uuid = ""
+    try:
+        launch = ctx.settings.launch
+        rank, world_size = launch.rank, launch.world_size
+    except ConfigError as exc:
+        _log.warning("%s:%d: the origin names no rank: %s", ctx.name, ctx.ordinal, exc)
+        rank = world_size = None
+    return Origin(socket.gethostname(), os.getpid(), rank, world_size, ctx.name, ctx.ordinal, device_uuid)
 
 
 def _record(buf: DeviceBuffer | AllocRecord, origin: Origin | None) -> AllocRecord:

@@ -171,7 +171,7 @@ class SnapshotEvent:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemorySnapshot:
-    """A memory snapshot as `load_snapshot` read it.
+    """A memory snapshot: what ``save_snapshot`` writes, `load_snapshot` reads back and ``metrale report`` shows.
 
     :param backend: the backend's name, e.g. ``"fake"``.
     :param device: the device's name as the backend reports it.

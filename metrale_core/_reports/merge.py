@@ -14,11 +14,15 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from .._device.stats import MemoryStats
 from .._errors import InvalidArgumentError
+from .._memory.ledger import Ledger
 from .._memory.snapshot import MemorySnapshot, SnapshotEvent
 from .._types import AllocRecord, Origin, format_bytes
 
-__all__ = ["LedgerReport", "MergedReport", "RankSummary", "SiteTotal", "merge_reports", "merge_snapshots"]
+__all__ = [
+    "LedgerReport", "MergedReport", "RankSummary", "SiteTotal", "ledger_report", "merge_reports", "merge_snapshots",
+]
 
 
 def _unknown_origin(backend: str, ordinal: int) -> Origin:
@@ -60,6 +64,12 @@ class LedgerReport:
     def leaked_bytes(self) -> int:
         """Bytes the sweeps took."""
         return sum(a.nbytes for a in self.swept)
+
+
+def ledger_report(origin: Origin, ledger: Ledger, swept: Iterable[AllocRecord], stats: MemoryStats) -> LedgerReport:
+    """The report of one open backend (``GpuBackend.ledger_report``): its ledger now, its counters as plain values."""
+    summary = dataclasses.asdict(stats) | {"current_total_bytes": stats.current_total_bytes}
+    return LedgerReport(origin, tuple(ledger.snapshot()), tuple(swept), summary)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

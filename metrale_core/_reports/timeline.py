@@ -10,7 +10,7 @@ call site over time (`live_by_site`), and renders that as a Chrome
 trace-event timeline (`chrome_trace`, for https://ui.perfetto.dev and
 ``chrome://tracing``), as a stacked area plot (`plot_png`, which needs
 matplotlib) or as an interactive HTML timeline (`plot_html`, which needs
-plotly; both: ``pip install 'metrale-core[report]'``). ``metrale report`` is the
+plotly; both: ``pip install "metrale[report]"``). ``metrale report`` is the
 command line over these.
 
 The replay starts from the live set before the first event
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-from .._errors import ConfigError, InvalidArgumentError
+from .._errors import InvalidArgumentError, MissingPackageError
 from .._memory.snapshot import (  # the format, read and written in one module; re-exported for report's callers
     FORMAT,
     VERSION,
@@ -308,7 +308,7 @@ def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 
     live set when the snapshot was saved. Renders off screen on matplotlib's
     Agg canvas; pyplot and its global state are not touched.
 
-    :raises ConfigError: matplotlib is not installed.
+    :raises MissingPackageError: matplotlib is not installed.
     :raises OSError: the file cannot be written.
     """
     try:
@@ -316,8 +316,8 @@ def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
     except ImportError as exc:
-        raise ConfigError(
-            f"plotting a memory report needs matplotlib, which is not installed: pip install 'metrale-core[report]' "
+        raise MissingPackageError(
+            f'plotting a memory report needs matplotlib, which is not installed: pip install "metrale[report]" '
             f"(or write the timeline instead: metrale report {snapshot.name} --trace OUT.json)"
         ) from exc
     timeline = live_by_site(snapshot, top)
@@ -404,16 +404,16 @@ def plot_html(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int =
     ``"other sites"``): hover over a band for its call site (in full), its live bytes then, and the total; drag
     to zoom, double-click to zoom back out; click a site in the legend to hide it. Time since the backend
     opened on x, in milliseconds (seconds past 10 s); live memory on y in the unit of the peak; the peak of
-    the total is marked. Needs plotly: ``pip install 'metrale-core[report]'``.
+    the total is marked. Needs plotly: ``pip install "metrale[report]"``.
 
-    :raises ConfigError: plotly is not installed.
+    :raises MissingPackageError: plotly is not installed.
     :raises OSError: the file cannot be written.
     """
     try:
         import plotly.graph_objects as go  # type: ignore[import-untyped, unused-ignore]
     except ImportError as exc:
-        raise ConfigError(
-            f"an HTML timeline needs plotly, which is not installed: pip install 'metrale-core[report]' "
+        raise MissingPackageError(
+            f'an HTML timeline needs plotly, which is not installed: pip install "metrale[report]" '
             f"(or write a Perfetto timeline instead: metrale report {snapshot.name} --trace OUT.json)"
         ) from exc
     timeline = live_by_site(snapshot, top)

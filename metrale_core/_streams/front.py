@@ -115,28 +115,6 @@ class StreamFront:
         """(``HandleOwner``'s; graphs are owned by `graphs`, which their launches reach directly.)"""
         self.graphs.launch_graph(graph, stream)
 
-    def memset_probes(self, buf: DeviceBuffer, nbytes: int) -> dict[str, Callable[[], object]]:
-        """One callable per step of an eager ``memset`` of ``nbytes`` of ``buf`` on the default stream, each
-        doing what that step does (``metrale bench --only eager_breakdown``); the caller holds ``buf``."""
-        ctx, plugin, raw_stream, holdings = self.ctx, self.ctx.plugin, self.default.raw, self._holdings
-        ptr = buf.ptr
-
-        def gate() -> None:
-            ctx.enter()
-            ctx.leave()
-
-        return {
-            "memset: the plugin's raw memset": lambda: plugin.memset(ptr, 0, nbytes, raw_stream),
-            "memset: the gate (enter + leave)": gate,
-            "memset: the liveness check": lambda: holdings.ledger.has(buf),
-        }
-
-    def replay_probe(self, graph: GraphExec, stream: Stream) -> Callable[[], None]:
-        """The plugin's raw launch of ``graph`` on ``stream``, nothing of the core around it, for the raw
-        row of ``metrale bench``'s graph measurement (the caller keeps both open while it runs)."""
-        launch, raw, raw_stream = self._raw.graph_launch, graph.raw, stream.raw
-        return lambda: launch(raw, raw_stream)
-
     def warn_if_graphed(self, buf: DeviceBuffer) -> None:
         """An allocator release observer: warn when live executable graphs still use ``buf``."""
         if not self._execs:  # read without the lock: an executable graph made meanwhile cannot hold buf yet

@@ -9,14 +9,18 @@ converted by `foreign_error`, so only [`MetraleError`][metrale_core.MetraleError
 leaves this package.
 
 The symbols whose names differ between cuda-bindings 12.x and 13.x are looked
-up once, here.
+up once, here. So are `bound` and `bound_checked`, the decorators that make a
+device's context current before its method calls the driver (``THREAD`` records
+the context this package last made current on each thread).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Concatenate, Final, ParamSpec, Protocol, TypeVar
 
 from metrale_core import (
     BackendUnavailableError,
@@ -36,6 +40,10 @@ else:
 
 __all__ = [
     "IMPORT_ERROR",
+    "THREAD",
+    "Bindable",
+    "bound",
+    "bound_checked",
     "NO_DRIVER_LIBRARY",
     "TEARDOWN_NOOPS",
     "call",
@@ -179,6 +187,64 @@ def call_ready(fn: Callable[..., Any], what: str, *args: object) -> bool:
         return False
     check(err, what)
     return True
+
+
+# -- the context, made current where a call needs it ----------------------------------------------
+
+
+class _ThreadState(threading.local):
+    """Per thread: the context handle (as an int) the CUDA backend last made current."""
+
+    ctx: int = 0
+
+
+THREAD: Final = _ThreadState()
+
+
+class Bindable(Protocol):
+    """What `bound` and `bound_checked` need of a device: its context's key and the two ways to bind it."""
+
+    _key: int
+
+    def _bind(self) -> None: ...
+
+    def _bind_checked(self) -> None: ...
+
+
+_B = TypeVar("_B", bound=Bindable)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def bound(method: Callable[Concatenate[_B, _P], _R]) -> Callable[Concatenate[_B, _P], _R]:
+    """Make the device's context current on the calling thread first, where this package did not already.
+
+    The hot path: one comparison of the thread-local against the device's key
+    (a closed device's key never matches, so it always takes the slow path,
+    which raises).
+    """
+
+    @functools.wraps(method)
+    def bound(self: _B, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if THREAD.ctx != self._key:
+            self._bind()
+        return method(self, *args, **kwargs)
+
+    return bound
+
+
+def bound_checked(method: Callable[Concatenate[_B, _P], _R]) -> Callable[Concatenate[_B, _P], _R]:
+    """Make the device's context current first, asking the driver (``cuCtxGetCurrent``) what is current now.
+
+    For the calls that create or size something in "the current context".
+    """
+
+    @functools.wraps(method)
+    def bound_checked(self: _B, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        self._bind_checked()
+        return method(self, *args, **kwargs)
+
+    return bound_checked
 
 
 def _lookup(*names: str) -> Callable[..., Any]:

@@ -17,6 +17,7 @@ One layer per module, each importing only those before it:
 - `.peers`: CuPy and PyTorch, found or skipped with the reason;
 - `.context`: `Bench`, what a measurement works with;
 - `.memory` and `.launches`: the measurements;
+- `.breakdown`: where the time of one call goes, step by step, built from the parts' own methods;
 - `.run`: `MEASUREMENTS`, `pick` and `run_bench`.
 """
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import statistics
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -16,27 +17,27 @@ from ..._errors import MetraleError
 from .context import Bench
 from .model import Figure, Goal, Result
 from .peers import find_torch, torch_graph
-from .timing import KIB, MIB, against_first, compare, format_size, share, to_us, turns
+from .timing import KIB, MIB, against_first, compare, format_size, to_us, turns
 
-__all__ = ["measure_eager", "measure_eager_breakdown", "measure_graph", "measure_safety"]
+__all__ = ["BLOCK", "EAGER_N", "measure_eager", "measure_graph", "measure_safety"]
 
-_BLOCK: Final = 256
+BLOCK: Final = 256
 
 #: The float32 elements of the eager measurements' launch (``eager`` and ``eager_breakdown``).
-_EAGER_N: Final = 4096
+EAGER_N: Final = 4096
 
 
 def measure_eager(b: Bench) -> Result:
     """One small async memset and one small kernel launch: metrale's host cost over the raw call."""
     gpu = b.gpu
-    rounds, calls, n = b.rounds(15), b.calls(256), _EAGER_N
-    kernel, count, grid, stream = b.vector_add(), ctypes.c_uint32(n), (n + _BLOCK - 1) // _BLOCK, gpu.default_stream
+    rounds, calls, n = b.rounds(15), b.calls(256), EAGER_N
+    kernel, count, grid, stream = b.vector_add(), ctypes.c_uint32(n), (n + BLOCK - 1) // BLOCK, gpu.default_stream
     memset, launch = gpu.memset, gpu.launch
     with ExitStack() as stack:
         bufs = _buffers(gpu, stack, 3, 4 * n)
         ops: dict[str, Callable[[], object]] = {
             "metrale memset 4 KiB": lambda: memset(bufs[0], 0, nbytes=4 * KIB),
-            "metrale launch vector_add": lambda: launch(kernel, grid, _BLOCK, (bufs[0], bufs[1], bufs[2], count)),
+            "metrale launch vector_add": lambda: launch(kernel, grid, BLOCK, (bufs[0], bufs[1], bufs[2], count)),
         }
         settle: dict[str, Callable[[], object]] = {label: stream.synchronize for label in ops}
         if b.baseline is not None:
@@ -56,40 +57,6 @@ def measure_eager(b: Bench) -> Result:
     return Result("eager", "eager memset and launch against the raw calls", detail, tuple(figures))
 
 
-def measure_eager_breakdown(b: Bench) -> Result:
-    """Where the host time of an eager memset and launch goes: each step timed alone, in turns with the
-    whole call (as ``breakdown`` does for the pair); the rest is what the steps cost together beyond
-    their parts (the calls between them, the bounds and stream checks)."""
-    gpu = b.gpu
-    rounds, calls, n = b.rounds(15), b.calls(256), _EAGER_N
-    kernel, count, grid, stream = b.vector_add(), ctypes.c_uint32(n), (n + _BLOCK - 1) // _BLOCK, gpu.default_stream
-    with ExitStack() as stack:
-        bufs = _buffers(gpu, stack, 3, 4 * n)
-        args = (bufs[0], bufs[1], bufs[2], count)
-        ops: dict[str, Callable[[], object]] = {
-            "metrale memset 4 KiB": lambda: gpu.memset(bufs[0], 0, nbytes=4 * KIB),
-            "metrale launch vector_add": lambda: gpu.launch(kernel, grid, _BLOCK, args),
-        }
-        probes = gpu._eager_probes(bufs[0], 4 * KIB, kernel, grid, _BLOCK, args)
-        ops.update(probes)
-        b.say(f"  {len(ops)} steps, {rounds} rounds of {calls}")
-        medians = turns(ops, rounds=rounds, calls=calls, settle=dict.fromkeys(ops, stream.synchronize))
-        stream.synchronize()
-    figures: list[Figure] = []
-    for whole, prefix in (("metrale memset 4 KiB", "memset: "), ("metrale launch vector_add", "launch: ")):
-        total = to_us(medians[whole])
-        figures.append(Figure(whole, "metrale", "us", total, note="the whole call"))
-        parts = 0.0
-        for label in (label for label in probes if label.startswith(prefix)):
-            us = to_us(medians[label])
-            parts += us
-            figures.append(Figure(label, "metrale", "us", us, note=f"{us / total:.0%} of the call"))
-        figures.append(share(f"{prefix}the rest (calls and checks between the steps)", total - parts, total, "call"))
-    detail = (f"host time of each step of an eager 4 KiB memset and a launch over {n} float32 elements, timed "
-              f"alone; median of {rounds} rounds of {calls}, in turns with the whole calls")
-    return Result("eager_breakdown", "where the time of an eager memset and launch goes", detail, tuple(figures))
-
-
 def _buffers(gpu: GpuBackend, stack: ExitStack, count: int, nbytes: int) -> list[Any]:
     """``count`` buffers of ``nbytes``, each freed when ``stack`` closes."""
     bufs = []
@@ -102,11 +69,11 @@ def _buffers(gpu: GpuBackend, stack: ExitStack, count: int, nbytes: int) -> list
 
 def _capture_adds(gpu: GpuBackend, kernel: Kernel, stream: Stream, bufs: Sequence[Any], n: int, k: int) -> GraphExec:
     count = ctypes.c_uint32(n)
-    grid = (n + _BLOCK - 1) // _BLOCK
+    grid = (n + BLOCK - 1) // BLOCK
     gpu.begin_capture(stream)
     try:
         for _ in range(k):
-            gpu.launch(kernel, grid, _BLOCK, (bufs[0], bufs[1], bufs[2], count), stream=stream)
+            gpu.launch(kernel, grid, BLOCK, (bufs[0], bufs[1], bufs[2], count), stream=stream)
     except BaseException:
         with contextlib.suppress(MetraleError):
             gpu.end_capture(stream).close()
@@ -124,7 +91,7 @@ def measure_graph(b: Bench) -> Result:
     rounds, calls = b.rounds(15), b.calls(20)
     kernel = b.vector_add()
     count = ctypes.c_uint32(n)
-    grid = (n + _BLOCK - 1) // _BLOCK
+    grid = (n + BLOCK - 1) // BLOCK
     launch = gpu.launch
     device: dict[str, float] = {}
     torch_label = "torch.cuda.CUDAGraph replay"
@@ -145,7 +112,7 @@ def measure_graph(b: Bench) -> Result:
         def eager() -> None:
             args = (bufs[0], bufs[1], bufs[2], count)
             for _ in range(k):
-                launch(kernel, grid, _BLOCK, args, stream=stream)
+                launch(kernel, grid, BLOCK, args, stream=stream)
 
         def device_us(op: Callable[[], object]) -> float:
             times = []
@@ -160,7 +127,7 @@ def measure_graph(b: Bench) -> Result:
         raw_label = f"raw graph launch ({gpu.name}'s plugin, same graph)"
         ops: dict[str, Callable[[], object]] = {
             "metrale graph replay": replay,
-            raw_label: gpu._replay_probe(exe, stream),
+            raw_label: functools.partial(gpu.raw.graph_launch, exe.raw, stream.raw),
             f"metrale {k} eager launches": eager,
         }
         settle: dict[str, Callable[[], object]] = {label: stream.synchronize for label in ops}

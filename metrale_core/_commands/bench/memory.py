@@ -13,9 +13,9 @@ from ... import MetraleError, RawDevice, device_count, open_backend
 from .context import Bench
 from .model import Figure, Goal, Result
 from .peers import find_cupy, find_torch
-from .timing import GIB, KIB, MIB, against_first, compare, format_size, share, to_us, turns
+from .timing import GIB, KIB, MIB, against_first, compare, format_size, to_us, turns
 
-__all__ = ["measure_alloc", "measure_breakdown", "measure_copies", "measure_pools"]
+__all__ = ["measure_alloc", "measure_copies", "measure_pools"]
 
 
 def _pair(alloc: Callable[[int], Any], free: Callable[[Any], object], n: int) -> None:
@@ -64,39 +64,6 @@ def measure_alloc(b: Bench) -> Result:
         f"reused), median of {rounds} rounds of {calls}, 1 MiB kept live"
     )
     return Result("alloc", "ledgered allocation against the raw driver pair", detail, tuple(figures), b.goals(*goals))
-
-
-def measure_breakdown(b: Bench) -> Result:
-    """Where the host time of a ledgered 1 MiB alloc + free goes: each step timed alone, in turns with
-    the whole pair; the rest is what the steps cost together beyond their parts (calls between them)."""
-    gpu, n = b.gpu, MIB
-    rounds, calls = b.rounds(15), b.calls(400)
-    settings = gpu.settings.model_copy(update={"redzone": 0})
-    with open_backend(gpu.name, ordinal=gpu.ordinal, settings=settings) as plain:
-        keep = plain.alloc(MIB)  # a live allocation, as in a running application
-        probes = plain._cost_probes(n)
-        ops: dict[str, Callable[[], object]] = {"metrale alloc + free 1 MiB": functools.partial(_pair, plain.alloc,
-                                                                                               plain.free, n)}
-        ops.update(probes)
-        b.say(f"  {len(ops)} steps, {rounds} rounds of {calls}")
-        medians = turns(ops, rounds=rounds, calls=calls)
-        plain.free(keep)
-    total = to_us(medians["metrale alloc + free 1 MiB"])
-    raw_label, guard_label = "the plugin's raw alloc + free", "the same with the core's error handling"
-    figures = [Figure("metrale alloc + free 1 MiB", "metrale", "us", total, note="the whole pair")]
-    raw = to_us(medians[raw_label])
-    figures.append(Figure(raw_label, "metrale", "us", raw, note=f"{raw / total:.0%} of the pair"))
-    guard = to_us(medians[guard_label]) - raw
-    figures.append(share("the core's handling of raw errors", guard, total))
-    parts = raw + guard
-    for label in list(probes)[2:]:
-        us = to_us(medians[label])
-        parts += us
-        figures.append(Figure(label, "metrale", "us", us, note=f"{us / total:.0%} of the pair"))
-    figures.append(share("the rest (calls and checks between the steps)", total - parts, total))
-    detail = (f"host time of each step of a ledgered 1 MiB pair without red zones, timed alone; median of "
-              f"{rounds} rounds of {calls}, in turns with the whole pair")
-    return Result("breakdown", "where the time of a ledgered alloc + free goes", detail, tuple(figures), ())
 
 
 def measure_pools(b: Bench) -> Result:

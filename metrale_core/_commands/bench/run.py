@@ -15,9 +15,10 @@ from typing import Final
 
 from ... import Baseline, GpuBackend, MetraleSettings, open_backend
 from ..._errors import InvalidArgumentError, MetraleError
+from .breakdown import measure_breakdown, measure_eager_breakdown
 from .context import Bench, Progress
-from .launches import measure_eager, measure_eager_breakdown, measure_graph, measure_safety
-from .memory import measure_alloc, measure_breakdown, measure_copies, measure_pools
+from .launches import measure_eager, measure_graph, measure_safety
+from .memory import measure_alloc, measure_copies, measure_pools
 from .model import BenchReport, Result
 from .zones import measure_zones
 
