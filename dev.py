@@ -225,12 +225,13 @@ GPU_SITE = Path("/tmp/site")
 #: Where `--against REV` puts the old revision: its source (src/), its packages (site/) and an empty working
 #: folder (run/), so `python -m metrale_core` imports neither checkout by accident.
 AGAINST_ROOT = Path("/tmp/metrale-against")
-SUITE_PATHS = ("tests", "examples/tracing-backend/tests", "examples/pipeline/tests")
+SUITE_PATHS = ("tests", "backends/fake/tests", "backends/cuda/tests", "examples/tracing-backend/tests",
+               "examples/pipeline/tests")
 #: The scale variant with red zones, as the CUDA backend must pass it (any `strix*` target selects the variant).
 STRIX_ENV: Mapping[str, str] = {"METRALE_TARGET_HW": "strix-h200", "METRALE_REDZONE": "256"}
 #: With --quick, the strix run covers the files that read the scale variant (capture state, red zones).
-STRIX_QUICK = ("tests/test_capture.py", "tests/test_state_machine.py", "tests/test_distributed.py",
-               "tests/test_tensor_maps.py")
+STRIX_QUICK = ("tests/streams/test_capture.py", "tests/plugins/test_state_machine.py",
+               "tests/reports/test_distributed.py", "tests/launch/test_tensor_maps.py")
 #: The whole run's default time: the device tool allows 600 s a command, install and transfers included.
 GPU_BUDGET_S = 540
 #: A step is not started with less time left than this.

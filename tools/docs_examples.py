@@ -38,7 +38,7 @@ down rather than unseen.
     python tools/docs_examples.py --update   # rewrite the text blocks and console outputs with what runs print
     python tools/docs_examples.py docs/cli.md   # only the examples of these pages
 
-``tests/test_docs.py`` runs the check in CI.
+``tests/commands/test_docs.py`` runs the check in CI.
 """
 
 from __future__ import annotations

@@ -1,0 +1,109 @@
+"""What the tests share: the run's settings, sizes, the capability probe, and small readers.
+
+Import it as ``from tests._support import ...``; the fixtures built on it are in ``tests/conftest.py``.
+
+- `SETTINGS`: the settings of this run, from ``METRALE_*`` (the GPU runs set ``METRALE_TARGET_HW`` and
+  ``METRALE_REDZONE``).
+- `backend_params`: every discovered backend, the unavailable ones skipped with their reason.
+- `missing`: why a backend lacks a capability (a skip reason), for the ``needs`` marker.
+- `KIB`, `MIB`, `GIB`; `step`: a step of memory that moves the needle on this backend.
+- `checked_inside`: whether a backend checks red zones inside captured graphs.
+- `read_bytes`: a buffer's bytes, copied to the host.
+- `install_distribution`: an installed distribution laid out on a path, as pip would.
+- `metrale`: the command line run as a user runs it, in a subprocess without ``METRALE_*``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from metrale_core import ConfigError, GpuBackend, MetraleSettings, open_backend, testing
+from metrale_core.plugin import format_bytes
+
+__all__ = [
+    "GIB", "KIB", "LEAST_DEVICE", "MIB", "SETTINGS", "TEST_CAPACITY", "backend_params", "checked_inside",
+    "install_distribution", "metrale", "missing", "read_bytes", "step",
+]
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+
+#: The settings of this run, from METRALE_* (the GPU runs set METRALE_TARGET_HW and METRALE_REDZONE).
+SETTINGS = MetraleSettings()
+
+def backend_params() -> list[object]:
+    """Every discovered backend; the unavailable ones are skipped with their reason."""
+    return testing.backend_params(SETTINGS, expected=("cuda",))
+
+
+#: The capacity the memory tests set on the fake (``fake_memory_bytes``), and the least a device must
+#: have where no setting sets it (they fill it in steps of 2 GiB there).
+TEST_CAPACITY = 64 << 20
+LEAST_DEVICE = 8 << 30
+
+
+@functools.cache
+def _missing_capacity(name: str) -> str | None:
+    try:
+        settings = SETTINGS.updated(fake_memory_bytes=TEST_CAPACITY)
+    except ConfigError:  # the fake is not installed: no such setting
+        settings = SETTINGS
+    with open_backend(name, settings=settings) as gpu:
+        total = gpu.memory_info().total
+    if total == TEST_CAPACITY or total >= LEAST_DEVICE:
+        return None
+    return (
+        f"needs capacity: backend {name} has {format_bytes(total)} of memory and fake_memory_bytes does not set "
+        f"it; the memory tests need a capacity they can set ({format_bytes(TEST_CAPACITY)}) or a device of "
+        f"{format_bytes(LEAST_DEVICE)} or more"
+    )
+
+
+def missing(name: str, capability: str) -> str | None:
+    """Why backend ``name`` lacks ``capability`` (a skip reason), or ``None``."""
+    if capability == "capacity":
+        return _missing_capacity(name)
+    return testing.backend_capabilities(name, SETTINGS).why_not(capability)
+
+
+def step(gpu: GpuBackend) -> int:
+    """A step of memory that moves the needle: 8 MiB on the fake, 2 GiB on a GPU."""
+    return 8 * MIB if gpu.memory_info().total <= 64 * MIB else 2 * GIB
+
+
+def checked_inside(gpu: GpuBackend) -> bool:
+    """Whether graphs are checked inside (the verdict kernel as their last node), not by scans after launches."""
+    return gpu.redzone_checks.mode == "inside"
+
+
+def read_bytes(gpu: GpuBackend, buf: object, n: int) -> bytes:
+    """The first ``n`` bytes of ``buf``, copied to the host."""
+    out = bytearray(n)
+    gpu.copy_to_host(out, buf)  # type: ignore[arg-type]
+    return bytes(out)
+
+
+def install_distribution(site: Path, dist: str, module: str, source: str, eps: dict[str, str]) -> None:
+    """Lay out an installed distribution (dist-info and module), as pip would."""
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    lines = "\n".join(f"{name} = {value}" for name, value in eps.items())
+    (info / "entry_points.txt").write_text(f"[metrale.backends]\n{lines}\n")
+
+
+def metrale(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m metrale_core ARGS`` with ``env`` and no other ``METRALE_*`` variable."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "metrale_core", *args],
+        capture_output=True, text=True, env=environ, timeout=300, check=False,
+    )
