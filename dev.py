@@ -441,38 +441,47 @@ def skip_reasons(text: str) -> list[tuple[int, str]]:
     return sorted(((n, reason) for reason, n in counts.items()), key=lambda item: (-item[0], item[1]))
 
 
-def bench_figures(report: Mapping[str, Any]) -> dict[tuple[str, str], tuple[str, float]]:
-    """metrale's own figures of one ``metrale bench --json`` report: (measurement, label) -> (unit, value)."""
+def bench_figures(report: Mapping[str, Any]) -> dict[tuple[str, str], tuple[str, float, float | None]]:
+    """metrale's own figures of one ``metrale bench --json`` report: (measurement, label) -> (unit, value, the
+    ratio to its baseline in the same run, or ``None`` where it has none)."""
     figures = {}
     for result in report.get("results", ()):
         for figure in result.get("figures", ()):
             if figure.get("source") == "metrale" and figure.get("value") is not None:
-                figures[(result["name"], figure["label"])] = (figure["unit"], float(figure["value"]))
+                ratio = figure.get("ratio")
+                figures[(result["name"], figure["label"])] = (
+                    figure["unit"], float(figure["value"]), None if ratio is None else float(ratio)
+                )
     return figures
 
 
 def bench_table(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Each metrale figure side by side: the median over the old runs, over the new, and new / old."""
+    """Each metrale figure side by side: the median over the old runs, over the new, and new / old; then the
+    median of each run's ratio to its baseline (the raw driver or a peer, timed in the same run), old and new.
+
+    The ratios cancel what drifts between runs (the driver's own times move by a fifth on a lent GPU)."""
     runs = {"old": [bench_figures(r) for r in old], "new": [bench_figures(r) for r in new]}
     keys: list[tuple[str, str]] = []
     units: dict[tuple[str, str], str] = {}
     for figures in runs["new"] + runs["old"]:
-        for key, (unit, _) in figures.items():
+        for key, (unit, _, _) in figures.items():
             if key not in units:
                 keys.append(key)
                 units[key] = unit
-    rows = [("figure", "unit", f"old ({len(old)})", f"new ({len(new)})", "new/old")]
+    rows = [("figure", "unit", f"old ({len(old)})", f"new ({len(new)})", "new/old", "old x base", "new x base")]
     for key in keys:
-        medians = {}
+        medians: dict[str, float | None] = {}
         for who, reports in runs.items():
-            values = [figures[key][1] for figures in reports if key in figures]
-            medians[who] = statistics.median(values) if values else None
+            for i, what in ((1, who), (2, f"{who} ratio")):
+                values = [float(v) for figures in reports if key in figures and (v := figures[key][i]) is not None]
+                medians[what] = statistics.median(values) if values else None
         old_v, new_v = medians["old"], medians["new"]
         ratio = f"{new_v / old_v:.3f}" if old_v and new_v is not None else "-"
-        rows.append((f"{key[0]}: {key[1]}", units[key], _figure(old_v), _figure(new_v), ratio))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    return [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}  {r[4]:>{widths[4]}}"
-            for r in rows]
+        rows.append((f"{key[0]}: {key[1]}", units[key], _figure(old_v), _figure(new_v), ratio,
+                     _figure(medians["old ratio"]), _figure(medians["new ratio"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(7)]
+    return ["  ".join([f"{r[0]:<{widths[0]}}", f"{r[1]:<{widths[1]}}",
+                       *(f"{c:>{w}}" for c, w in zip(r[2:], widths[2:], strict=True))]).rstrip() for r in rows]
 
 
 def _figure(value: float | None) -> str:

@@ -86,7 +86,7 @@ def test_the_pytest_log_is_read() -> None:
 def _report(alloc: float, copy: float | None) -> dict[str, Any]:
     figure = {"source": "metrale", "unit": "us", "vs": None, "ratio": None, "note": ""}
     return {"device": "NVIDIA H100", "results": [
-        {"name": "alloc", "figures": [{**figure, "label": "metrale 1 MiB", "value": alloc},
+        {"name": "alloc", "figures": [{**figure, "label": "metrale 1 MiB", "value": alloc, "ratio": alloc / 3.0},
                                       {**figure, "source": "cuda.bindings 13.3.1", "label": "raw", "value": 3.0}]},
         {"name": "copy", "figures": [{**figure, "label": "metrale D2D", "unit": "GB/s", "value": copy}]},
     ]}
@@ -95,7 +95,7 @@ def _report(alloc: float, copy: float | None) -> dict[str, Any]:
 def test_the_bench_table_puts_medians_side_by_side() -> None:
     table = dev.bench_table([_report(20.0, 4000.0), _report(24.0, 4100.0)], [_report(10.0, None), _report(12.0, None)])
     assert [line.split() for line in table] == [
-        ["figure", "unit", "old", "(2)", "new", "(2)", "new/old"],
-        ["alloc:", "metrale", "1", "MiB", "us", "22.00", "11.00", "0.500"],  # the raw figure is not metrale's
-        ["copy:", "metrale", "D2D", "GB/s", "4050.00", "-", "-"],  # skipped in the new runs
+        ["figure", "unit", "old", "(2)", "new", "(2)", "new/old", "old", "x", "base", "new", "x", "base"],
+        ["alloc:", "metrale", "1", "MiB", "us", "22.00", "11.00", "0.500", "7.33", "3.67"],  # the raw is not metrale's
+        ["copy:", "metrale", "D2D", "GB/s", "4050.00", "-", "-", "-", "-"],  # skipped in the new runs
     ]
