@@ -139,10 +139,10 @@ class GpuBackend:
     def alloc(self, nbytes: int) -> DeviceBuffer:
         """Device memory, on the ledger with the caller's ``file:line`` until ``free`` or ``sweep_unreleased``.
 
-        :param nbytes: the size in bytes (an ``int``, numpy integers too; 0 is allowed).
+        :param nbytes: the size in bytes, positive (an ``int``, numpy integers too).
         :raises OutOfMemoryError: no room, even after ``on_out_of_memory``; it names the largest call sites.
         :raises CaptureError: a capture is in progress (allocating is not a capturable call).
-        :raises InvalidArgumentError: ``nbytes`` is not a byte count.
+        :raises InvalidArgumentError: ``nbytes`` is not a positive byte count (0 too: ``InvalidBufferError``).
         """
         ctx = self._ctx
         ctx.enter()  # what @gated does, written out: a hot path (a frame less)

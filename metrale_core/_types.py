@@ -1,8 +1,8 @@
 """The records of the public contract: immutable values that hold no backend and call nothing.
 
-The bottom of metrale's layers (above the errors and the settings): every other module may
-use them. [`DeviceBuffer`][metrale_core.DeviceBuffer] and [`DeviceArray`][metrale_core.DeviceArray], the
-handles to memory that know how to export themselves, are one layer up, in ``_buffer``.
+The bottom floor of metrale's wings, beside the errors: every other module may use them.
+[`DeviceBuffer`][metrale_core.DeviceBuffer] and [`DeviceArray`][metrale_core.DeviceArray], the
+handles to memory that export themselves, are in ``_device/buffer``.
 """
 
 from __future__ import annotations
