@@ -24,12 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from .._device.buffer import DeviceBuffer
-from .._device.context import DeviceContext
 from .._errors import ConfigError, MetraleError
 from .._types import AllocRecord, Origin, format_bytes
+
+if TYPE_CHECKING:  # (the context imports the settings: pydantic, not for a name of the ledger's)
+    from .._device.context import DeviceContext
 
 __all__ = [
     "Ledger", "LedgerEvent", "LedgerProbe", "call_site", "format_bytes", "largest_sites", "next_index", "origin_of",

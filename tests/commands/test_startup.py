@@ -51,6 +51,11 @@ def test_a_public_name_loads_what_it_needs_on_first_use() -> None:
     assert "pydantic_settings" in loaded and "metrale_core._backend" in loaded
 
 
+def test_the_ledger_and_report_names_load_neither_settings_nor_a_backend() -> None:
+    loaded = _loaded_after("from metrale_core import Arena, LedgerEvent, LedgerProbe, OomWatchdog, merge_reports")
+    assert loaded == [], "the ledger, arenas, the watchdog and merged reports need neither pydantic nor pluggy"
+
+
 def test_every_public_name_is_there_and_is_its_module_s() -> None:
     for name in metrale_core.__all__:
         value = getattr(metrale_core, name)
