@@ -213,6 +213,7 @@ class StreamFront:
         count = None if nbytes is None else positive_size(nbytes, what)
         src_ptr, n, src_buf = self._holdings.span(src, src_offset, count, what)
         dst_ptr, n, dst_buf = self._holdings.span(dst, dst_offset, n, what)
+        _refuse_overlap(what, dst_ptr, src_ptr, n)
         target = self.resolve(stream, what)
         raw = self._raw
         self.issue(target, what, (dst_buf, src_buf), lambda s: raw.copy_dtod(dst_ptr, src_ptr, n, s) if n else None)
@@ -242,9 +243,11 @@ class StreamFront:
                     f"host (copy_to_host, then copy_to_device)"
                 )
             dst_ptr, n, dst_buf = self._holdings.span(dst, dst_offset, asked, what)
+            own = context is self.ctx
+            if own:
+                _refuse_overlap(what, dst_ptr, src_ptr, n)
             target = self.resolve(stream, what)
             raw = self._raw
-            own = context is self.ctx
             self.issue(
                 target, what, (dst_buf, src if own else None),
                 lambda s: raw.copy_peer(dst_ptr, src_raw, src_ptr, n, s) if n else None,
@@ -311,3 +314,14 @@ class StreamFront:
         ctx = self.ctx
         self.default._mark_closed()
         ctx.quietly("destroy default stream", self._raw.stream_destroy, self.default.raw)
+
+
+def _refuse_overlap(what: str, dst_ptr: int, src_ptr: int, n: int) -> None:
+    """Refuse a device copy whose source and destination ranges overlap: CUDA leaves it undefined (an H100
+    left wrong bytes), so every backend refuses it before anything is issued."""
+    if n and dst_ptr < src_ptr + n and src_ptr < dst_ptr + n:
+        raise InvalidArgumentError(
+            f"{what}: the source [{src_ptr:#x}, {src_ptr + n:#x}) and the destination [{dst_ptr:#x}, "
+            f"{dst_ptr + n:#x}) overlap by {min(dst_ptr, src_ptr) + n - max(dst_ptr, src_ptr)} bytes; CUDA leaves "
+            f"an overlapping copy undefined. Copy through a temporary buffer"
+        )

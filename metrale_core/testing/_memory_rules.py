@@ -5,7 +5,16 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from .. import ArenaFullError, DeviceBuffer, GpuBackend, InvalidBufferError, RedZoneError, device_count, open_backend
+from .. import (
+    ArenaFullError,
+    DeviceBuffer,
+    GpuBackend,
+    InvalidArgumentError,
+    InvalidBufferError,
+    RedZoneError,
+    device_count,
+    open_backend,
+)
 from .._memory.quarantine import QUARANTINE_MAX_BUFFERS
 from ._model import ARENA_BYTES, MAX_BYTES, Contents, MachineModel
 
@@ -197,8 +206,16 @@ class MemoryRules(MachineModel):
         n = data.draw(st.integers(1, min(src.nbytes, dst.nbytes)), label="nbytes")
         so = data.draw(st.integers(0, src.nbytes - n), label="src_offset")
         do = data.draw(st.integers(0, dst.nbytes - n), label="dst_offset")
-        if src.index == dst.index and abs(so - do) < n:
-            return  # overlapping copies are undefined in CUDA
+        if src.index == dst.index and abs(so - do) < n:  # CUDA leaves it undefined: every backend refuses it
+            before = self._read(src)
+            try:
+                self.gpu.copy_device(dst, src, nbytes=n, dst_offset=do, src_offset=so)
+            except InvalidArgumentError:
+                pass
+            else:
+                raise AssertionError(f"an overlapping copy within allocation #{src.index} was not refused")
+            assert self._read(src) == before, "a refused overlapping copy changed the buffer"
+            return
         self.gpu.copy_device(dst, src, nbytes=n, dst_offset=do, src_offset=so)
         dst_c.data[do : do + n] = src_c.data[so : so + n]
         dst_c.known[do : do + n] = src_c.known[so : so + n]

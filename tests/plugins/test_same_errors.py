@@ -95,6 +95,14 @@ def _launch_freed_graph(gpu: GpuBackend) -> None:
     exe.launch(stream)
 
 
+def _overlapping_copy(gpu: GpuBackend) -> None:
+    buf = gpu.alloc(4096)
+    try:
+        gpu.copy_device(buf, buf, nbytes=4095, dst_offset=1)
+    finally:
+        gpu.free(buf)
+
+
 def _oversized_alloc(gpu: GpuBackend) -> None:
     gpu.alloc(gpu.memory_info().total * 4)
 
@@ -111,6 +119,7 @@ CASES: dict[str, Callable[[GpuBackend], None]] = {
     "synchronize an event last recorded in a capture": _sync_captured_event,
     "launch a graph whose buffer was freed": _launch_freed_graph,
     "alloc past the device's memory": _oversized_alloc,
+    "an overlapping device copy": _overlapping_copy,
 }
 
 
