@@ -25,10 +25,11 @@ fields, ``index`` its creation number on the ledger. ``stats`` is the backend's
 A reader finds the live set before the first event by walking the log backwards from the end state
 (``live``): an allocation was not live before its ``alloc``, and was live before its ``free`` or
 ``sweep``. So an allocation whose ``alloc`` fell off the front of the bounded log, or came before
-recording began, counts as live from the start. A file that cannot be read, is not JSON, is not a
-metrale snapshot, is of a newer version, or whose log contradicts itself or the ``live`` list (an
-allocation freed twice, or freed yet listed as live) is refused with a [`SnapshotError`][metrale_core.SnapshotError]
-naming it.
+recording began, counts as live from the start. A file that cannot be read, is not JSON, nests arrays
+or objects too deeply (deeper than Python's JSON parser reads, or ``stats`` more than `MAX_STATS_DEPTH`
+levels), is not a metrale snapshot, is of a newer version, or whose log contradicts itself or the ``live``
+list (an allocation freed twice, or freed yet listed as live) is refused with a
+[`SnapshotError`][metrale_core.SnapshotError] naming it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMAT",
+    "MAX_STATS_DEPTH",
     "VERSION",
     "EventOp",
     "MemorySnapshot",
@@ -73,6 +75,9 @@ VERSION: Final = 1
 EventOp = Literal["alloc", "free", "sweep"]
 _OPS: Final[tuple[str, ...]] = ("alloc", "free", "sweep")
 _HOW_TO_WRITE: Final = "write one with backend.save_snapshot(path)"
+#: The most levels of arrays and objects ``stats`` may nest (the ``stats`` object counted): metrale writes 2. A
+#: reader keeps ``stats`` as they are, so a bound keeps whoever renders them (a trace, JSON) from recursing without one.
+MAX_STATS_DEPTH: Final = 64
 
 
 # -- writing ----------------------------------------------------------------------------------------------
@@ -234,7 +239,7 @@ class _Reader:
         return obj[key]
 
     def wrong(self, key: str, where: str, need: str, value: Any) -> SnapshotError:
-        return self.bad(f'"{key}"{" of " + where if where else ""} must be {need}, not {json.dumps(value)[:60]}')
+        return self.bad(f'"{key}"{" of " + where if where else ""} must be {need}, not {_shown(value)}')
 
     def integer(self, obj: Mapping[str, Any], key: str, where: str, *, minimum: int | None = None) -> int:
         value = self.field(obj, key, where)
@@ -257,8 +262,18 @@ class _Reader:
 
     def mapping(self, value: Any, where: str) -> Mapping[str, Any]:
         if not isinstance(value, dict):
-            raise self.bad(f"{where} must be a JSON object, not {json.dumps(value)[:60]}")
+            raise self.bad(f"{where} must be a JSON object, not {_shown(value)}")
         return value
+
+    def stats(self, value: Any) -> Mapping[str, Any]:
+        """``"stats"``: a JSON object nesting at most `MAX_STATS_DEPTH` levels (walked without recursion)."""
+        obj = self.mapping(value, '"stats"')
+        level: list[Any] = [obj]
+        for _ in range(MAX_STATS_DEPTH):
+            level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, dict | list)]
+        if level:
+            raise self.bad(f'"stats" nests JSON arrays or objects too deeply (more than {MAX_STATS_DEPTH} levels)')
+        return obj
 
     def array(self, obj: Mapping[str, Any], key: str) -> list[Any]:
         value = self.field(obj, key, "")
@@ -314,6 +329,10 @@ def load_snapshot(path: str | os.PathLike[str]) -> MemorySnapshot:
             f"column {exc.colno}); {_HOW_TO_WRITE}",
             path=path,
         ) from exc
+    except RecursionError:  # the parser recurses once per level: the file is damaged, or not a snapshot
+        raise _Reader(path).bad(
+            "it nests JSON arrays or objects too deeply to read (a snapshot nests a few levels)"
+        ) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SnapshotError(
             f'{path} is not a metrale memory snapshot (no "format": "{FORMAT}"); {_HOW_TO_WRITE}', path=path
@@ -358,12 +377,20 @@ def load_snapshot(path: str | os.PathLike[str]) -> MemorySnapshot:
         events=tuple(events),
         live=live,
         elapsed=elapsed,
-        stats=MappingProxyType(dict(read.mapping(read.field(doc, "stats", top), '"stats"'))),
+        stats=MappingProxyType(dict(read.stats(read.field(doc, "stats", top)))),
         source=path,
         origin=origin,
     )
     initial_live(snapshot)  # refuses a log that contradicts itself
     return snapshot
+
+
+def _shown(value: Any) -> str:
+    """The start of ``value`` as JSON, for a message; a value nested too deeply to encode is said to be."""
+    try:
+        return json.dumps(value)[:60]
+    except RecursionError:
+        return "a value that nests JSON arrays or objects too deeply to show"
 
 
 def _describe(event: SnapshotEvent, i: int) -> str:

@@ -10,6 +10,7 @@ metrale carries no messages itself: the engine that started the processes does.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -193,25 +194,79 @@ class MergedReport:
         }
 
 
+_ITEMS = "LedgerReport or MemorySnapshot items (backend.ledger_report(), load_snapshot(path))"
+
+
+def _refused(where: str, what: str, got: object) -> InvalidArgumentError:
+    return InvalidArgumentError(f"merge_reports: {where} {what}, got {reprlib.repr(got)}; pass {_ITEMS}")
+
+
+def _records(value: object, where: str) -> tuple[AllocRecord, ...]:
+    """``value`` as the records it claims to be: a tuple (or list) of `AllocRecord` with an integer ``nbytes``
+    and a ``str`` site, the fields a merge reads; else ``InvalidArgumentError`` naming ``where``."""
+    if not isinstance(value, tuple | list):
+        raise _refused(where, "must be a tuple of AllocRecord", value)
+    for i, a in enumerate(value):
+        if not isinstance(a, AllocRecord) or type(a.nbytes) is not int or a.nbytes < 0 or type(a.site) is not str:
+            raise _refused(f"{where}[{i}]", "must be an AllocRecord (nbytes an integer of at least 0, site a str)", a)
+    return tuple(value)
+
+
+def _checked(item: object, i: int) -> LedgerReport:
+    """Item ``i`` of ``merge_reports`` as a `LedgerReport` whose fields are what they claim (copied, so it
+    compares with its duplicates); else ``InvalidArgumentError`` naming the item and the field."""
+    where = f"item {i}"
+    if isinstance(item, MemorySnapshot):
+        events = item.events
+        if not isinstance(events, tuple | list) or not all(isinstance(e, SnapshotEvent) for e in events):
+            raise _refused(f"{where} (a MemorySnapshot): its events", "must be a tuple of SnapshotEvent", events)
+        _records(item.live, f"{where} (a MemorySnapshot): its live")
+        if not isinstance(item.stats, Mapping):
+            raise _refused(f"{where} (a MemorySnapshot): its stats", "must be a mapping", item.stats)
+        if item.origin is not None and not isinstance(item.origin, Origin):
+            raise _refused(f"{where} (a MemorySnapshot): its origin", "must be an Origin or None", item.origin)
+        item = LedgerReport.from_snapshot(item)
+    if not isinstance(item, LedgerReport):
+        raise InvalidArgumentError(f"merge_reports: expected {_ITEMS}, got {type(item).__name__} ({where})")
+    o = item.origin
+    if not (
+        isinstance(o, Origin) and type(o.host) is str and type(o.pid) is int and type(o.backend) is str
+        and type(o.ordinal) is int and type(o.device_uuid) is str and (o.rank is None or type(o.rank) is int)
+    ):
+        raise _refused(f"{where}: its origin", "must be an Origin (host, backend and device_uuid str; pid, ordinal "
+                       "and rank integers, rank None outside a job)", o)
+    if not isinstance(item.stats, Mapping):
+        raise _refused(f"{where}: its stats", "must be a mapping (as ledger_report() gives)", item.stats)
+    live, swept = _records(item.live, f"{where}: its live"), _records(item.swept, f"{where}: its swept")
+    return LedgerReport(o, live, swept, dict(item.stats))
+
+
 def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 10) -> MergedReport:
     """Merge the ledger reports (or memory snapshots) of many processes: a line per process, in rank order,
     with its live and leaked bytes and its peak; the ``top`` largest live call sites and leaks across the job,
-    each with the ranks it comes from.
+    each with the ranks it comes from. A report given twice (equal: one origin, the same records and counters,
+    as one snapshot file named twice, or one report gathered twice) counts once.
 
-    :raises InvalidArgumentError: an item is neither a `LedgerReport` nor a memory snapshot, or ``top`` is not
-        a positive integer.
+    :raises InvalidArgumentError: ``reports`` is not iterable; an item is neither a `LedgerReport` nor a memory
+        snapshot, or one whose origin, records or stats are not what they claim; or ``top`` is not a positive
+        integer. Nothing is merged.
     """
     if type(top) is not int or top < 1:
         raise InvalidArgumentError(f"merge_reports: top must be a positive integer, got {top!r}")
+    try:
+        given = iter(reports)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"merge_reports: reports must be an iterable of {_ITEMS}, got {type(reports).__name__}"
+        ) from None
     items: list[LedgerReport] = []
-    for item in reports:
-        report = LedgerReport.from_snapshot(item) if isinstance(item, MemorySnapshot) else item
-        if not isinstance(report, LedgerReport) or not isinstance(report.origin, Origin):
-            raise InvalidArgumentError(
-                f"merge_reports: expected LedgerReport or MemorySnapshot items (backend.ledger_report(), "
-                f"load_snapshot(path)), got {type(report).__name__}"
-            )
-        items.append(report)
+    seen: dict[Origin, list[LedgerReport]] = {}
+    for i, item in enumerate(given):
+        report = _checked(item, i)
+        same = seen.setdefault(report.origin, [])
+        if report not in same:  # one report given twice is one process's: counted once
+            same.append(report)
+            items.append(report)
     items.sort(key=lambda r: _order(r.origin))
     labels = _labels(r.origin for r in items)
     ranks = tuple(
@@ -234,9 +289,15 @@ def merge_snapshots(snapshots: Iterable[MemorySnapshot]) -> MemorySnapshot:
     stay distinct, and the event logs are merged by time since each backend opened (processes a launcher
     started together line up to within their start-up skew).
 
+    A snapshot given twice (equal but for the file it was read from) counts once, as in `merge_reports`.
+
     :raises InvalidArgumentError: no snapshot was given.
     """
-    snaps = sorted(snapshots, key=lambda s: _order(s.origin or _unknown_origin(s.backend, s.ordinal)))
+    distinct: list[MemorySnapshot] = []
+    for snap in snapshots:
+        if dataclasses.replace(snap, source=None) not in (dataclasses.replace(s, source=None) for s in distinct):
+            distinct.append(snap)
+    snaps = sorted(distinct, key=lambda s: _order(s.origin or _unknown_origin(s.backend, s.ordinal)))
     if not snaps:
         raise InvalidArgumentError("merge_snapshots: no snapshot to merge")
     events: list[SnapshotEvent] = []

@@ -327,6 +327,59 @@ def test_merge_reports_refuses_what_is_no_report(bad: list[object]) -> None:
         merge_reports([], top=0)
 
 
+def _bad_reports() -> list[object]:
+    from metrale_core import AllocRecord, MemorySnapshot
+
+    good = _report(0, [("a.py:1", 100)], [], 1)
+    rec = good.live[0]
+    return [
+        None, 5,
+        [LedgerReport(good.origin, None, ())],  # type: ignore[arg-type]
+        [LedgerReport(good.origin, (1,), ())],  # type: ignore[arg-type]
+        [LedgerReport(good.origin, (), ("leak",))],  # type: ignore[arg-type]
+        [LedgerReport(good.origin, (AllocRecord(rec.ptr, "4", "device", 1, "a.py:1"),), ())],  # type: ignore[arg-type]
+        [LedgerReport(good.origin, (AllocRecord(rec.ptr, 4, "device", 1, ["a.py:1"]),), ())],  # type: ignore[arg-type]
+        [LedgerReport(good.origin, (rec,), (), None)],  # type: ignore[arg-type]
+        [LedgerReport(good.origin, (rec,), (), [("peak_total_bytes", 1)])],  # type: ignore[arg-type]
+        [good, MemorySnapshot("fake", "d", 0, 0, "now", 0, 0, (1,), ())],  # type: ignore[arg-type]
+        [good, MemorySnapshot("fake", "d", 0, 0, "now", 0, 0, (), None)],  # type: ignore[arg-type]
+        [good, MemorySnapshot("fake", "d", 0, 0, "now", 0, 0, (), (), stats=None)],  # type: ignore[arg-type]
+    ]
+
+
+@pytest.mark.parametrize("bad", _bad_reports(), ids=[
+    "none", "int", "live-none", "live-int", "swept-str", "nbytes-str", "site-list", "stats-none", "stats-list",
+    "snapshot-events", "snapshot-live", "snapshot-stats",
+])
+def test_merge_reports_refuses_a_report_that_is_not_what_it_claims(bad: object) -> None:
+    """The docstring: InvalidArgumentError, never a raw TypeError or AttributeError."""
+    with pytest.raises(InvalidArgumentError, match="merge_reports: "):
+        merge_reports(bad)  # type: ignore[arg-type]
+
+
+def test_one_report_merged_twice_counts_once(tmp_path: Path) -> None:
+    """distributed.md: a line per process. The same report given twice (equal: one origin, the same records and
+    counters; one snapshot file named twice) counts once; two different reports both count."""
+    one = _report(1, [("a.py:1", 100)], [("leak.py:9", 4096)], 500)
+    zero = _report(0, [("a.py:1", 50)], [], 300)
+    once = merge_reports([one, zero])
+    twice = merge_reports([one, zero, one, pickle.loads(pickle.dumps(one))])
+    assert twice == once and (twice.live_bytes, twice.leaked_bytes, len(twice.ranks)) == (150, 4096, 2)
+    later = LedgerReport(one.origin, one.live[:0], one.swept, one.stats)  # one backend, another moment
+    assert len(merge_reports([one, later]).ranks) == 2
+    with open_backend("fake", settings=SETTINGS.updated(memory_history=10)) as gpu:
+        buf = gpu.alloc(1024)
+        path = gpu.save_snapshot(tmp_path / "rank0.json")
+        gpu.free(buf)
+    snap = load_snapshot(path)
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(path.read_bytes())
+    for snapshots in ([snap, snap], [snap, load_snapshot(path)], [snap, load_snapshot(copy)]):
+        merged = merge_reports(snapshots)
+        assert (len(merged.ranks), merged.live_bytes) == (1, 1024)
+        assert [a.nbytes for a in merge_snapshots(snapshots).live] == [1024]
+
+
 def test_metrale_report_merges_the_snapshots_of_several_ranks(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

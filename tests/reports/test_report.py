@@ -442,6 +442,56 @@ def test_cli_bad_file_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.Capt
     assert not (tmp_path / "t.json").exists()
 
 
+DEEP = "[" * 100_000 + "]" * 100_000  # deeper than Python's JSON parser recurses
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        DEEP,
+        json.dumps(dict(document([], []), events="DEEP")).replace('"DEEP"', DEEP),
+        json.dumps(document([], [], stats={"alloc_count": "DEEP"})).replace('"DEEP"', DEEP),
+        json.dumps(document([event(1, "alloc", dict(A, ptr="DEEP"))], [])).replace('"DEEP"', DEEP),
+        json.dumps(document([], [], stats={"unknown": _nested(100)})),  # parses; too deep to keep
+    ],
+    ids=["top-level", "events", "stats", "a-field", "stats-100-levels"],
+)
+@pytest.mark.parametrize(
+    "args",
+    [("report", "{}"), ("report", "{}", "--trace", "{out}"), ("report", "{}", "{}"), ("stats", "{}"),
+     ("stats", "{}", "--json")],
+    ids=["report", "report-trace", "report-merged", "stats", "stats-json"],
+)
+def test_cli_deeply_nested_file_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, args: tuple[str, ...]
+) -> None:
+    """cli.md: a file that cannot be read is one line naming it and exit status 1, never a RecursionError."""
+    path = write(tmp_path, content)
+    out = tmp_path / "t.json"
+    assert main([a.format(str(path), out=out) for a in args]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err[-500:]
+    assert captured.err.startswith(f"metrale {args[0]}: SnapshotError: {path} ") and "too deeply" in captured.err
+    assert not out.exists()
+
+
+def test_load_refuses_deep_nesting_with_a_snapshot_error(tmp_path: Path) -> None:
+    for depth, content in ((100_000, DEEP), (65, json.dumps(document([], [], stats={"x": _nested(64)})))):
+        path = write(tmp_path, content)
+        with pytest.raises(SnapshotError, match="nests JSON arrays or objects too deeply") as info:
+            load_snapshot(path)
+        assert info.value.path == str(path), depth
+    kept = load_snapshot(write(tmp_path, document([], [], stats={"x": _nested(63)})))  # 64 levels: kept
+    assert kept.stats["x"] == _nested(63)
+
+
 def test_cli_unwritable_output(snapshot_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "missing-dir" / "t.json"
     assert main(["report", str(snapshot_path), "--trace", str(out)]) == 1
