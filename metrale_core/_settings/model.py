@@ -41,9 +41,10 @@ class LaunchEnvironment(BaseSettings):
     """What the engine that started this process says of it: the variables torchrun (``torch.distributed``),
     Ray's and Dask's launchers, MPI wrappers and SLURM scripts set, read as they name them (no ``METRALE_``
     prefix). Every field is ``None`` where its variable is unset. metrale reads them, never sets them, and
-    needs none of those engines. Keyword arguments override the variables. A bad value, a keyword's or a
-    variable's, or an unknown keyword raises [`ConfigError`][metrale_core.ConfigError] naming it, as
-    [`MetraleSettings`][metrale_core.MetraleSettings] does.
+    needs none of those engines. Keyword arguments override the variables. As in
+    [`MetraleSettings`][metrale_core.MetraleSettings], an integer is decimal or ``0x`` hex, never a ``bool``, and a
+    bad value, a keyword's or a variable's, or an unknown keyword raises [`ConfigError`][metrale_core.ConfigError]
+    naming it.
     """
 
     model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
@@ -63,6 +64,11 @@ class LaunchEnvironment(BaseSettings):
             super().__init__(**values)
         except pydantic.ValidationError as exc:
             raise config_error(problems(exc, type(self), "", "", values)) from None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_integers(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        return plain_integers(cls, value, info)
 
 
 class MetraleSettings(BaseSettings):

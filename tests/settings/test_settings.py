@@ -162,8 +162,9 @@ def test_bad_keyword_names_the_field() -> None:
     [
         ("rank", -1, "expected an integer of at least 0"),
         ("world_size", 0, "expected an integer of at least 1"),
-        ("local_rank", "first", "expected a valid integer"),
+        ("local_rank", "first", "expected an integer (decimal or 0x hex)"),
         ("rnak", 1, "no such setting (did you mean rank?)"),
+        ("rank", True, "expected an integer, not a boolean"),
     ],
 )
 def test_launch_environment_keywords_are_refused_as_its_variables_are(
@@ -179,7 +180,7 @@ def test_launch_environment_keywords_are_refused_as_its_variables_are(
     monkeypatch.setenv("RANK", "-1")
     with pytest.raises(ConfigError, match=r"invalid setting RANK='-1': expected an integer of at least 0"):
         LaunchEnvironment()
-    assert LaunchEnvironment(rank=3).rank == 3
+    assert (LaunchEnvironment(rank=3).rank, LaunchEnvironment(rank="0x3").rank) == (3, 3)
 
 
 def test_keywords_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
