@@ -423,7 +423,8 @@ class GpuBackend:
     @gated_read
     def memory_summary(self, top: int = 5) -> str:
         """A table of this backend's memory, as ``torch.cuda.memory_summary()`` gives: bytes by kind, counts,
-        out-of-memory failures, arenas, red zones, free memory, the ``top`` call sites. Answers after a fault too."""
+        out-of-memory failures, arenas, red zones, free memory, the ``top`` call sites. Answers after a fault too,
+        without the device's free memory (the device is not asked then)."""
         return self._monitor.summary(top)
 
     @gated_read
@@ -442,8 +443,9 @@ class GpuBackend:
     @gated_read
     def save_snapshot(self, path: str | os.PathLike[str]) -> Path:
         """Write the ledger (with its history, under ``memory_history``) and [`stats`][metrale_core.GpuBackend.stats]
-        to ``path`` as JSON, atomically, for ``metrale report``; returns the path. A ``path`` that is no path raises
-        ``InvalidArgumentError``; one not writable, [`SnapshotError`][metrale_core.SnapshotError] (no file left)."""
+        to ``path`` as JSON, atomically, for ``metrale report``; returns the path (after a fault, with the device's
+        memory left out: ``total`` 0). A ``path`` that is no path raises ``InvalidArgumentError``; one not writable,
+        [`SnapshotError`][metrale_core.SnapshotError] (no file left)."""
         return self._monitor.save_snapshot(path)
 
     def close(self) -> None:

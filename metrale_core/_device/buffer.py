@@ -218,7 +218,8 @@ def _dlpack_version(max_version: object) -> tuple[int, int] | None:
     ``None`` or a major version 0, else the newest 1.x both sides know."""
     if max_version is None:
         return None
-    if max_version == (1, 0) and type(max_version) is tuple:  # numpy's, the common case
+    if type(max_version) is tuple and len(max_version) == 2 and all(type(part) is int for part in max_version) \
+            and max_version == (1, 0):  # numpy's, the common case (1.0 == 1: the types are checked first)
         return (1, 0)
     parts = _pair(max_version)
     if len(parts) != 2 or None in parts or any(part < 0 for part in parts if part is not None):

@@ -66,13 +66,24 @@ class MemoryMonitor:
         if count is None or count < 1:
             raise InvalidArgumentError(f"memory_summary: top must be a positive int, got {top!r}")
         ctx = self.ctx
-        try:
-            info: MemoryInfo | None = self.memory_info()
-            device = ctx.raw.device_name()
-        except MetraleError:
-            info, device = None, f"{ctx.name} device {ctx.ordinal}"
+        info, device = self._device_facts()
         title = f"{ctx.name}:{ctx.ordinal}, {device}"
         return memory_summary(title, self.stats(), self._holdings.ledger.snapshot(), info, top=count)
+
+    def _device_facts(self) -> tuple[MemoryInfo | None, str]:
+        """The device's memory and name for a summary or a snapshot, read past the gate (both answer after a
+        fault): the memory is ``None`` where the device cannot say, after a fault (the raw layer is not asked:
+        a fake's would answer where CUDA's fails), the name a stand-in where the device fails to give it."""
+        ctx = self.ctx
+        info: MemoryInfo | None = None
+        device = f"{ctx.name} device {ctx.ordinal}"
+        try:
+            if ctx.fault is None:
+                info = self.memory_info()
+            device = ctx.raw.device_name()
+        except MetraleError:
+            pass
+        return info, device
 
     def spawn_oom_watchdog(self, interval_s: object, min_free_bytes: object, on_low: object) -> OomWatchdog:
         interval, min_free = check_watchdog_args(interval_s, min_free_bytes, on_low)
@@ -100,12 +111,7 @@ class MemoryMonitor:
         """Write a snapshot to ``path`` (checked: a ``str`` or ``os.PathLike``); returns it as a ``Path``."""
         target = snapshot_path(path, "save_snapshot")
         ctx = self.ctx
-        info: MemoryInfo | None
-        try:
-            info = self.memory_info()
-            device = ctx.raw.device_name()
-        except MetraleError:
-            info, device = None, f"{ctx.name} device {ctx.ordinal}"
+        info, device = self._device_facts()
         write_snapshot(target, ctx.name, device, ctx.ordinal, info, self._holdings.ledger, self.stats(), ctx.origin)
         return target
 

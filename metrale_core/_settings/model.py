@@ -41,11 +41,14 @@ class LaunchEnvironment(BaseSettings):
     """What the engine that started this process says of it: the variables torchrun (``torch.distributed``),
     Ray's and Dask's launchers, MPI wrappers and SLURM scripts set, read as they name them (no ``METRALE_``
     prefix). Every field is ``None`` where its variable is unset. metrale reads them, never sets them, and
-    needs none of those engines.
+    needs none of those engines. Keyword arguments override the variables. As in
+    [`MetraleSettings`][metrale_core.MetraleSettings], an integer is decimal or ``0x`` hex, never a ``bool``, and a
+    bad value, a keyword's or a variable's, or an unknown keyword raises [`ConfigError`][metrale_core.ConfigError]
+    naming it.
     """
 
     model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
-        env_prefix="", env_ignore_empty=True, extra="ignore", frozen=True,
+        env_prefix="", env_ignore_empty=True, extra="forbid", frozen=True,
     )
 
     rank: int | None = Field(None, ge=0, description="The process's rank in the whole job (torchrun's `RANK`).")
@@ -55,6 +58,17 @@ class LaunchEnvironment(BaseSettings):
     cuda_visible_devices: str | None = Field(
         None, description="The devices the CUDA driver shows this process, renumbered from 0 (the driver reads it)."
     )
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except pydantic.ValidationError as exc:
+            raise config_error(problems(exc, type(self), "", "", values)) from None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_integers(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        return plain_integers(cls, value, info)
 
 
 class MetraleSettings(BaseSettings):
@@ -264,10 +278,7 @@ class MetraleSettings(BaseSettings):
         the first time they are asked for. A bad value (``RANK=first``) is a
         [`ConfigError`][metrale_core.ConfigError] naming the variable."""
         if self._launch is None:
-            try:
-                self._launch = LaunchEnvironment()
-            except pydantic.ValidationError as exc:
-                raise config_error(problems(exc, LaunchEnvironment, "", "", {})) from None
+            self._launch = LaunchEnvironment()
         return self._launch
 
     @property

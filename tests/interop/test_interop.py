@@ -557,6 +557,19 @@ def test_an_endless_iterator_is_refused_not_run(fake: GpuBackend, argument: str)
     fake.free(buf)
 
 
+@pytest.mark.parametrize("pair", [(1.0, 0.0), (1.0, 0), (1, 0.0), (np.float64(1), 0)], ids=str)
+def test_max_version_and_dl_device_refuse_non_integers_alike(gpu: GpuBackend, pair: tuple[object, object]) -> None:
+    """issue 37 item 11: interop.md says both must be pairs of integers; (1.0, 0.0) equals (1, 0), and was
+    taken as a max_version while refused as a dl_device."""
+    buf = gpu.alloc(16)
+    before = dlpack.live_exports()
+    for argument in ("max_version", "dl_device"):
+        with pytest.raises(InvalidArgumentError, match=f"__dlpack__: {argument} must be .* pair of integers"):
+            buf.__dlpack__(**{argument: pair})
+    assert dlpack.live_exports() == before
+    gpu.free(buf)
+
+
 @pytest.mark.needs("interop")
 def test_a_bfloat16_view_exports_and_wraps_back(gpu: GpuBackend) -> None:
     pytest.importorskip("ml_dtypes")

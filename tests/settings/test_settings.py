@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic.fields import FieldInfo
 
-from metrale_core import ConfigError, MetraleSettings
+from metrale_core import ConfigError, LaunchEnvironment, MetraleSettings
 
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,6 +155,32 @@ def test_bad_keyword_names_the_field() -> None:
         MetraleSettings(redzone_fill=300)
     with pytest.raises(ConfigError, match="redzone"):
         MetraleSettings(redzone=True)
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "allowed"),
+    [
+        ("rank", -1, "expected an integer of at least 0"),
+        ("world_size", 0, "expected an integer of at least 1"),
+        ("local_rank", "first", "expected an integer (decimal or 0x hex)"),
+        ("rnak", 1, "no such setting (did you mean rank?)"),
+        ("rank", True, "expected an integer, not a boolean"),
+    ],
+)
+def test_launch_environment_keywords_are_refused_as_its_variables_are(
+    monkeypatch: pytest.MonkeyPatch, keyword: str, value: object, allowed: str
+) -> None:
+    """issue 37 item 9: a bad keyword of LaunchEnvironment is a ConfigError in metrale's words, as a bad
+    variable is (not pydantic's ValidationError), and an unknown keyword is refused, naming it."""
+    for variable in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(ConfigError) as info:
+        LaunchEnvironment(**{keyword: value})
+    assert f"invalid setting keyword {keyword}={value!r}: {allowed}" in str(info.value), str(info.value)
+    monkeypatch.setenv("RANK", "-1")
+    with pytest.raises(ConfigError, match=r"invalid setting RANK='-1': expected an integer of at least 0"):
+        LaunchEnvironment()
+    assert (LaunchEnvironment(rank=3).rank, LaunchEnvironment(rank="0x3").rank) == (3, 3)
 
 
 def test_keywords_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
