@@ -204,7 +204,10 @@ class GpuBackend:
 
     @gated
     def sweep_unreleased(self) -> int:
-        """Drain the ledger, free each allocation on it, and report; returns how many."""
+        """Drain the ledger, free each allocation on it, and report; returns how many.
+
+        The quarantine is checked and released first; what its check raises (a
+        [`RedZoneError`][metrale_core.RedZoneError], a failed read) is raised after the sweep."""
         forbid_during_capture("sweep_unreleased")
         return self._memory.sweep()
 

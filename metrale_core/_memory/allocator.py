@@ -410,10 +410,19 @@ class Allocator:
     # -- sweep and close ------------------------------------------------------------------------
 
     def sweep(self) -> int:
-        """Drain the ledger, free each allocation on it, and report; returns how many."""
+        """Drain the ledger, free each allocation on it, and report; returns how many.
+
+        The check of the quarantine comes first, but what it raises (a violation with
+        ``redzone_action="raise"``, a failed read) is raised after the sweep, as ``free`` raises after
+        its release: the leaks never stay on the ledger.
+        """
         ctx = self.ctx
         # freed buffers waiting in quarantine are no leaks: released, with the blocks kept for reuse
-        self._quarantine.drain("sweep_unreleased()", give_back=True)
+        pending: MetraleError | None = None
+        try:
+            self._quarantine.drain("sweep_unreleased()", give_back=True)
+        except MetraleError as exc:
+            pending = exc
         records = self._holdings.ledger.drain()
         if records:
             ctx.quietly("synchronize before a sweep", self._guard.sync_device)  # in-graph checks may read their zones
@@ -431,6 +440,8 @@ class Allocator:
                 raw_ptr = self._holdings.raw_base.pop(rec.index, rec.ptr)
             self._guard.forget(rec.index)
             ctx.quietly(f"sweep: freeing allocation #{rec.index} at {rec.ptr:#x}", self._raw.free, raw_ptr, rec.kind)
+        if pending is not None:
+            raise pending
         return len(records)
 
     def release(self) -> None:

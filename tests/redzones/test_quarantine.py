@@ -276,16 +276,25 @@ def test_sweep_releases_the_quarantine_and_counts_only_the_ledger(backend_name: 
         assert _quarantine(gpu) == (0, 0, 0) and gpu.live_alloc_len() == 0
 
 
-def test_sweep_reports_the_quarantine_s_violations_first(backend_name: str) -> None:
+def test_sweep_sweeps_then_raises_the_quarantine_s_violations(
+    backend_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``redzone_action="raise"``, a violation in the quarantine is raised after the ledger was swept,
+    as ``free`` raises after its release (issue 37, item 4)."""
     with _open(backend_name) as gpu:
-        kept, freed = gpu.alloc(100), gpu.alloc(100)
+        leaked, freed = gpu.alloc(100), gpu.alloc(100)
         gpu.free(freed)
         gpu.memset(_edge(freed, "trail")[0], 0x00, nbytes=1)
-        with pytest.raises(RedZoneError, match=r"^the check of the quarantine \(freed buffers\) at sweep_unreleased"):
+        with caplog.at_level(logging.WARNING, logger="metrale"), pytest.raises(
+            RedZoneError, match=r"^the check of the quarantine \(freed buffers\) at sweep_unreleased"
+        ) as info:
             gpu.sweep_unreleased()
+        assert _found(info.value.violations) == [(freed.index, "trail", 0)]
         assert _quarantine(gpu) == (0, 0, 0)
-        assert [r.index for r in gpu.ledger_probe().records()] == [kept.index], "the ledger is swept after"
-        assert gpu.sweep_unreleased() == 1
+        assert gpu.ledger_probe().records() == [] and gpu.live_alloc_len() == 0, "the leak was swept first"
+        assert [r.index for r in gpu.ledger_report().swept] == [leaked.index]
+        assert any("sweep on" in r.getMessage() for r in caplog.records), "the sweep's report was logged"
+        assert gpu.sweep_unreleased() == 0
 
 
 def test_close_releases_the_quarantine_and_logs_what_it_found(
