@@ -122,17 +122,20 @@ class Quarantine:
                 when = f"free of allocation #{buf.index}"
         guard.report(violations, when)
 
-    def drain(self, when: str, *, may_raise: bool = True, give_back: bool = False) -> None:
+    def drain(
+        self, when: str, *, may_raise: bool = True, give_back: bool = False, also: Sequence[Zone] = ()
+    ) -> None:
         """Check every buffer waiting here (waiting for the device), keep or release them, and report.
 
         - With ``give_back``, every block kept for reuse goes back to the driver too.
+        - ``also``: zones judged and reported in the same check (a sweep's, of the allocations it takes).
         - A check that cannot read the zones keeps every buffer here, watched, for the next check; it
           raises that error, or with ``may_raise`` off (out of memory: the allocation goes on) logs it.
         """
         guard = self._guard
         with guard.lock:
             try:
-                violations = self._drain()
+                violations = self._drain(also)
             except MetraleError as exc:
                 if may_raise:
                     raise
@@ -144,12 +147,13 @@ class Quarantine:
                     self._trim(0)
         guard.report(violations, f"the check of the quarantine (freed buffers) at {when}", may_raise=may_raise)
 
-    def _drain(self) -> list[RedZoneViolation]:
-        """Judge the held buffers and let them go (`full_check`). A read that fails raises and keeps them all."""
+    def _drain(self, also: Sequence[Zone] = ()) -> list[RedZoneViolation]:
+        """Judge the held buffers (and ``also``) and let them go (`full_check`). A read that fails raises and
+        keeps them all."""
         held = self._held
-        if not held:
+        if not held and not also:
             return []
-        found = self._guard.judge([zone for entry in held for zone in entry.zones])
+        found = self._guard.judge([zone for entry in held for zone in entry.zones] + list(also))
         self.full_check(found)
         return found
 

@@ -139,7 +139,8 @@ class MemoryRules(MachineModel):
     @rule()
     def sweep(self) -> None:
         expected = len(self.live)
-        found = self._quarantine_checked(give_back=True)  # the sweep checks and releases the quarantine first
+        # one check judges the quarantine (then released) and the zones of the live buffers it sweeps
+        found = {**self._quarantine_checked(give_back=True), **self.dirty}
         self.heard.clear()
         if found and self.gpu.settings.redzone_action == "raise":
             try:

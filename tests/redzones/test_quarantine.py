@@ -297,6 +297,24 @@ def test_sweep_sweeps_then_raises_the_quarantine_s_violations(
         assert gpu.sweep_unreleased() == 0
 
 
+def test_sweep_judges_the_zones_of_the_allocations_it_sweeps(backend_name: str) -> None:
+    """A leaked buffer's overrun is reported by the sweep that frees it, with the quarantine's in one check, as
+    ``close()`` scans before it releases (issue 37)."""
+    with _open(backend_name) as gpu:
+        leaked, freed, clean = gpu.alloc(100), gpu.alloc(100), gpu.alloc(100)
+        gpu.free(freed)
+        gpu.memset(_edge(leaked, "lead")[0], 0x00, nbytes=1)
+        gpu.memset(_edge(freed, "trail")[0], 0x00, nbytes=1)
+        with pytest.raises(RedZoneError, match=r"sweep_unreleased\(\)") as info:
+            gpu.sweep_unreleased()
+        assert sorted(_found(info.value.violations)) == sorted(
+            [(leaked.index, "lead", LEAD - 1), (freed.index, "trail", 0)])
+        _named(next(v for v in info.value.violations if v.index == leaked.index), leaked)
+        assert gpu.live_alloc_len() == 0 and _quarantine(gpu) == (0, 0, 0)
+        assert {r.index for r in gpu.ledger_report().swept} == {leaked.index, clean.index}
+        assert gpu.scan_redzones() == [], "the swept zones are no longer watched"
+
+
 def test_close_releases_the_quarantine_and_logs_what_it_found(
     backend_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
