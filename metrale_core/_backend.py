@@ -204,7 +204,11 @@ class GpuBackend:
 
     @gated
     def sweep_unreleased(self) -> int:
-        """Drain the ledger, free each allocation on it, and report; returns how many."""
+        """Drain the ledger, free each allocation on it, and report; returns how many.
+
+        One check judges the red zones of the allocations swept and the quarantine (then released) before
+        the memory goes; what it raises (a [`RedZoneError`][metrale_core.RedZoneError], a failed read) is
+        raised after the sweep."""
         forbid_during_capture("sweep_unreleased")
         return self._memory.sweep()
 

@@ -31,7 +31,7 @@ from .._device.guarded import raise_raw
 from .._device.handles import HostBuffer
 from .._device.stats import StatsCounter
 from .._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
-from .._redzones.layout import Layout
+from .._redzones.layout import Layout, Zone
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena
 from .holdings import Holdings
@@ -409,12 +409,30 @@ class Allocator:
 
     # -- sweep and close ------------------------------------------------------------------------
 
-    def sweep(self) -> int:
-        """Drain the ledger, free each allocation on it, and report; returns how many."""
+    def sweep(self, *, judge: bool = True) -> int:
+        """Drain the ledger, free each allocation on it, and report; returns how many.
+
+        - One check judges the quarantine and the zones of the zoned allocations swept (``judge``; off at
+          close, whose final scan judged them), before their memory goes.
+        - What it raises (a violation with ``redzone_action="raise"``, a failed read) is raised after the
+          sweep, as ``free`` raises after its release: the leaks never stay on the ledger. A failed read
+          keeps the quarantine for the next check; the swept allocations go unjudged.
+        """
         ctx = self.ctx
-        # freed buffers waiting in quarantine are no leaks: released, with the blocks kept for reuse
-        self._quarantine.drain("sweep_unreleased()", give_back=True)
         records = self._holdings.ledger.drain()
+        guard = self._guard
+        swept: list[Zone] = []
+        if judge and self._zoned:
+            with guard.lock:
+                for rec in records:
+                    swept.extend(guard.zones.zones_of(rec.index))
+        # freed buffers waiting in quarantine are no leaks: released, with the blocks kept for reuse
+        pending: MetraleError | None = None
+        try:
+            when = "sweep_unreleased(), with the swept allocations' zones" if swept else "sweep_unreleased()"
+            self._quarantine.drain(when, give_back=True, also=swept)
+        except MetraleError as exc:
+            pending = exc
         if records:
             ctx.quietly("synchronize before a sweep", self._guard.sync_device)  # in-graph checks may read their zones
             total = sum(r.nbytes for r in records)
@@ -431,6 +449,8 @@ class Allocator:
                 raw_ptr = self._holdings.raw_base.pop(rec.index, rec.ptr)
             self._guard.forget(rec.index)
             ctx.quietly(f"sweep: freeing allocation #{rec.index} at {rec.ptr:#x}", self._raw.free, raw_ptr, rec.kind)
+        if pending is not None:
+            raise pending
         return len(records)
 
     def release(self) -> None:
@@ -446,7 +466,7 @@ class Allocator:
             hosts, holdings.host = holdings.host, {}
         for arena in arenas:
             arena._take_block()  # its block is among the blocks released below
-        self.sweep()
+        self.sweep(judge=False)
         self._quarantine.release()
         for buf in blocks.values():
             ctx.quietly("free_arena", self._raw.free, buf.ptr, "arena")

@@ -8,18 +8,22 @@
   quarantine what it found (`Quarantine.full_check`), and the batch goes as after its own check.
 - Out of memory, the allocator drains it and gives every kept block back, then tries again, as
   CuPy's ``SingleDeviceMemoryPool._try_malloc`` does.
+- A check that cannot read the zones (a driver error) releases nothing: every buffer stays here,
+  watched, and the next check judges it. Out of memory that is logged, and the allocation goes on.
 
 Everything here runs under the guard's lock: no check may read a zone whose memory is released.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Final, final
 
 from .._device.buffer import DeviceBuffer
 from .._device.context import DeviceContext
 from .._device.stats import StatsCounter
+from .._errors import MetraleError
 from .._redzones.guard import ZoneGuard
 from .._redzones.layout import Layout, Zone
 from .._types import AllocKind, RedZoneViolation
@@ -29,6 +33,8 @@ __all__ = ["QUARANTINE_MAX_BUFFERS", "Quarantine"]
 #: The quarantine is checked and released once it holds more buffers than this (or more bytes than
 #: ``redzone_quarantine_bytes``).
 QUARANTINE_MAX_BUFFERS: Final = 1024
+
+_log = logging.getLogger("metrale")
 
 
 @final
@@ -116,35 +122,46 @@ class Quarantine:
                 when = f"free of allocation #{buf.index}"
         guard.report(violations, when)
 
-    def drain(self, when: str, *, may_raise: bool = True, give_back: bool = False) -> None:
+    def drain(
+        self, when: str, *, may_raise: bool = True, give_back: bool = False, also: Sequence[Zone] = ()
+    ) -> None:
         """Check every buffer waiting here (waiting for the device), keep or release them, and report.
 
-        With ``give_back``, every block kept for reuse goes back to the driver too.
+        - With ``give_back``, every block kept for reuse goes back to the driver too.
+        - ``also``: zones judged and reported in the same check (a sweep's, of the allocations it takes).
+        - A check that cannot read the zones keeps every buffer here, watched, for the next check; it
+          raises that error, or with ``may_raise`` off (out of memory: the allocation goes on) logs it.
         """
         guard = self._guard
         with guard.lock:
             try:
-                violations = self._drain()
+                violations = self._drain(also)
+            except MetraleError as exc:
+                if may_raise:
+                    raise
+                _log.warning("%s: the check of the quarantine could not read the zones (%s); its %d buffer(s) "
+                             "stay quarantined until the next check", when, exc, len(self._held))
+                violations = []
             finally:
                 if give_back:
                     self._trim(0)
         guard.report(violations, f"the check of the quarantine (freed buffers) at {when}", may_raise=may_raise)
 
-    def _drain(self) -> list[RedZoneViolation]:
+    def _drain(self, also: Sequence[Zone] = ()) -> list[RedZoneViolation]:
+        """Judge the held buffers (and ``also``) and let them go (`full_check`). A read that fails raises and
+        keeps them all."""
         held = self._held
-        if not held:
+        if not held and not also:
             return []
-        found: list[RedZoneViolation] | None = None
-        try:
-            found = self._guard.judge([zone for entry in held for zone in entry.zones])
-            return found
-        finally:
-            self.full_check(found)
+        found = self._guard.judge([zone for entry in held for zone in entry.zones] + list(also))
+        self.full_check(found)
+        return found
 
     def full_check(self, found: Sequence[RedZoneViolation] | None) -> None:
         """Let go of every held buffer, its zones just judged with the device idle.
 
-        - ``found``: the violations; ``None``: not judged.
+        - ``found``: the violations; ``None``: not judged (at close only: a check that could not read the
+          zones never comes here, and its buffers wait for the next).
         - A block judged intact is kept for reuse (within the bound); the others are released.
         - A failed release is logged: it belongs to a ``free`` that returned long ago.
         """

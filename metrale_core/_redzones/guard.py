@@ -147,7 +147,8 @@ class ZoneGuard:
                 self.zones_released()
 
     def on_full_check(self, callback: FullCheck) -> None:
-        """Call ``callback(found)`` after every full check, under `lock` (the quarantine's owner)."""
+        """Call ``callback(found)`` after every full check that read the zones, under `lock` (the quarantine's
+        owner); ``callback(None)`` at close only, nothing judged."""
         self._full_checked.append(callback)
 
     def _full_checked_all(self, found: Sequence[RedZoneViolation] | None) -> None:
@@ -185,14 +186,15 @@ class ZoneGuard:
                 self._full_checked_all(None)
 
     def _full_check(self) -> list[RedZoneViolation]:
-        """Every watched zone judged (waiting for the device); then the quarantine's owner hears of it."""
+        """Every watched zone judged (waiting for the device); then the quarantine's owner hears of it.
+
+        A read that fails raises, and the owner hears nothing: the quarantined zones stay watched for the
+        next check.
+        """
         with self.lock:
-            found: list[RedZoneViolation] | None = None
-            try:
-                found = self._read()
-                return found
-            finally:
-                self._full_checked_all(found)
+            found = self._read()
+            self._full_checked_all(found)
+            return found
 
     def _read(self, zones: Sequence[Zone] | None = None) -> list[RedZoneViolation]:
         """Wait for the device, then judge ``zones``: every watched zone (live or quarantined) when ``None``."""

@@ -23,6 +23,7 @@ from metrale_core import (
     DriverError,
     GpuBackend,
     GraphExec,
+    OutOfMemoryError,
     RedZoneError,
     RedZoneViolation,
     Stream,
@@ -275,16 +276,43 @@ def test_sweep_releases_the_quarantine_and_counts_only_the_ledger(backend_name: 
         assert _quarantine(gpu) == (0, 0, 0) and gpu.live_alloc_len() == 0
 
 
-def test_sweep_reports_the_quarantine_s_violations_first(backend_name: str) -> None:
+def test_sweep_sweeps_then_raises_the_quarantine_s_violations(
+    backend_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``redzone_action="raise"``, a violation in the quarantine is raised after the ledger was swept,
+    as ``free`` raises after its release (issue 37, item 4)."""
     with _open(backend_name) as gpu:
-        kept, freed = gpu.alloc(100), gpu.alloc(100)
+        leaked, freed = gpu.alloc(100), gpu.alloc(100)
         gpu.free(freed)
         gpu.memset(_edge(freed, "trail")[0], 0x00, nbytes=1)
-        with pytest.raises(RedZoneError, match=r"^the check of the quarantine \(freed buffers\) at sweep_unreleased"):
+        with caplog.at_level(logging.WARNING, logger="metrale"), pytest.raises(
+            RedZoneError, match=r"^the check of the quarantine \(freed buffers\) at sweep_unreleased"
+        ) as info:
             gpu.sweep_unreleased()
+        assert _found(info.value.violations) == [(freed.index, "trail", 0)]
         assert _quarantine(gpu) == (0, 0, 0)
-        assert [r.index for r in gpu.ledger_probe().records()] == [kept.index], "the ledger is swept after"
-        assert gpu.sweep_unreleased() == 1
+        assert gpu.ledger_probe().records() == [] and gpu.live_alloc_len() == 0, "the leak was swept first"
+        assert [r.index for r in gpu.ledger_report().swept] == [leaked.index]
+        assert any("sweep on" in r.getMessage() for r in caplog.records), "the sweep's report was logged"
+        assert gpu.sweep_unreleased() == 0
+
+
+def test_sweep_judges_the_zones_of_the_allocations_it_sweeps(backend_name: str) -> None:
+    """A leaked buffer's overrun is reported by the sweep that frees it, with the quarantine's in one check, as
+    ``close()`` scans before it releases (issue 37)."""
+    with _open(backend_name) as gpu:
+        leaked, freed, clean = gpu.alloc(100), gpu.alloc(100), gpu.alloc(100)
+        gpu.free(freed)
+        gpu.memset(_edge(leaked, "lead")[0], 0x00, nbytes=1)
+        gpu.memset(_edge(freed, "trail")[0], 0x00, nbytes=1)
+        with pytest.raises(RedZoneError, match=r"sweep_unreleased\(\)") as info:
+            gpu.sweep_unreleased()
+        assert sorted(_found(info.value.violations)) == sorted(
+            [(leaked.index, "lead", LEAD - 1), (freed.index, "trail", 0)])
+        _named(next(v for v in info.value.violations if v.index == leaked.index), leaked)
+        assert gpu.live_alloc_len() == 0 and _quarantine(gpu) == (0, 0, 0)
+        assert {r.index for r in gpu.ledger_report().swept} == {leaked.index, clean.index}
+        assert gpu.scan_redzones() == [], "the swept zones are no longer watched"
 
 
 def test_close_releases_the_quarantine_and_logs_what_it_found(
@@ -337,6 +365,31 @@ def test_a_failed_release_of_a_block_kept_for_reuse_is_logged_not_raised(caplog:
         assert any("release a red-zoned block kept for reuse failed" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("check", ["scan_redzones", "free past the bound", "sweep_unreleased"])
+def test_a_check_that_cannot_read_the_zones_keeps_the_quarantine_for_the_next(check: str) -> None:
+    """A batch check whose read of the zones fails (a transient driver error) raises it, releases nothing,
+    and leaves every quarantined buffer watched: the next check judges them (issue 37, item 1)."""
+    bound = 2 * (100 + HELD) - 1  # the second free crosses it
+    with open_backend("fake", settings=ZONED.updated(redzone_action="warn", redzone_quarantine_bytes=bound)) as gpu:
+        victim, other = gpu.alloc(100), gpu.alloc(100)
+        gpu.free(victim)
+        gpu.memset(_edge(victim, "trail")[0] + 3, 0x00, nbytes=1)  # a late write into the quarantined zone
+        assert isinstance(gpu, FaultInjecting)
+        gpu.inject_fault("memcpy")  # the check's read fails once
+        with pytest.raises(DriverError, match="a fault injected into the fake's 'memcpy'"):
+            if check == "scan_redzones":
+                gpu.scan_redzones()
+            elif check == "free past the bound":
+                gpu.free(other)
+            else:
+                gpu.sweep_unreleased()
+        held = 2 if check == "free past the bound" else 1
+        assert _quarantine(gpu) == (held, held * (100 + HELD), held * (100 + HELD)), "nothing left unjudged"
+        assert gpu.stats().redzone_reusable == 0
+        assert _found(gpu.scan_redzones()) == [(victim.index, "trail", 3)], "the next check judges them"
+        assert _quarantine(gpu) == (0, 0, 0)
+
+
 @pytest.fixture
 def small(backend_name: str) -> Iterator[GpuBackend]:
     """A backend of 64 MiB on the fake (the whole card on a GPU), with a quarantine that never fills."""
@@ -380,6 +433,33 @@ def test_an_allocation_out_of_memory_gives_kept_blocks_back_first(small: GpuBack
     buf = small.alloc(5 * unit)  # needs the hog's memory: the kept block goes back to the driver
     assert _kept(small) == (0, 0) and asked == [] and small.stats().oom_count == 0
     small.free(buf)
+
+
+@pytest.mark.needs("capacity")
+def test_an_out_of_memory_drain_that_cannot_read_the_zones_keeps_them_and_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Out of memory, a check of the quarantine whose read fails is logged; the quarantine stays (watched,
+    judged at the next check), the kept blocks go back, and the allocation goes on (callbacks, then
+    ``OutOfMemoryError``): one drain per allocation, never a loop (issue 37, item 1)."""
+    with _open("fake", fake_memory_bytes=64 * MIB, redzone_quarantine_bytes=1 << 50) as small:
+        unit = step(small)
+        asked: list[int] = []
+        small.on_out_of_memory(asked.append)  # frees nothing
+        hog = small.alloc(small.memory_info().effective_free - 3 * unit)
+        small.free(hog)
+        small.memset(_edge(hog, "trail")[0], 0x00, nbytes=1)
+        assert isinstance(small, FaultInjecting)
+        small.inject_fault("memcpy")  # the drain's read fails once
+        with caplog.at_level(logging.WARNING, logger="metrale"), pytest.raises(OutOfMemoryError):
+            small.alloc(5 * unit)
+        assert len(asked) == 1, "the callbacks were asked once: the allocation went on"
+        assert _quarantine(small)[:2] == (1, hog.nbytes + HELD), "the quarantine was kept"
+        assert any("could not read" in r.getMessage() for r in caplog.records), caplog.text
+        with pytest.raises(RedZoneError) as info:
+            small.scan_redzones()
+        assert _found(info.value.violations) == [(hog.index, "trail", 0)]
+        assert _quarantine(small) == (0, 0, 0)
 
 
 # -- sampling --------------------------------------------------------------------------------------
