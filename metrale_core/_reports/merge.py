@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import reprlib
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -232,20 +233,33 @@ def _checked(item: object, i: int) -> LedgerReport:
     if not (
         isinstance(o, Origin) and type(o.host) is str and type(o.pid) is int and type(o.backend) is str
         and type(o.ordinal) is int and type(o.device_uuid) is str and (o.rank is None or type(o.rank) is int)
+        and (o.world_size is None or type(o.world_size) is int)
     ):
-        raise _refused(f"{where}: its origin", "must be an Origin (host, backend and device_uuid str; pid, ordinal "
-                       "and rank integers, rank None outside a job)", o)
+        raise _refused(f"{where}: its origin", "must be an Origin (host, backend and device_uuid str; pid, ordinal, "
+                       "rank and world_size integers, rank and world_size None outside a job)", o)
     if not isinstance(item.stats, Mapping):
         raise _refused(f"{where}: its stats", "must be a mapping (as ledger_report() gives)", item.stats)
     live, swept = _records(item.live, f"{where}: its live"), _records(item.swept, f"{where}: its swept")
     return LedgerReport(o, live, swept, dict(item.stats))
 
 
+def _given_as(item: object) -> object:
+    """What makes two items of a merge one: a snapshot's file (resolved), else the object itself."""
+    source = getattr(item, "source", None) if isinstance(item, MemorySnapshot) else None
+    if isinstance(source, Path):
+        try:
+            return ("file", source.resolve())
+        except OSError:
+            return ("file", source)
+    return ("object", id(item))
+
+
 def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 10) -> MergedReport:
     """Merge the ledger reports (or memory snapshots) of many processes: a line per process, in rank order,
     with its live and leaked bytes and its peak; the ``top`` largest live call sites and leaks across the job,
-    each with the ranks it comes from. A report given twice (equal: one origin, the same records and counters,
-    as one snapshot file named twice, or one report gathered twice) counts once.
+    each with the ranks it comes from. One report given twice (the same object, or snapshots read from one
+    file) counts once. Equal reports of different objects both count: two backends on one device in one
+    process have equal origins today, so equality cannot tell a duplicate from a second backend.
 
     :raises InvalidArgumentError: ``reports`` is not iterable; an item is neither a `LedgerReport` nor a memory
         snapshot, or one whose origin, records or stats are not what they claim; or ``top`` is not a positive
@@ -260,12 +274,14 @@ def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 1
             f"merge_reports: reports must be an iterable of {_ITEMS}, got {type(reports).__name__}"
         ) from None
     items: list[LedgerReport] = []
-    seen: dict[Origin, list[LedgerReport]] = {}
+    given_items: list[object] = []  # held, so no id in `seen` is reused by a later item
+    seen: set[object] = set()
     for i, item in enumerate(given):
         report = _checked(item, i)
-        same = seen.setdefault(report.origin, [])
-        if report not in same:  # one report given twice is one process's: counted once
-            same.append(report)
+        given_items.append(item)
+        key = _given_as(item)
+        if key not in seen:  # one report (or file) given twice is one process's: counted once
+            seen.add(key)
             items.append(report)
     items.sort(key=lambda r: _order(r.origin))
     labels = _labels(r.origin for r in items)
@@ -289,13 +305,17 @@ def merge_snapshots(snapshots: Iterable[MemorySnapshot]) -> MemorySnapshot:
     stay distinct, and the event logs are merged by time since each backend opened (processes a launcher
     started together line up to within their start-up skew).
 
-    A snapshot given twice (equal but for the file it was read from) counts once, as in `merge_reports`.
+    A snapshot given twice (the same object, or read from one file) counts once, as in `merge_reports`.
 
     :raises InvalidArgumentError: no snapshot was given.
     """
     distinct: list[MemorySnapshot] = []
+    given: list[MemorySnapshot] = []  # held, so no id in `seen` is reused by a later snapshot
+    seen: set[object] = set()
     for snap in snapshots:
-        if dataclasses.replace(snap, source=None) not in (dataclasses.replace(s, source=None) for s in distinct):
+        given.append(snap)
+        if (key := _given_as(snap)) not in seen:
+            seen.add(key)
             distinct.append(snap)
     snaps = sorted(distinct, key=lambda s: _order(s.origin or _unknown_origin(s.backend, s.ordinal)))
     if not snaps:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -358,26 +359,43 @@ def test_merge_reports_refuses_a_report_that_is_not_what_it_claims(bad: object) 
 
 
 def test_one_report_merged_twice_counts_once(tmp_path: Path) -> None:
-    """distributed.md: a line per process. The same report given twice (equal: one origin, the same records and
-    counters; one snapshot file named twice) counts once; two different reports both count."""
+    """distributed.md: a line per process. One report given twice (the same object, or one snapshot file named
+    twice) counts once; equal reports of two objects both count (two backends on one device have equal origins)."""
     one = _report(1, [("a.py:1", 100)], [("leak.py:9", 4096)], 500)
     zero = _report(0, [("a.py:1", 50)], [], 300)
     once = merge_reports([one, zero])
-    twice = merge_reports([one, zero, one, pickle.loads(pickle.dumps(one))])
+    twice = merge_reports([one, zero, one])
     assert twice == once and (twice.live_bytes, twice.leaked_bytes, len(twice.ranks)) == (150, 4096, 2)
     later = LedgerReport(one.origin, one.live[:0], one.swept, one.stats)  # one backend, another moment
     assert len(merge_reports([one, later]).ranks) == 2
+    assert len(merge_reports(_report(1, [], [], 0) for _ in range(3)).ranks) == 3  # no id reused
     with open_backend("fake", settings=SETTINGS.updated(memory_history=10)) as gpu:
         buf = gpu.alloc(1024)
         path = gpu.save_snapshot(tmp_path / "rank0.json")
         gpu.free(buf)
     snap = load_snapshot(path)
-    copy = tmp_path / "copy.json"
-    copy.write_bytes(path.read_bytes())
-    for snapshots in ([snap, snap], [snap, load_snapshot(path)], [snap, load_snapshot(copy)]):
+    for snapshots in ([snap, snap], [snap, load_snapshot(path)], [snap, load_snapshot(tmp_path / "." / "rank0.json")]):
         merged = merge_reports(snapshots)
         assert (len(merged.ranks), merged.live_bytes) == (1, 1024)
         assert [a.nbytes for a in merge_snapshots(snapshots).live] == [1024]
+
+
+def test_two_backends_with_equal_reports_are_two_lines() -> None:
+    """Two backends on one device of one process have equal origins; with equal counters and no records their
+    reports are equal, and each is still a line of its own (a fresh review found them folded into one)."""
+    with open_backend("fake", settings=SETTINGS) as a, open_backend("fake", settings=SETTINGS) as b:
+        for gpu in (a, b):
+            gpu.free(gpu.alloc(1 << 20))
+        first, second = a.ledger_report(), b.ledger_report()
+    assert first == second
+    assert len(merge_reports([first, second]).ranks) == 2
+
+
+def test_an_origin_s_world_size_that_is_no_integer_is_refused() -> None:
+    report = _report(1, [], [], 0)
+    bad = LedgerReport(dataclasses.replace(report.origin, world_size=[2]), (), (), {})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="world_size"):
+        merge_reports([bad])
 
 
 def test_metrale_report_merges_the_snapshots_of_several_ranks(
