@@ -11,6 +11,7 @@ Import it as ``from tests._support import ...``; the fixtures built on it are in
 - `read_bytes`: a buffer's bytes, copied to the host.
 - `install_distribution`: an installed distribution laid out on a path, as pip would.
 - `metrale`: the command line run as a user runs it, in a subprocess without ``METRALE_*``.
+- `fake`: a fixture, the fake backend opened with `SETTINGS` (``tests/conftest.py`` and the fake's own tests use it).
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from metrale_core import ConfigError, GpuBackend, MetraleSettings, open_backend, testing
 from metrale_core.plugin import format_bytes
 
 __all__ = [
     "GIB", "KIB", "LEAST_DEVICE", "MIB", "SETTINGS", "TEST_CAPACITY", "backend_params", "checked_inside",
-    "install_distribution", "metrale", "missing", "read_bytes", "step",
+    "fake", "install_distribution", "metrale", "missing", "read_bytes", "step",
 ]
 
 KIB = 1 << 10
@@ -107,3 +111,10 @@ def metrale(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "metrale_core", *args],
         capture_output=True, text=True, env=environ, timeout=300, check=False,
     )
+
+
+@pytest.fixture
+def fake() -> Iterator[GpuBackend]:
+    """The fake backend, opened with this run's settings, closed after the test."""
+    with open_backend("fake", settings=SETTINGS) as backend:
+        yield backend

@@ -19,7 +19,9 @@ import pytest
 
 from metrale_core import GpuBackend, open_backend
 
-from ._support import SETTINGS, backend_params, missing
+from ._support import SETTINGS, backend_params, fake, missing
+
+__all__ = ["fake"]  # a fixture defined in _support, offered to every test here
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -51,12 +53,6 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def gpu(backend_name: str) -> Iterator[GpuBackend]:
     with open_backend(backend_name, settings=SETTINGS) as backend:
-        yield backend
-
-
-@pytest.fixture
-def fake() -> Iterator[GpuBackend]:
-    with open_backend("fake", settings=SETTINGS) as backend:
         yield backend
 
 

@@ -199,10 +199,6 @@ class DeviceContext:
     def closed_error(self) -> BackendClosedError:
         return BackendClosedError(self.closed_message())
 
-    def check_not_closed(self) -> None:
-        if self._closed:
-            raise self.closed_error()
-
     def check_open(self) -> None:
         """Refuse use after close, and after a device fault (the ledger can still be read then)."""
         if self._closed:
