@@ -126,6 +126,12 @@ class RawDevice(abc.ABC):
 
     # -- memory ---------------------------------------------------------------
 
+    def fresh_memory_reads_zeros(self) -> bool:
+        """Whether memory fresh from [`alloc`][metrale_core.RawDevice.alloc] reads as zeros (the fake's
+        promise; CUDA makes none; default ``False``). The core keeps the promise when it hands a block it
+        recycled (a red-zoned block kept for reuse) to a new allocation: it zeroes the block first."""
+        return False
+
     @abc.abstractmethod
     def alloc(self, nbytes: int, kind: AllocKind) -> int:
         """Allocate ``nbytes`` of device memory of ``kind``; returns a 256-byte-aligned pointer."""

@@ -83,7 +83,7 @@ class Allocator:
 
     __slots__ = (
         "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_quarantine", "_raw", "_reclaiming", "_stats",
-        "_trace_idx", "_zoned", "ctx", "swept",
+        "_trace_idx", "_zeroes", "_zoned", "ctx", "swept",
     )
 
     def __init__(
@@ -104,6 +104,8 @@ class Allocator:
         #: Whether device allocations may get red zones at all (the setting is fixed for the backend's life).
         self._zoned = guard.zones.size > 0
         self._trace_idx = ctx.settings.redzone_trace_idx  # (fixed too)
+        #: Whether a recycled block is zeroed before a new allocation takes it (fresh memory reads as zeros).
+        self._zeroes = bool(ctx.raw.fresh_memory_reads_zeros())
 
     def on_release(self, observer: Callable[[DeviceBuffer], None]) -> None:
         """Call ``observer(buf)`` as a buffer is released (to warn of graphs and exports still using it)."""
@@ -133,10 +135,10 @@ class Allocator:
                 raise_raw(ctx, ctx.name, "alloc", exc)
             buf = DeviceBuffer._make(raw_ptr, n, kind, index, site, ctx.ref)
         else:
-            raw_ptr, filled = self._zoned_alloc(layout, n, what)
+            raw_ptr, recycled = self._zoned_alloc(layout, n, what)
             buf = DeviceBuffer._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
             try:
-                self._guard.guard(buf, layout, filled=filled)
+                self._guard.guard(buf, layout, zero=recycled and self._zeroes)
             except MetraleError:
                 self._release_quietly(raw_ptr, kind)
                 raise
@@ -164,8 +166,8 @@ class Allocator:
         return buf
 
     def _zoned_alloc(self, layout: Layout, n: int, what: str) -> tuple[int, bool]:
-        """The raw memory of a zoned device allocation, and whether its zones are filled already: a
-        checked block kept for reuse, or a new one from the driver (``False``)."""
+        """The raw memory of a zoned device allocation, and whether it is recycled: a checked block kept
+        for reuse, or a new one from the driver (``False``)."""
         if layout.raw_bytes >= WORD_LIMIT:
             raise InvalidArgumentError(
                 f"{what}: {n} bytes and their red zones ({layout.raw_bytes} bytes in all) do not fit 64 bits "

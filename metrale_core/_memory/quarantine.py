@@ -3,7 +3,8 @@
 - A ``free`` of a zoned buffer takes its record off the ledger at once, but its memory and zones wait
   here (``redzone_quarantine_bytes`` > 0). Past the bound, the whole batch is judged together.
 - The zone guard judges; the quarantine frees. A block found intact is kept, within the same bound,
-  for the next allocation of its layout: its zones still hold the fill.
+  for the next allocation of its layout, which fills its zones again (a stale pointer of the block's
+  previous owner may have written there since the check: never blamed on the new owner).
 - After a full check (``scan_redzones()``, a bad in-graph verdict, ``close()``) the guard tells the
   quarantine what it found (`Quarantine.full_check`), and the batch goes as after its own check.
 - Out of memory, the allocator drains it and gives every kept block back, then tries again, as
@@ -78,8 +79,8 @@ class Quarantine:
     def reuse(self, layout: Layout) -> int | None:
         """A checked block of ``layout`` freed earlier, for a new allocation (its raw pointer), or ``None``.
 
-        Such a block left the quarantine with its zones found intact (the device idle), so its zones
-        still hold the fill: the allocation needs neither the driver nor a fill.
+        Such a block left the quarantine with its zones found intact (the device idle): the allocation
+        needs no driver call. It fills the zones again, and zeroes the block where fresh memory reads as zeros.
         """
         if not self._reuse:  # no lock for the common miss: a stale answer only costs a driver call
             return None

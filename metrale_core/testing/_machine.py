@@ -233,14 +233,16 @@ class BackendMachine(TensorMapRules):
     @precondition(lambda self: self.can_inject and self.redzone > 0)
     @rule()
     def redzone_fill_fails(self) -> None:
-        if self._reuses("device", 64):
-            return  # a checked block kept for reuse still holds its fill: none is made
+        """A zone fill that fails fails the allocation and leaves nothing on the ledger; a block kept for
+        reuse is filled again too, and one whose fill failed goes back to the driver."""
+        recycled = self._reuses("device", 64)
         records = self.probe.records()
         self.injector().inject_fault("memset")
         try:
             buf = self.gpu.alloc(64)
         except DriverError:
-            pass
+            if recycled:
+                self._take_reusable(self._zone_bytes_of(64))
         else:
             if self._zoned(buf):
                 raise AssertionError("a failed red-zone fill did not fail the alloc")

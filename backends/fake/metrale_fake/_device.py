@@ -54,6 +54,9 @@ _NOT_FREED: Final = frozenset({"external", "mapped"})  # device memory [`FakeDev
 class FakeDevice(RawDevice):
     """The raw layer of the fake backend."""
 
+    def fresh_memory_reads_zeros(self) -> bool:
+        return True  # (what the guide promises; the core keeps it for the blocks it recycles)
+
     def __init__(self, settings: MetraleSettings, ordinal: int) -> None:
         own = settings.plugin(FakeSettings)
         self._capacity = own.memory_bytes
