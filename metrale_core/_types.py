@@ -134,6 +134,8 @@ class Origin:
     :param backend: the backend's name.
     :param ordinal: the device ordinal in this process (after ``CUDA_VISIBLE_DEVICES``).
     :param device_uuid: the device's UUID (``"GPU-…"`` on CUDA, ``"FAKE-…"`` on the fake), or ``""``.
+    :param instance: the backend's number among those its process opened (1 for the first): what tells two
+        backends of one process on one device apart; ``0`` where unknown (a snapshot written before it was).
     """
 
     host: str
@@ -143,15 +145,17 @@ class Origin:
     backend: str
     ordinal: int
     device_uuid: str = ""
+    instance: int = 0
 
     def describe(self) -> str:
-        """``rank 1 of 2 (host pid 4242), cuda:0 GPU-…``; without a rank, ``host pid 4242, cuda:0 …``."""
+        """``rank 1 of 2 (host pid 4242), cuda:0 GPU-…``; without a rank, ``host pid 4242, cuda:0 …``; the
+        process's second backend and later ones add their number (``cuda:0 #2``)."""
         where = f"{self.host} pid {self.pid}"
         if self.rank is not None:
             of = f" of {self.world_size}" if self.world_size is not None else ""
             where = f"rank {self.rank}{of} ({where})"
-        device = f"{self.backend}:{self.ordinal}" + (f" {self.device_uuid}" if self.device_uuid else "")
-        return f"{where}, {device}"
+        device = f"{self.backend}:{self.ordinal}" + (f" #{self.instance}" if self.instance > 1 else "")
+        return f"{where}, {device}" + (f" {self.device_uuid}" if self.device_uuid else "")
 
     def to_json(self) -> dict[str, Any]:
         """The fields as a JSON object (a snapshot's ``"origin"``)."""

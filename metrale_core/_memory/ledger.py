@@ -160,8 +160,13 @@ class LedgerEvent:
     record: AllocRecord
 
 
+#: The backends this process opened, numbered from 1 (`Origin.instance`); ``next`` on it is atomic in CPython.
+_BACKENDS_OPENED: Final = itertools.count(1)
+
+
 def origin_of(ctx: DeviceContext) -> Origin:
-    """Where the records of the backend of ``ctx`` come from: this host and process, the rank, the device.
+    """Where the records of the backend of ``ctx`` come from: this host and process, the rank, the device, and
+    the backend's number in this process (called once per backend).
 
     - the device's UUID: ``""`` where the raw layer gives none (logged at DEBUG);
     - the rank and world size: ``None`` where the launcher's variables are bad (a WARNING: only
@@ -178,7 +183,8 @@ def origin_of(ctx: DeviceContext) -> Origin:
     except ConfigError as exc:
         _log.warning("%s:%d: the origin names no rank: %s", ctx.name, ctx.ordinal, exc)
         rank = world_size = None
-    return Origin(socket.gethostname(), os.getpid(), rank, world_size, ctx.name, ctx.ordinal, device_uuid)
+    return Origin(socket.gethostname(), os.getpid(), rank, world_size, ctx.name, ctx.ordinal, device_uuid,
+                  next(_BACKENDS_OPENED))
 
 
 def _record(buf: DeviceBuffer | AllocRecord, origin: Origin | None) -> AllocRecord:

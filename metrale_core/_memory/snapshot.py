@@ -293,6 +293,7 @@ class _Reader:
             rank=optional("rank", 0), world_size=optional("world_size", 1),
             backend=self.string(obj, "backend", where), ordinal=self.integer(obj, "ordinal", where, minimum=0),
             device_uuid=self.string(obj, "device_uuid", where) if obj.get("device_uuid") is not None else "",
+            instance=self.integer(obj, "instance", where, minimum=0) if obj.get("instance") is not None else 0,
         )
 
     def allocation(self, obj: Mapping[str, Any], where: str) -> AllocRecord:

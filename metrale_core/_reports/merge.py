@@ -9,6 +9,7 @@ metrale carries no messages itself: the engine that started the processes does.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import reprlib
 from collections.abc import Iterable, Mapping
@@ -101,20 +102,31 @@ def _who(origin: Origin) -> str:
     return f"rank {origin.rank}" if origin.rank is not None else f"{origin.host} pid {origin.pid}"
 
 
+def _device(origin: Origin) -> str:
+    return f"{origin.backend}:{origin.ordinal}"
+
+
 def _labels(origins: Iterable[Origin]) -> dict[Origin, str]:
     """Each origin's name in a merged report: its rank (or host and pid), with its backend and ordinal where
-    that alone is shared (several devices of one rank or one process)."""
+    that alone is shared (several devices of one rank or one process), and its backend's number where that is
+    shared too (several backends of one process on one device)."""
     unique = list(dict.fromkeys(origins))
-    counts: dict[str, int] = {}
-    for origin in unique:
-        counts[_who(origin)] = counts.get(_who(origin), 0) + 1
-    return {
-        o: _who(o) + (f" {o.backend}:{o.ordinal}" if counts[_who(o)] > 1 else "") for o in unique
-    }
+    who = collections.Counter(_who(o) for o in unique)
+    device = collections.Counter((_who(o), _device(o)) for o in unique)
+    labels = {}
+    for o in unique:
+        label = _who(o)
+        if who[label] > 1:
+            label += f" {_device(o)}"
+            if device[(_who(o), _device(o))] > 1:
+                label += f" #{o.instance}"
+        labels[o] = label
+    return labels
 
 
 def _order(origin: Origin) -> tuple[Any, ...]:
-    return (origin.rank is None, origin.rank or 0, origin.host, origin.pid, origin.backend, origin.ordinal)
+    return (origin.rank is None, origin.rank or 0, origin.host, origin.pid, origin.backend, origin.ordinal,
+            origin.instance)
 
 
 def _sites(
@@ -161,9 +173,11 @@ class MergedReport:
             f"{format_bytes(self.leaked_bytes)} leaked"
         ]
         rows = [("process", "host", "pid", "device", "live", "leaked", "peak")]
+        shared = collections.Counter((r.origin.host, r.origin.pid, _device(r.origin)) for r in self.ranks)
         for r in self.ranks:
             o = r.origin
-            device = f"{o.backend}:{o.ordinal}" + (f" {o.device_uuid[:13]}" if o.device_uuid else "")
+            device = _device(o) + (f" #{o.instance}" if shared[(o.host, o.pid, _device(o))] > 1 else "")
+            device += f" {o.device_uuid[:13]}" if o.device_uuid else ""
             rows.append((
                 f"rank {o.rank}" if o.rank is not None else "-", o.host, str(o.pid), device,
                 f"{format_bytes(r.live_bytes)} ({r.live_count})", f"{format_bytes(r.leaked_bytes)} ({r.leaked_count})",
@@ -233,10 +247,10 @@ def _checked(item: object, i: int) -> LedgerReport:
     if not (
         isinstance(o, Origin) and type(o.host) is str and type(o.pid) is int and type(o.backend) is str
         and type(o.ordinal) is int and type(o.device_uuid) is str and (o.rank is None or type(o.rank) is int)
-        and (o.world_size is None or type(o.world_size) is int)
+        and (o.world_size is None or type(o.world_size) is int) and type(o.instance) is int and o.instance >= 0
     ):
         raise _refused(f"{where}: its origin", "must be an Origin (host, backend and device_uuid str; pid, ordinal, "
-                       "rank and world_size integers, rank and world_size None outside a job)", o)
+                       "rank, world_size and instance integers, rank and world_size None outside a job)", o)
     if not isinstance(item.stats, Mapping):
         raise _refused(f"{where}: its stats", "must be a mapping (as ledger_report() gives)", item.stats)
     live, swept = _records(item.live, f"{where}: its live"), _records(item.swept, f"{where}: its swept")
@@ -258,11 +272,12 @@ def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 1
     """Merge the ledger reports (or memory snapshots) of many processes: a line per process, in rank order,
     with its live and leaked bytes and its peak; the ``top`` largest live call sites and leaks across the job,
     each with the ranks it comes from. One report given twice (the same object, or snapshots read from one
-    file) counts once. Equal reports of different objects both count: two backends on one device in one
-    process have equal origins today, so equality cannot tell a duplicate from a second backend.
+    file) counts once. Two backends of one process on one device are two lines: their origins differ in
+    `Origin.instance`.
 
     :raises InvalidArgumentError: ``reports`` is not iterable; an item is neither a `LedgerReport` nor a memory
-        snapshot, or one whose origin, records or stats are not what they claim; or ``top`` is not a positive
+        snapshot, or one whose origin, records or stats are not what they claim; two different items are reports
+        of one backend (equal origins, taken at two moments: merge one of them); or ``top`` is not a positive
         integer. Nothing is merged.
     """
     if type(top) is not int or top < 1:
@@ -276,13 +291,21 @@ def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 1
     items: list[LedgerReport] = []
     given_items: list[object] = []  # held, so no id in `seen` is reused by a later item
     seen: set[object] = set()
+    backends: dict[Origin, int] = {}  # the origin of each item kept -> its item number
     for i, item in enumerate(given):
         report = _checked(item, i)
         given_items.append(item)
         key = _given_as(item)
-        if key not in seen:  # one report (or file) given twice is one process's: counted once
-            seen.add(key)
-            items.append(report)
+        if key in seen:  # one report (or file) given twice is one process's: counted once
+            continue
+        seen.add(key)
+        first = backends.setdefault(report.origin, i)
+        if first != i and report.origin.instance:  # (an unknown instance, 0, cannot tell two backends apart)
+            raise InvalidArgumentError(
+                f"merge_reports: items {first} and {i} are two reports of one backend ({report.origin.describe()}), "
+                f"made at two moments: merge one of them (its latest)"
+            )
+        items.append(report)
     items.sort(key=lambda r: _order(r.origin))
     labels = _labels(r.origin for r in items)
     ranks = tuple(

@@ -380,15 +380,40 @@ def test_one_report_merged_twice_counts_once(tmp_path: Path) -> None:
         assert [a.nbytes for a in merge_snapshots(snapshots).live] == [1024]
 
 
-def test_two_backends_with_equal_reports_are_two_lines() -> None:
-    """Two backends on one device of one process have equal origins; with equal counters and no records their
-    reports are equal, and each is still a line of its own (a fresh review found them folded into one)."""
+def test_two_backends_on_one_device_are_two_lines_told_apart_by_their_instance() -> None:
+    """Issue 37, item 8: two backends on one device of one process had equal origins, so their equal reports
+    could not be told from one report given twice. Their origins now differ in ``instance``, and the merged
+    report names each."""
     with open_backend("fake", settings=SETTINGS) as a, open_backend("fake", settings=SETTINGS) as b:
         for gpu in (a, b):
             gpu.free(gpu.alloc(1 << 20))
         first, second = a.ledger_report(), b.ledger_report()
-    assert first == second
-    assert len(merge_reports([first, second]).ranks) == 2
+        early = a.ledger_report()
+        a.free(a.alloc(64))
+        late = a.ledger_report()
+    assert first.origin != second.origin and second.origin.instance == first.origin.instance + 1 > 1
+    assert dataclasses.replace(first.origin, instance=0) == dataclasses.replace(second.origin, instance=0)
+    assert f"fake:0 #{second.origin.instance} FAKE-" in second.origin.describe()
+    merged = merge_reports([first, second])
+    assert [r.origin.instance for r in merged.ranks] == [first.origin.instance, second.origin.instance]
+    text = merged.render()
+    assert f"fake:0 #{first.origin.instance} " in text and f"fake:0 #{second.origin.instance} " in text, text
+    with pytest.raises(InvalidArgumentError, match=r"items 0 and 1 are two reports of one backend .*merge one"):
+        merge_reports([early, late])
+    assert len(merge_reports([early, early]).ranks) == 1, "one report given twice still counts once"
+
+
+def test_an_origin_s_instance_survives_a_snapshot(tmp_path: Path) -> None:
+    with open_backend("fake", settings=SETTINGS.updated(memory_history=10)) as gpu:
+        path = gpu.save_snapshot(tmp_path / "one.json")
+        instance = gpu.ledger_report().origin.instance
+    loaded = load_snapshot(path).origin
+    assert loaded is not None and loaded.instance == instance > 0
+    data = json.loads(path.read_text())
+    del data["origin"]["instance"]  # a snapshot written before origins had it
+    path.write_text(json.dumps(data))
+    loaded = load_snapshot(path).origin
+    assert loaded is not None and loaded.instance == 0
 
 
 def test_an_origin_s_world_size_that_is_no_integer_is_refused() -> None:
