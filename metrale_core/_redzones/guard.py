@@ -183,11 +183,20 @@ class ZoneGuard:
         with self.lock:
             self._ctx.quietly("drop the queued scans", self._drop_finished)
             try:
-                if self._ctx.fault is None and not active_captures():
+                captures = active_captures()
+                if self._ctx.fault is None and not captures:
                     try:
                         self.report(self._read(), "close()", may_raise=False)
                     except MetraleError as exc:
                         _log.warning("close: the red-zone scan failed: %s", exc)
+                elif watched := len(self.zones.live()):
+                    why = ("the device faulted" if self._ctx.fault is not None else
+                           f"{len(captures)} capture(s) run in this process, and no check may wait for the device "
+                           "then (closing during another backend's capture may also invalidate it: close after its "
+                           "end_capture)")
+                    _log.warning("close of %s:%d: %d red zone(s) of live or freed buffers released unchecked: %s; "
+                                 "call scan_redzones() before close() to judge them", self._ctx.name,
+                                 self._ctx.ordinal, watched, why)
             finally:
                 self._full_checked_all(None)
 
@@ -272,7 +281,9 @@ class ZoneGuard:
         if settings.redzone == 0:
             return RedZoneChecks("off", "off", "red zones are off")
         if not settings.redzone_scan_graphs:
-            return RedZoneChecks("at free, scan_redzones() and close() (redzone_scan_graphs is off)", "off",
+            when = ("when the quarantine of freed buffers passes redzone_quarantine_bytes"
+                    if settings.redzone_quarantine_bytes else "at each free")
+            return RedZoneChecks(f"{when}, at scan_redzones() and close() (redzone_scan_graphs is off)", "off",
                                  "redzone_scan_graphs is off")
         with self.lock:
             checks = self._in_graph()

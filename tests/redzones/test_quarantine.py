@@ -7,6 +7,7 @@ after graph launches stand in, and the tests here expect their words (``gpu.redz
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import pickle
@@ -19,6 +20,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from metrale_core import (
+    CaptureError,
     DeviceBuffer,
     DriverError,
     GpuBackend,
@@ -583,6 +585,29 @@ def _launch_expecting(gpu: GpuBackend, exe: GraphExec, stream: Stream, queued: b
     return info.value
 
 
+def test_close_during_another_backend_s_capture_says_its_zones_go_unchecked(
+    backend_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37: close() while another backend of the process captures cannot wait for the device, so it
+    releases the zones unchecked; its warning now says so, how many, and what to do."""
+    with _open(backend_name) as other:
+        gpu = _open(backend_name)
+        gpu.free(gpu.alloc(100))
+        kept = gpu.alloc(200)
+        stream = other.create_stream()
+        other.synchronize()
+        other.begin_capture(stream)
+        with caplog.at_level(logging.WARNING, logger="metrale"):
+            gpu.close()
+        with contextlib.suppress(CaptureError):  # (closing during the capture may invalidate it: the warning says)
+            other.end_capture(stream).close()
+        stream.close()
+    said = [r.getMessage() for r in caplog.records if "released unchecked" in r.getMessage()]
+    assert len(said) == 1 and "4 red zone(s) of live or freed buffers released unchecked" in said[0], said
+    assert "capture(s) run in this process" in said[0] and "close after its end_capture" in said[0]
+    del kept
+
+
 def test_redzone_checks_says_how_graphs_are_checked(backend_name: str) -> None:
     with _open(backend_name, redzone=0) as gpu:
         assert gpu.redzone_checks == "off"
@@ -590,6 +615,10 @@ def test_redzone_checks_says_how_graphs_are_checked(backend_name: str) -> None:
     with _open(backend_name) as gpu:
         assert gpu.redzone_checks.endswith("(redzone_scan_graphs is off)")
         assert (gpu.redzone_checks.mode, gpu.redzone_checks.reason) == ("off", "redzone_scan_graphs is off")
+        # issue 37: the quarantine checks nothing at free; the sentence said "at free"
+        assert gpu.redzone_checks.startswith("when the quarantine of freed buffers passes redzone_quarantine_bytes")
+    with _open(backend_name, redzone_quarantine_bytes=0) as gpu:
+        assert gpu.redzone_checks.startswith("at each free, at scan_redzones() and close()")
     for queued in (False, True):
         with _open(backend_name, redzone_scan_graphs=True, redzone_scan_queued=queued) as gpu:
             checks = gpu.redzone_checks
