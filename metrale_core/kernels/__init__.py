@@ -15,9 +15,7 @@ module        kernels
 ``tma``       ``tma_copy_2d(src, dst, box_cols, box_rows, tile_bytes)``: block
               ``(x, y)`` copies the box at ``(y * box_rows, x * box_cols)`` of
               tensor map ``src`` to the same place of ``dst`` through shared
-              memory (a TMA load, then a TMA store); sm_90 or newer; launch
-              with ``spec.shared_bytes + 1024`` bytes of dynamic shared
-              memory (the box starts at a 1024-byte boundary)
+              memory (a TMA load, then a TMA store); sm_90 or newer
 ============  ===============================================================
 
 The fake backend runs them through the Python implementations registered by

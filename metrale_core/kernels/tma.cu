@@ -7,25 +7,20 @@
 // Block (x, y) copies the box at element (row y * box_rows, column x * box_cols) of `src` to the same place in
 // `dst`: one TMA load into shared memory (elements outside `src` arrive as its out-of-bounds fill) and one TMA
 // store (elements outside `dst` are not written). `tile_bytes` is the box's bytes, prod(tile_shape) * itemsize:
-// the load's transaction count, which the barrier waits for. One thread a block (or more: thread 0 does the copy).
-//
-// The box lies at the first 1024-byte boundary of the dynamic shared memory. A swizzle's pattern follows the
-// shared-memory address bits (it repeats every 1024 bytes under the 128-byte swizzle), so the CUDA programming
-// guide wants a swizzled box aligned to that span; and CUDA promises dynamic shared memory only 16 bytes of
-// alignment, whatever its declaration says (an H100 put this kernel's tile at other offsets on some runs, and the
-// 64- and 128-byte swizzles came out shifted). So launch with `spec.shared_bytes + 1024` bytes of dynamic shared
-// memory (the larger of the two maps'): the box's bytes, each row padded to the swizzle's span, and room to align.
+// the load's transaction count, which the barrier waits for. Launch with `spec.shared_bytes` of dynamic shared
+// memory (the larger of the two maps'), which with a swizzle pads each row of the box to the swizzle's span and
+// can exceed `tile_bytes`, and one thread a block (or more: thread 0 does the copy).
 extern "C" __global__ void tma_copy_2d(const __grid_constant__ CUtensorMap src,
                                        const __grid_constant__ CUtensorMap dst,
                                        unsigned int box_cols, unsigned int box_rows, unsigned int tile_bytes) {
-    extern __shared__ __align__(16) unsigned char dynamic_shared[];
+    extern __shared__ __align__(1024) unsigned char tile[];
     __shared__ __align__(8) unsigned long long barrier;
     if (threadIdx.x != 0 || threadIdx.y != 0 || threadIdx.z != 0) {
         return;
     }
     int col = (int)(blockIdx.x * box_cols);
     int row = (int)(blockIdx.y * box_rows);
-    unsigned int smem = ((unsigned int)__cvta_generic_to_shared(dynamic_shared) + 1023u) & ~1023u;
+    unsigned int smem = (unsigned int)__cvta_generic_to_shared(tile);
     unsigned int bar = (unsigned int)__cvta_generic_to_shared(&barrier);
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");

@@ -31,8 +31,6 @@ __all__ = ["TensorMapRules"]
 
 BOX = (8, 16)
 TILE_BYTES = BOX[0] * BOX[1]
-#: The shipped kernel's dynamic shared memory: the box, from a 1024-byte boundary (tma.cu says why).
-SHARED_BYTES = TILE_BYTES + 1024
 
 
 class _Mapped:
@@ -132,7 +130,7 @@ class TensorMapRules(MemoryRules):
         if held_src is None or held_dst is None:  # a map over a freed buffer: refused before the device sees it
             gone = [m.buf for m in (src, dst) if self._holder(m.buf) is None]
             try:
-                self.gpu.launch(self.tma, grid, 32, args, shared_mem=SHARED_BYTES)
+                self.gpu.launch(self.tma, grid, 32, args, shared_mem=TILE_BYTES)
             except InvalidBufferError as exc:
                 assert f"allocation #{gone[0].index}" in str(exc) or f"allocation #{gone[-1].index}" in str(exc)
             else:
@@ -143,7 +141,7 @@ class TensorMapRules(MemoryRules):
             self.gpu.default_stream.synchronize()
             stream = self.gpu.create_stream()
             self.gpu.begin_capture(stream)
-            self.gpu.launch(self.tma, grid, 32, args, shared_mem=SHARED_BYTES, stream=stream)
+            self.gpu.launch(self.tma, grid, 32, args, shared_mem=TILE_BYTES, stream=stream)
             graph = self.gpu.end_capture(stream)
             exe = graph.instantiate()
             self._launch_graph(exe, stream)
@@ -151,7 +149,7 @@ class TensorMapRules(MemoryRules):
             for handle in (exe, graph, stream):
                 handle.close()
         else:
-            self.gpu.launch(self.tma, grid, 32, args, shared_mem=SHARED_BYTES)
+            self.gpu.launch(self.tma, grid, 32, args, shared_mem=TILE_BYTES)
         _copy_model(held_src[1], src, held_dst[1], dst)
         held_dst[1].check(self._read(dst.buf), dst.buf)
 
@@ -167,7 +165,7 @@ class TensorMapRules(MemoryRules):
         self._free(buf)
         try:
             self.gpu.launch(self.tma, 1, 32, [tmap, tmap, _u32(BOX[1]), _u32(BOX[0]), _u32(TILE_BYTES)],
-                            shared_mem=SHARED_BYTES)
+                            shared_mem=TILE_BYTES)
         except InvalidBufferError as exc:
             assert f"allocation #{buf.index}" in str(exc), f"the refusal names another allocation: {exc}"
         else:

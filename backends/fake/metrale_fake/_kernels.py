@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Final
 
 import numpy as np
 
@@ -72,11 +71,6 @@ def redzone_verdict(launch: FakeLaunch, desc: np.ndarray, state: np.ndarray, slo
     out[2] = words[1]
 
 
-#: The shipped TMA kernel puts its box at the first 1024-byte boundary of its dynamic shared memory, which CUDA
-#: aligns only to 16 bytes: its launch needs this much more than the box (the fake takes the worst case, always).
-TMA_ALIGN: Final = 1024
-
-
 @kernel_implementation("tma", "tma_copy_2d")
 def tma_copy_2d(
     launch: FakeLaunch, src: TensorMap, dst: TensorMap, box_cols: np.uint32, box_rows: np.uint32,
@@ -88,12 +82,10 @@ def tma_copy_2d(
     if box_bytes != int(tile_bytes):
         raise RuntimeError(f"the TMA load brings {box_bytes} bytes where the kernel expects {tile_bytes} (on a GPU its"
                            f" barrier never completes)")
-    for spec in (src.spec, dst.spec):  # each box in shared memory, padded as its swizzle pads it, 1024-aligned
-        if spec.shared_bytes + TMA_ALIGN > launch.shared_mem:
+    for spec in (src.spec, dst.spec):  # each box in shared memory, padded as its swizzle pads it
+        if spec.shared_bytes > launch.shared_mem:
             raise IndexError(f"a box of {spec.box} {spec.dtype} elements (swizzle {spec.swizzle!r}) takes "
-                             f"{spec.shared_bytes} bytes of shared memory from a {TMA_ALIGN}-byte boundary: give the "
-                             f"kernel spec.shared_bytes + {TMA_ALIGN} = {spec.shared_bytes + TMA_ALIGN} bytes, not "
-                             f"{launch.shared_mem}")
+                             f"{spec.shared_bytes} bytes of shared memory, past the launch's {launch.shared_mem}")
     for by in range(launch.grid[1]):
         for bx in range(launch.grid[0]):
             coords = (by * int(box_rows), bx * int(box_cols))
