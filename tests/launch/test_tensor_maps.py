@@ -764,6 +764,35 @@ def test_narrow_swizzled_rows_take_the_whole_span(gpu: GpuBackend, tma: Kernel, 
     gpu.free(dst)
 
 
+def test_the_fake_s_shared_memory_keeps_what_earlier_launches_left() -> None:
+    """As on a GPU (issue 37, item 6): a launch's shared memory holds what an earlier one wrote there; only a
+    closed device forgets it."""
+    seen: list[bytes] = []
+
+    @kernel_implementation("tma", "tma_copy_2d")
+    def scribble(launch: FakeLaunch, src: TensorMap, dst: TensorMap, cols: np.uint32, rows: np.uint32,
+                 nbytes: np.uint32) -> None:
+        smem = launch.shared()
+        assert len(smem) == launch.shared_mem
+        seen.append(bytes(smem[:8]))
+        smem[:8] = 0xAB
+
+    for _ in range(2):
+        with open_backend("fake", settings=SETTINGS) as gpu:
+            kernel = gpu.load_modules(shipped_modules("tma")).kernel("tma", "tma_copy_2d")
+            gpu.add_kernel_implementations(scribble)
+            s = TensorMapSpec("float32", (16, 16), (64, 4), (16, 16))
+            buf = gpu.alloc(1024)
+            tmap = gpu.tensor_map(buf, s)
+            for shared in (1024, 4096):
+                gpu.launch(kernel, 1, 32, [tmap, tmap, np.uint32(16), np.uint32(16), np.uint32(1024)],
+                           shared_mem=shared)
+            gpu.synchronize()
+            del tmap
+            gpu.free(buf)
+    assert seen == [bytes(8), b"\xab" * 8, bytes(8), b"\xab" * 8]
+
+
 def test_too_little_shared_memory_for_a_padded_box_faults_on_the_fake() -> None:
     """The H100 faulted (``CUDA_ERROR_ILLEGAL_ADDRESS``, named by the launch) when a 64-byte row under the
     128-byte swizzle was given only the box's bytes of shared memory; the fake faults the same way."""

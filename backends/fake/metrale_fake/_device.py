@@ -80,6 +80,7 @@ class FakeDevice(RawDevice):
         self._faults: dict[str, list[list[object]]] = {}
         self._sticky: tuple[str, str] | None = None  # (CUDA name, cause) of a sticky fault
         self._implementations: dict[tuple[str, str], KernelImplementation] = {}
+        self._shared = np.zeros(0, dtype=np.uint8)  # the shared memory blocks find: what launches left there
         major, minor = own.compute_capability.split(".")
         self._capability = (int(major), int(minor))
         self._multiprocessors = (own.multiprocessors, own.shared_memory_per_multiprocessor)
@@ -123,6 +124,14 @@ class FakeDevice(RawDevice):
     def is_integrated(self) -> bool | None:
         return self._integrated
 
+    def _leftover(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of the device's shared memory as the last launches left it (grown with zeros)."""
+        if len(self._shared) < nbytes:
+            grown = np.zeros(nbytes, dtype=np.uint8)
+            grown[: len(self._shared)] = self._shared
+            self._shared = grown
+        return self._shared[:nbytes]
+
     def _faulted(self) -> bool:
         """Whether a sticky fault latched (its captures then bar no other device)."""
         return self._sticky is not None
@@ -145,6 +154,7 @@ class FakeDevice(RawDevice):
             self._host.clear()
             self._mapped.clear()
             self._implementations.clear()
+            self._shared = np.zeros(0, dtype=np.uint8)
             self._faults.clear()
             self._used = self._host_used = 0
 
@@ -641,7 +651,7 @@ class FakeDevice(RawDevice):
             impl = self._implementations.get((module, kernel))
             if impl is None:
                 raise no_implementation(module, kernel)
-            launch = FakeLaunch(module, kernel, grid, block, shared_mem, self._device.view)
+            launch = FakeLaunch(module, kernel, grid, block, shared_mem, self._device.view, self._leftover)
             frozen = tuple(args)
 
             def work() -> None:

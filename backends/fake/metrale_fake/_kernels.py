@@ -89,7 +89,7 @@ def tma_copy_2d(
     for by in range(launch.grid[1]):
         for bx in range(launch.grid[0]):
             coords = (by * int(box_rows), bx * int(box_cols))
-            smem = np.zeros(launch.shared_mem, dtype=np.uint8)  # (the GPU's is uninitialized)
+            smem = launch.shared()  # what earlier launches left there, as on a GPU
             tile = launch.tma_load(src, coords).reshape(-1).view(np.uint8)
             smem[: tile.nbytes] = tile
             launch.tma_store(dst, coords, smem)

@@ -39,6 +39,17 @@ class FakeLaunch:
     block: tuple[int, int, int]
     shared_mem: int
     memory: Callable[[int, int], np.ndarray]
+    #: The device's shared memory as blocks find it (`shared`); ``None``: fresh zeros at each call.
+    leftover: Callable[[int], np.ndarray] | None = None
+
+    def shared(self) -> np.ndarray:
+        """The block's dynamic shared memory, ``shared_mem`` bytes (``uint8``), as a GPU hands it over: holding
+        what an earlier launch left there, never cleared (zeros only before any launch used it). A kernel
+        that reads bytes it did not write reads stale data, as on a GPU (seen on an H100: a tile store of
+        bytes a load never wrote carried the previous launch's values)."""
+        if self.leftover is None:
+            return np.zeros(self.shared_mem, dtype=np.uint8)
+        return self.leftover(self.shared_mem)
 
     def read(self, address: int, nbytes: int) -> np.ndarray:
         """The device bytes ``[address, address + nbytes)``, for a kernel that follows a pointer it read.
