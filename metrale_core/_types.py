@@ -147,15 +147,22 @@ class Origin:
     device_uuid: str = ""
     instance: int = 0
 
+    def __setstate__(self, state: tuple[Any, ...] | list[Any]) -> None:
+        """Unpickle, a pickle of an earlier version (without ``instance``) too: its instance is unknown, 0."""
+        names = [f.name for f in dataclasses.fields(self)]
+        values = dict(zip(names, (*state, *((0,) * (len(names) - len(state)))), strict=True))
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
     def describe(self) -> str:
-        """``rank 1 of 2 (host pid 4242), cuda:0 GPU-…``; without a rank, ``host pid 4242, cuda:0 …``; the
-        process's second backend and later ones add their number (``cuda:0 #2``)."""
+        """``rank 1 of 2 (host pid 4242), cuda:0 GPU-…``; without a rank, ``host pid 4242, cuda:0 …`` (a merged
+        report adds ``#instance`` where one process has two backends on one device)."""
         where = f"{self.host} pid {self.pid}"
         if self.rank is not None:
             of = f" of {self.world_size}" if self.world_size is not None else ""
             where = f"rank {self.rank}{of} ({where})"
-        device = f"{self.backend}:{self.ordinal}" + (f" #{self.instance}" if self.instance > 1 else "")
-        return f"{where}, {device}" + (f" {self.device_uuid}" if self.device_uuid else "")
+        device = f"{self.backend}:{self.ordinal}" + (f" {self.device_uuid}" if self.device_uuid else "")
+        return f"{where}, {device}"
 
     def to_json(self) -> dict[str, Any]:
         """The fields as a JSON object (a snapshot's ``"origin"``)."""

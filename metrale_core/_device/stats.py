@@ -36,7 +36,7 @@ class MemoryStats:
         ``current_bytes``; their memory not released yet).
     :ivar redzone_quarantined_bytes: the device memory they hold, zones included.
     :ivar redzone_reusable: checked freed zoned blocks kept for the next allocation of their size
-        (their zones found intact and still filled: a reuse needs no driver call and no fill).
+        (their zones found intact: a reuse needs no driver allocation, only the fill of its zones).
     :ivar redzone_reusable_bytes: the device memory they hold, zones included.
     :ivar redzone_sample: red zones go to one allocation in this many (``redzone_sample``).
     :ivar allocated_bytes: bytes allocated since the backend opened, per kind (every allocation counted,

@@ -100,6 +100,9 @@ class ExportTable:
             ) from None
         try:
             ptr, n, _ = self._holdings.span(buf, offset, nbytes, what)
+            # a fresh buffer's fills (its zones; a recycled block's zeroing) run on this backend's default
+            # stream, which the other backend's stream does not follow: they are done before it reads
+            self._guard.settle()
             yield ptr, n, ctx.plugin  # the copy is issued inside: close() waits for it
         finally:
             ctx.leave()

@@ -118,7 +118,7 @@ def _labels(origins: Iterable[Origin]) -> dict[Origin, str]:
         label = _who(o)
         if who[label] > 1:
             label += f" {_device(o)}"
-            if device[(_who(o), _device(o))] > 1:
+            if device[(_who(o), _device(o))] > 1 and o.instance:
                 label += f" #{o.instance}"
         labels[o] = label
     return labels
@@ -176,7 +176,7 @@ class MergedReport:
         shared = collections.Counter((r.origin.host, r.origin.pid, _device(r.origin)) for r in self.ranks)
         for r in self.ranks:
             o = r.origin
-            device = _device(o) + (f" #{o.instance}" if shared[(o.host, o.pid, _device(o))] > 1 else "")
+            device = _device(o) + (f" #{o.instance}" if shared[(o.host, o.pid, _device(o))] > 1 and o.instance else "")
             device += f" {o.device_uuid[:13]}" if o.device_uuid else ""
             rows.append((
                 f"rank {o.rank}" if o.rank is not None else "-", o.host, str(o.pid), device,
@@ -247,7 +247,8 @@ def _checked(item: object, i: int) -> LedgerReport:
     if not (
         isinstance(o, Origin) and type(o.host) is str and type(o.pid) is int and type(o.backend) is str
         and type(o.ordinal) is int and type(o.device_uuid) is str and (o.rank is None or type(o.rank) is int)
-        and (o.world_size is None or type(o.world_size) is int) and type(o.instance) is int and o.instance >= 0
+        and (o.world_size is None or type(o.world_size) is int)
+        and type(getattr(o, "instance", None)) is int and o.instance >= 0
     ):
         raise _refused(f"{where}: its origin", "must be an Origin (host, backend and device_uuid str; pid, ordinal, "
                        "rank, world_size and instance integers, rank and world_size None outside a job)", o)
@@ -266,6 +267,22 @@ def _given_as(item: object) -> object:
         except OSError:
             return ("file", source)
     return ("object", id(item))
+
+
+def _name(item: object, i: int) -> str:
+    source = getattr(item, "source", None) if isinstance(item, MemorySnapshot) else None
+    return f"item {i} ({source})" if source is not None else f"item {i}"
+
+
+def _one_report_per_backend(kept: dict[Origin, tuple[int, object]], origin: Origin, i: int, item: object,
+                            what: str) -> None:
+    """Refuse a second, different report of one backend (equal origins, a known instance): two moments of it."""
+    first = kept.setdefault(origin, (i, item))
+    if first[0] != i and origin.instance:  # (an unknown instance, 0, cannot tell two backends apart)
+        raise InvalidArgumentError(
+            f"{what}: {_name(first[1], first[0])} and {_name(item, i)} are two reports of one backend "
+            f"({origin.describe()}), made at two moments: merge one of them (its latest)"
+        )
 
 
 def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 10) -> MergedReport:
@@ -291,7 +308,7 @@ def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 1
     items: list[LedgerReport] = []
     given_items: list[object] = []  # held, so no id in `seen` is reused by a later item
     seen: set[object] = set()
-    backends: dict[Origin, int] = {}  # the origin of each item kept -> its item number
+    backends: dict[Origin, tuple[int, object]] = {}  # the origin of each item kept -> its number and the item
     for i, item in enumerate(given):
         report = _checked(item, i)
         given_items.append(item)
@@ -299,12 +316,7 @@ def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 1
         if key in seen:  # one report (or file) given twice is one process's: counted once
             continue
         seen.add(key)
-        first = backends.setdefault(report.origin, i)
-        if first != i and report.origin.instance:  # (an unknown instance, 0, cannot tell two backends apart)
-            raise InvalidArgumentError(
-                f"merge_reports: items {first} and {i} are two reports of one backend ({report.origin.describe()}), "
-                f"made at two moments: merge one of them (its latest)"
-            )
+        _one_report_per_backend(backends, report.origin, i, item, "merge_reports")
         items.append(report)
     items.sort(key=lambda r: _order(r.origin))
     labels = _labels(r.origin for r in items)
@@ -330,15 +342,19 @@ def merge_snapshots(snapshots: Iterable[MemorySnapshot]) -> MemorySnapshot:
 
     A snapshot given twice (the same object, or read from one file) counts once, as in `merge_reports`.
 
-    :raises InvalidArgumentError: no snapshot was given.
+    :raises InvalidArgumentError: no snapshot was given, or two different snapshots of one backend were
+        (equal origins: two moments of it), as in `merge_reports`.
     """
     distinct: list[MemorySnapshot] = []
     given: list[MemorySnapshot] = []  # held, so no id in `seen` is reused by a later snapshot
     seen: set[object] = set()
-    for snap in snapshots:
+    kept: dict[Origin, tuple[int, object]] = {}
+    for i, snap in enumerate(snapshots):
         given.append(snap)
         if (key := _given_as(snap)) not in seen:
             seen.add(key)
+            if isinstance(snap.origin, Origin):
+                _one_report_per_backend(kept, snap.origin, i, snap, "merge_snapshots")
             distinct.append(snap)
     snaps = sorted(distinct, key=lambda s: _order(s.origin or _unknown_origin(s.backend, s.ordinal)))
     if not snaps:

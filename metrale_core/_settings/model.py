@@ -140,7 +140,8 @@ class MetraleSettings(BaseSettings):
         "quarantine holds more than this many bytes (zones included) or more than 1,024 buffers, at "
         "`scan_redzones()`, `sweep_unreleased()`, an allocation that runs out of memory, and `close()`. A block "
         "whose zones the check found intact is kept, within the same bound, for the next allocation of its size, "
-        "which then needs neither the driver nor a fill. `0` checks and releases each buffer in its own `free`.",
+        "which then needs no driver allocation, only the fill of its zones. `0` checks and releases each buffer "
+        "in its own `free`.",
     )
     redzone_sample: int = Field(
         1, ge=1, le=1 << 30,

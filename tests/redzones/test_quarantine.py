@@ -265,7 +265,31 @@ def test_a_kept_block_reads_as_fresh_memory_on_the_fake(name: str) -> None:
         gpu.free(new)
 
 
-def test_a_kept_block_whose_fill_fails_goes_back_to_the_driver() -> None:
+def test_a_peer_copy_from_a_recycled_block_reads_zeros_on_the_fake() -> None:
+    """The zeroing runs on the owner's default stream; a peer copy on another backend's stream waits for it
+    (a fresh review read the previous owner's bytes through copy_peer with fake_defer)."""
+    settings = ZONED.updated(fake_defer=True)
+    with open_backend("fake", settings=settings) as a, open_backend("fake", settings=settings) as b:
+        old = a.alloc(1000)
+        a.memset(old, 0xAB)
+        a.free(old)
+        a.scan_redzones()
+        new = a.alloc(1000)
+        assert new.ptr == old.ptr
+        dst = b.alloc(1000)
+        stream = b.create_stream()
+        b.copy_peer(dst, new, stream=stream)
+        b.synchronize()
+        host = np.empty(1000, dtype=np.uint8)
+        b.copy_to_host(host, dst)
+        assert not host.any(), bytes(host[:4]).hex()
+        stream.close()
+        a.free(new)
+        b.free(dst)
+
+
+@pytest.mark.parametrize("nth", [1, 3])
+def test_a_kept_block_whose_fill_fails_goes_back_to_the_driver(nth: int) -> None:
     """Its zones are filled again at reuse; a fill that fails fails the allocation and releases the block."""
     with _open("fake") as gpu:
         assert isinstance(gpu, FaultInjecting)
@@ -273,7 +297,7 @@ def test_a_kept_block_whose_fill_fails_goes_back_to_the_driver() -> None:
         gpu.free(old)
         assert gpu.scan_redzones() == [] and _kept(gpu)[0] == 1
         records = gpu.ledger_probe().records()
-        gpu.inject_fault("memset")
+        gpu.inject_fault("memset", nth=nth)  # the lead zone's fill (1), or the zeroing after both fills (3)
         with pytest.raises(DriverError):
             gpu.alloc(100)
         assert gpu.ledger_probe().records() == records and _kept(gpu) == (0, 0)
