@@ -10,6 +10,7 @@ docs/architecture.md draws the same wings.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,7 +20,7 @@ CORE = Path(__file__).resolve().parent.parent / "metrale_core"
 
 #: Bottom first. A unit (a wing, or a module at the root) may import its own floor and the floors below.
 WINGS: tuple[tuple[str, ...], ...] = (
-    ("_errors", "_types"),  # the error tree; records and value types
+    ("_errors", "_types", "_twins"),  # the error tree; records and value types; which compiled twins run
     ("_settings", "kernels", "_interop"),  # settings; what a kernel is on no backend; other libraries' protocols
     ("_device",),  # what every part of one backend shares
     ("_redzones",),  # fills, scans and verdicts
@@ -41,7 +42,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_redzones": (("layout",), ("scanner",), ("ingraph", "queued"), ("guard",)),
     "_memory": (
         ("meminfo", "ledger"),
-        ("arena",),
+        ("arena", "_ledger"),
         ("pressure",),
         ("snapshot", "holdings"),
         ("monitor", "exports", "quarantine"),
@@ -66,14 +67,14 @@ Graph = dict[str, set[str]]
 def _modules() -> Graph:
     """Every module of metrale_core (dotted, relative to it; a package by its name) and what it imports."""
     graph: Graph = {}
-    for path in sorted(CORE.rglob("*.py")):
+    for path in sorted([*CORE.rglob("*.py"), *CORE.rglob("*.pyx")]):
         parts = list(path.relative_to(CORE).with_suffix("").parts)
         package = parts[:-1]
         name = ".".join(p for p in parts if p != "__init__") or "__init__"
         if parts[-1] == "__init__" and package:
             name = f"{name}.__init__"
         deps = graph.setdefault(name, set())
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(ast.parse(_python_of(path), str(path))):
             targets: list[str] = []
             if isinstance(node, ast.ImportFrom):
                 if node.level:
@@ -88,6 +89,16 @@ def _modules() -> Graph:
                 targets = [a.name.partition(".")[2] for a in node.names if a.name.split(".")[0] == "metrale_core"]
             deps.update(t or "__init__" for t in targets)
     return graph
+
+
+def _python_of(path: Path) -> str:
+    """A module's source as Python: a compiled twin's (``.pyx``) Python imports, one a line (its ``cimport`` and
+    C declarations are not Python)."""
+    text = path.read_text()
+    if path.suffix != ".pyx":
+        return text
+    lines = [line.strip() for line in text.splitlines()]
+    return "\n".join(line for line in lines if re.match(r"(from \S+ import [^(]+|import [\w.]+(, [\w.]+)*)$", line))
 
 
 def _known(graph: Graph) -> set[str]:

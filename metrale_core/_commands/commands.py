@@ -59,6 +59,7 @@ def backends(settings: MetraleSettings, as_json: bool = False) -> int:
 
 def info(settings: MetraleSettings, as_json: bool = False) -> int:
     from .._discovery import open_backend
+    from .._twins import describe
     from .._types import format_bytes
 
     with open_backend(settings=settings) as gpu:
@@ -71,7 +72,7 @@ def info(settings: MetraleSettings, as_json: bool = False) -> int:
                 "effective_free": mem.effective_free, "memory_total": mem.total, "integrated": mem.integrated,
                 "scale_variant": settings.scale_variant, "target_hw": settings.target_hw,
                 "redzone": settings.redzone, "graph_checks": gpu.redzone_checks if settings.redzone else None,
-                "origin": gpu.origin.to_json(), "devices": devices,
+                "origin": gpu.origin.to_json(), "devices": devices, "code": describe(settings.pure),
             })
             return 0
         print(f"backend         {gpu.name} (asked for: {settings.backend})")
@@ -82,6 +83,7 @@ def info(settings: MetraleSettings, as_json: bool = False) -> int:
         print(f"integrated      {mem.integrated}")
         print(f"scale variant   {settings.scale_variant} (target_hw={settings.target_hw!r})")
         print(f"red zones       {settings.redzone} bytes" + (" (off)" if settings.redzone == 0 else ""))
+        print(f"code            {describe(settings.pure)}")
         if settings.redzone:
             print(f"graph checks    {gpu.redzone_checks}")
         print(f"devices         {len(devices)}")
@@ -306,8 +308,13 @@ def versions() -> str:
     from .._discovery import INSTALL_ADVICE, _discover_with_plugins
     from .._settings.model import MetraleSettings
     from .._settings.plugins import backend_entry_points
+    from .._twins import describe
 
-    lines = [f"metrale-core {__version__} (Python {platform.python_version()})"]
+    try:
+        pure = MetraleSettings().pure
+    except Exception:  # a bad setting: said below, where the plugins are loaded
+        pure = False
+    lines = [f"metrale-core {__version__} (Python {platform.python_version()})", f"  code: {describe(pure)}"]
     by_name = backend_entry_points()
     if not by_name:
         lines.append(f"backends: none installed; install one: {INSTALL_ADVICE}")

@@ -24,6 +24,7 @@ from .._device.buffer import DeviceBuffer
 from .._device.context import DeviceContext
 from .._device.handles import HostBuffer
 from .._errors import InvalidArgumentError, InvalidBufferError
+from .._twins import pick
 from .._types import as_index
 from .ledger import Ledger
 
@@ -48,8 +49,8 @@ class Holdings:
     def __init__(self, ctx: DeviceContext) -> None:
         self._ctx = ctx
         self._lock = threading.Lock()
-        #: ``device`` and ``managed`` allocations, with their call sites.
-        self.ledger = Ledger(ctx.settings.memory_history)
+        #: ``device`` and ``managed`` allocations, with their call sites (the compiled twin where built).
+        self.ledger = pick("ledger", Ledger, ctx.settings.pure)(ctx.settings.memory_history)
         #: ``alloc_arena`` blocks (``create_arena``'s too), by creation index.
         self.arena_blocks: dict[int, DeviceBuffer] = {}
         #: The open arenas.

@@ -107,6 +107,11 @@ class MetraleSettings(BaseSettings):
         description="Synchronize the stream after every kernel launch made outside a capture, so a kernel's fault is "
         "raised by the launch that caused it, naming it; costs a synchronization per launch.",
     )
+    pure: bool = Field(
+        False,
+        description="Run the pure-Python modules even where their compiled twins were built (the reference, and "
+        "what a differential test compares the twins with). `metrale --version` says which code runs.",
+    )
     redzone: Size = Field(
         0, ge=0,
         description="Bytes of the guard band after each `alloc` buffer; `0` turns red zones off.",

@@ -106,18 +106,23 @@ def _stale(names: list[str]) -> list[str]:
     return stale
 
 
-def _code(names: list[str]) -> str:
+def _code(names: list[str], pure: bool) -> str:
+    """The compiled twins the bench's backend runs (or why pure), and the modules ``dev.py accelerate`` compiled."""
+    from ..._twins import TWINS, describe
+
+    twins = {module for module, _ in TWINS.values()}
+    names = [name for name in names if name not in twins]
     if not names:
-        return "pure Python"
+        return describe(pure)
     stale = _stale(names)
     note = f"; STALE, older than their source: {', '.join(stale)} (run dev.py accelerate again)" if stale else ""
-    return f"{len(names)} modules compiled (dev.py accelerate){note}"
+    return f"{describe(pure)}; {len(names)} modules compiled (dev.py accelerate){note}"
 
 
-def _versions(baseline: Baseline | None) -> dict[str, str]:
+def _versions(baseline: Baseline | None, pure: bool) -> dict[str, str]:
     from ... import __version__
 
-    versions = {"metrale": __version__, "code": _code(compiled_modules()), "python": platform.python_version()}
+    versions = {"metrale": __version__, "code": _code(compiled_modules(), pure), "python": platform.python_version()}
     if baseline is not None:
         versions.update(baseline.versions)
     for module, name in (("numpy", "numpy"), ("cupy", "cupy"), ("torch", "torch")):
@@ -160,4 +165,5 @@ def run_bench(
             progress(f"      {measurement.name} done in {time.perf_counter() - started:.1f} s")
         if step is not None:
             step(len(chosen), len(chosen), "bench: done")
-        return BenchReport(date, gpu.name, gpu.device_name, _versions(baseline), quick, tuple(results))
+        versions = _versions(baseline, gpu.settings.pure)
+        return BenchReport(date, gpu.name, gpu.device_name, versions, quick, tuple(results))

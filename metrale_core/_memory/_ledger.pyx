@@ -1,0 +1,129 @@
+# cython: language_level=3, binding=True, embedsignature=True
+"""The compiled twin of [`Ledger`][metrale_core._memory.ledger.Ledger]: the same interface and behaviour, its
+records under a C-level lock (``cython.pymutex``, which lets go of the GIL while it waits) and its counters
+as C integers.
+
+- The pure class in ``ledger.py`` is the reference: `holdings.ledger_type` picks this one where it was built
+  and ``pure`` is off. A differential test runs both through the same programs.
+- Records are kept by creation index in a dict, the buffer handed out as the value: an ``alloc`` and a
+  ``free`` each cost one dict operation under the lock, as in the pure class.
+"""
+
+cimport cython
+
+import collections
+import time
+
+from .ledger import LedgerEvent, _record
+
+
+@cython.final
+cdef class Ledger:
+    """The live allocations of one backend, keyed by creation index; thread-safe (compiled twin)."""
+
+    cdef cython.pymutex _lock
+    cdef dict _records
+    cdef object _events
+    cdef double _start
+    cdef public Py_ssize_t dropped
+    cdef public Py_ssize_t taken
+    cdef public Py_ssize_t history
+    cdef public object origin
+
+    def __init__(self, Py_ssize_t history=0):
+        self._records = {}
+        self.history = history
+        self._events = collections.deque(maxlen=history) if history else None
+        self._start = time.monotonic()
+        self.dropped = 0
+        self.taken = 0
+        self.origin = None
+
+    cdef void _log(self, str op, object record) except *:
+        events = self._events
+        if len(events) == events.maxlen:
+            self.dropped += 1
+        events.append(LedgerEvent(time.monotonic() - self._start, op, record))
+
+    def add(self, buf):
+        """Put the allocation ``buf`` handed out on the ledger."""
+        with self._lock:
+            self._records[buf.index] = buf
+            if self._events is not None:
+                self._log("alloc", _record(buf, self.origin))
+
+    def take(self, index, ptr, nbytes):
+        """Take allocation ``index`` off, if it is on the ledger at ``ptr`` with ``nbytes``; the buffer it
+        handed out (its record's fields)."""
+        with self._lock:
+            rec = self._records.get(index)
+            if rec is None or rec.ptr != ptr or rec.nbytes != nbytes:
+                return None
+            del self._records[index]
+            self.taken += 1
+            if self._events is not None:
+                self._log("free", _record(rec, self.origin))
+            return rec
+
+    def holds(self, index, ptr, nbytes):
+        """Whether allocation ``index`` is on the ledger, at ``ptr`` with the ``nbytes`` recorded."""
+        rec = self._records.get(index)
+        return rec is not None and rec.ptr == ptr and rec.nbytes == nbytes
+
+    def has(self, buf):
+        """Whether ``buf`` is the very buffer the ledger handed out for its allocation, still on it."""
+        return self._records.get(buf.index) is buf
+
+    def holds_all(self, bufs, owner):
+        """Whether every one of ``bufs`` is ``owner``'s and on the ledger; ``None`` where some are not of a
+        kind the ledger holds (arena, external memory), which it cannot say."""
+        records = self._records
+        for buf in bufs:
+            if buf._owner is not owner:
+                return False
+            rec = records.get(buf.index)
+            if rec is buf:
+                continue
+            if buf.kind not in ("device", "managed"):
+                return None
+            if rec is None or rec.ptr != buf.ptr or rec.nbytes != buf.nbytes:
+                return False
+        return True
+
+    def drain(self):
+        """Take every record off (a sweep)."""
+        with self._lock:
+            origin = self.origin
+            records = [_record(buf, origin) for buf in self._records.values()]
+            self._records.clear()
+            self.taken += 1
+            if self._events is not None:
+                for rec in records:
+                    self._log("sweep", rec)
+            return records
+
+    def snapshot(self):
+        with self._lock:
+            bufs = sorted(self._records.values(), key=_by_index)
+        origin = self.origin
+        return [_record(buf, origin) for buf in bufs]
+
+    def events(self):
+        """The kept history, oldest first (empty when history is off)."""
+        with self._lock:
+            return list(self._events or ())
+
+    def elapsed(self):
+        """Seconds since the ledger was created, on the clock of `LedgerEvent.t`."""
+        return time.monotonic() - self._start
+
+    def __len__(self):
+        return len(self._records)
+
+    def live_bytes(self):
+        with self._lock:
+            return sum([r.nbytes for r in self._records.values()])
+
+
+def _by_index(buf):
+    return buf.index

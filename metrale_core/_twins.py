@@ -1,0 +1,72 @@
+"""Compiled twins: the hot path's classes built with Cython beside their pure-Python reference (issue 38).
+
+- A twin is ``_<name>.pyx`` beside the pure module it mirrors, with a ``.pyi`` stub: the same interface and
+  behaviour, C-level containers and locks. The build compiles every twin where a C compiler is found, and
+  installs the pure modules alone where none is.
+- `pick` is how an owner chooses: the twin where it was built and the backend's ``pure`` setting is off
+  (``METRALE_PURE=1``), else the pure class. Each backend chooses once, when it opens, so a differential test
+  runs both in one process.
+- `built` says which twins this installation has: ``metrale --version``, ``metrale info`` and ``metrale bench``
+  print it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Final, TypeVar
+
+__all__ = ["TWINS", "built", "describe", "pick"]
+
+#: Each twin: its name, and the module and class that hold it (the pure class is its owner's to pass).
+TWINS: Final = {"ledger": ("metrale_core._memory._ledger", "Ledger")}
+
+_T = TypeVar("_T")
+_loaded: dict[str, object | None] = {}
+
+
+def _load(name: str) -> object | None:
+    """The compiled class of twin ``name``, or ``None`` where it was not built (loaded once)."""
+    if name not in _loaded:
+        module, attr = TWINS[name]
+        try:
+            _loaded[name] = getattr(importlib.import_module(module), attr)
+        except ImportError:  # not built here: the pure class runs
+            _loaded[name] = None
+    return _loaded[name]
+
+
+def pick(name: str, pure_class: type[_T], pure: bool) -> type[_T]:
+    """The class to run for twin ``name``: its compiled twin where built and ``pure`` is off, else ``pure_class``
+    (the twin has the same interface: its stub and the differential tests hold it to that)."""
+    twin = None if pure else _load(name)
+    return pure_class if twin is None else twin  # type: ignore[return-value]
+
+
+def built() -> dict[str, bool]:
+    """Per twin, whether it was compiled for this installation."""
+    return {name: _load(name) is not None for name in TWINS}
+
+
+def _stale(name: str) -> bool:
+    """Whether twin ``name``'s compiled module is older than its ``.pyx`` (an editable install not rebuilt)."""
+    module = sys.modules.get(TWINS[name][0])
+    built_at = Path(getattr(module, "__file__", None) or "")
+    source = built_at.with_name(built_at.name.partition(".")[0] + ".pyx")
+    try:
+        return source.stat().st_mtime > built_at.stat().st_mtime
+    except OSError:  # an installed wheel carries no .pyx
+        return False
+
+
+def describe(pure: bool) -> str:
+    """Which code a backend with this ``pure`` setting runs, in words: ``compiled twins: ledger``, or why pure."""
+    if pure:
+        return "pure Python (pure=True: METRALE_PURE)"
+    names = [name for name, ok in built().items() if ok]
+    if not names:
+        return "pure Python (no compiled twins were built: no C compiler at install)"
+    stale = [name for name in names if _stale(name)]
+    note = f"; STALE, older than their .pyx: {', '.join(stale)} (reinstall to rebuild)" if stale else ""
+    return f"compiled twins: {', '.join(names)}{note}"

@@ -1,0 +1,154 @@
+"""The compiled twins against their pure reference (issue 38): the same interface, and the same answers to the
+same random programs.
+
+The twins are compiled where the build found a C compiler (CI's and the GPU machine's); where none was built,
+these tests skip, saying so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metrale_core import MetraleSettings, open_backend
+from metrale_core._device.buffer import DeviceBuffer
+from metrale_core._memory.ledger import Ledger as PureLedger
+from metrale_core._twins import TWINS, built, describe, pick
+from tests._support import SETTINGS
+
+PURE_CLASSES = {"ledger": PureLedger}
+
+
+def _twin(name: str) -> type:
+    if not built()[name]:
+        pytest.skip(f"the {name} twin was not compiled here (no C compiler at install): the pure class runs")
+    module, attr = TWINS[name]
+    twin: type = getattr(importlib.import_module(module), attr)
+    return twin
+
+
+def test_every_twin_has_a_pure_reference() -> None:
+    assert set(PURE_CLASSES) == set(TWINS)
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_a_twin_has_its_pure_class_s_interface(name: str) -> None:
+    twin, pure = _twin(name), PURE_CLASSES[name]
+    assert twin.__name__ == pure.__name__
+
+    def public(cls: type) -> dict[str, list[tuple[str, object]]]:
+        """Each public method's parameters: names, kinds and defaults (a compiled method has no annotations)."""
+        names = {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+        return {
+            n: [(p.name, p.default) for p in inspect.signature(getattr(cls, n)).parameters.values()] for n in names
+        }
+
+    assert public(twin) == public(pure)
+    attributes = {n for n in dir(pure(0)) if not n.startswith("_") and not callable(getattr(pure(0), n))}
+    assert attributes <= set(dir(twin(0))), attributes - set(dir(twin(0)))
+    assert len(twin(history=3)) == 0 and twin(history=3).history == 3
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_pick_takes_the_twin_unless_pure(pure: bool) -> None:
+    chosen = pick("ledger", PureLedger, pure)
+    assert chosen is PureLedger if pure or not built()["ledger"] else chosen is not PureLedger
+
+
+def test_the_pure_setting_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("METRALE_PURE", "1")
+    assert MetraleSettings().pure is True
+    monkeypatch.setenv("METRALE_PURE", "0")
+    assert MetraleSettings().pure is False
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 7), st.integers(1, 4)),
+        st.tuples(st.just("take"), st.integers(0, 7), st.integers(0, 4)),
+        st.tuples(st.just("holds"), st.integers(0, 7), st.integers(0, 4)),
+        st.tuples(st.just("drain"), st.just(0), st.just(0)),
+        st.tuples(st.just("snapshot"), st.just(0), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+def _buf(index: int, size: int) -> DeviceBuffer:
+    return DeviceBuffer._make(0x1000 * (index + 1), 256 * size, "device", index, f"app.py:{index}", None)
+
+
+def _run(ledger: object, ops: list[tuple[str, int, int]]) -> list[object]:
+    """Apply ``ops`` to ``ledger``; what each answered, and the state after each."""
+    out: list[object] = []
+    for op, index, size in ops:
+        if op == "add":
+            ledger.add(_buf(index, size))  # type: ignore[attr-defined]
+            got: object = None
+        elif op == "take":
+            taken = ledger.take(index, 0x1000 * (index + 1), 256 * size)  # type: ignore[attr-defined]
+            got = None if taken is None else (taken.index, taken.nbytes)
+        elif op == "holds":
+            got = ledger.holds(index, 0x1000 * (index + 1), 256 * size)  # type: ignore[attr-defined]
+        elif op == "drain":
+            got = ledger.drain()  # type: ignore[attr-defined]
+        else:
+            got = ledger.snapshot()  # type: ignore[attr-defined]
+        out.append((op, got, len(ledger), ledger.live_bytes(), ledger.taken))  # type: ignore[arg-type, attr-defined]
+    events = [(e.op, e.record) for e in ledger.events()]  # type: ignore[attr-defined]
+    out.append((events, ledger.dropped))  # type: ignore[attr-defined]
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=_OPS, history=st.integers(0, 5))
+def test_the_ledger_twin_answers_as_the_pure_ledger(ops: list[tuple[str, int, int]], history: int) -> None:
+    twin = _twin("ledger")
+    assert _run(twin(history), ops) == _run(PureLedger(history), ops)
+
+
+def test_the_ledger_twin_is_thread_safe() -> None:
+    """Four threads add and take their own allocations: every one is counted, none lost."""
+    ledger = _twin("ledger")(0)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(2000):
+                index = t * 10_000 + i
+                ledger.add(_buf(index, 1))
+                assert ledger.take(index, 0x1000 * (index + 1), 256) is not None
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors and len(ledger) == 0 and ledger.taken == 8000
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_a_backend_runs_the_same_on_both(pure: bool) -> None:
+    """The public ledger of a backend, pure or compiled, through a leak and a sweep."""
+    with open_backend("fake", settings=SETTINGS.updated(pure=pure, memory_history=8)) as gpu:
+        kept, gone = gpu.alloc(1024), gpu.alloc(2048)
+        gpu.free(gone)
+        assert [(r.index, r.nbytes) for r in gpu.ledger_probe().records()] == [(kept.index, 1024)]
+        assert gpu.sweep_unreleased() == 1
+        report = gpu.ledger_report()
+        assert [(r.index, r.nbytes) for r in report.swept] == [(kept.index, 1024)] and report.live == ()
+
+
+def test_describe_says_which_code_runs() -> None:
+    assert describe(True) == "pure Python (pure=True: METRALE_PURE)"
+    if built()["ledger"]:
+        assert describe(False).startswith("compiled twins: ledger")
+    else:
+        assert describe(False) == "pure Python (no compiled twins were built: no C compiler at install)"
