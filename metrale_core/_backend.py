@@ -40,6 +40,7 @@ from ._redzones.guard import ZoneGuard
 from ._reports.merge import LedgerReport, ledger_report
 from ._settings.model import MetraleSettings
 from ._streams.front import StreamFront
+from ._twins import pick
 from ._types import KernelImplementation, MemoryInfo, Origin, RedZoneChecks, RedZoneViolation
 from .kernels._ntile import NTile
 from .kernels._tensormap import TensorMapSpec
@@ -69,7 +70,7 @@ class GpuBackend:
         self._raw_device = raw  # what `raw` answers, after close() too
         ctx = self._ctx = DeviceContext(name, ordinal, settings, raw, frozenset(internal_packages))
         self._holdings = Holdings(ctx)
-        self._stats = StatsCounter()
+        self._stats = pick("stats", StatsCounter, settings.pure)()
         self._streams = StreamFront(ctx, self._holdings, self._stats)
         self._guard = ZoneGuard(ctx, self._stats, self._streams.default)
         self._streams.attach(self._guard)

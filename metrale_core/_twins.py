@@ -20,7 +20,10 @@ from typing import Final, TypeVar
 __all__ = ["TWINS", "built", "describe", "pick"]
 
 #: Each twin: its name, and the module and class that hold it (the pure class is its owner's to pass).
-TWINS: Final = {"ledger": ("metrale_core._memory._ledger", "Ledger")}
+TWINS: Final = {
+    "ledger": ("metrale_core._memory._ledger", "Ledger"),
+    "stats": ("metrale_core._device._stats", "StatsCounter"),
+}
 
 _T = TypeVar("_T")
 _loaded: dict[str, object | None] = {}

@@ -38,7 +38,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_settings": (("parsing", "hooks"), ("plugins",), ("model",)),
     "kernels": (("_ptx", "_tensormap", "_ntile"), ("__init__",), ("__main__",)),
     "_interop": (("dlpack",), ("foreign",)),
-    "_device": (("args", "stats", "raw", "guarded"), ("buffer",), ("capture",), ("context",), ("handles",)),
+    "_device": (("args", "stats", "raw", "guarded"), ("_stats", "buffer"), ("capture",), ("context",), ("handles",)),
     "_redzones": (("layout",), ("scanner",), ("ingraph", "queued"), ("guard",)),
     "_memory": (
         ("meminfo", "ledger"),

@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 
 from metrale_core import MetraleSettings, open_backend
 from metrale_core._device.buffer import DeviceBuffer
+from metrale_core._device.stats import StatsCounter as PureStats
 from metrale_core._memory.ledger import Ledger as PureLedger
 from metrale_core._twins import TWINS, built, describe, pick
 from tests._support import SETTINGS
 
-PURE_CLASSES = {"ledger": PureLedger}
+PURE_CLASSES: dict[str, type] = {"ledger": PureLedger, "stats": PureStats}
 
 
 def _twin(name: str) -> type:
@@ -49,8 +50,13 @@ def test_a_twin_has_its_pure_class_s_interface(name: str) -> None:
         }
 
     assert public(twin) == public(pure)
-    attributes = {n for n in dir(pure(0)) if not n.startswith("_") and not callable(getattr(pure(0), n))}
-    assert attributes <= set(dir(twin(0))), attributes - set(dir(twin(0)))
+    make = (lambda cls: cls(0)) if name == "ledger" else (lambda cls: cls())
+    attributes = {n for n in dir(make(pure)) if not n.startswith("_") and not callable(getattr(make(pure), n))}
+    assert attributes <= set(dir(make(twin))), attributes - set(dir(make(twin)))
+
+
+def test_the_ledger_twin_takes_its_history_keyword() -> None:
+    twin = _twin("ledger")
     assert len(twin(history=3)) == 0 and twin(history=3).history == 3
 
 
@@ -148,7 +154,40 @@ def test_a_backend_runs_the_same_on_both(pure: bool) -> None:
 
 def test_describe_says_which_code_runs() -> None:
     assert describe(True) == "pure Python (pure=True: METRALE_PURE)"
-    if built()["ledger"]:
-        assert describe(False).startswith("compiled twins: ledger")
+    if all(built().values()):
+        assert describe(False).startswith("compiled twins: ledger, stats")
     else:
         assert describe(False) == "pure Python (no compiled twins were built: no C compiler at install)"
+
+
+_STATS_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from(["allocated", "released"]), st.sampled_from(["device", "managed", "arena"]),
+                  st.integers(0, 1 << 40)),
+        st.tuples(st.sampled_from(["quarantined", "reusable"]), st.integers(-3, 3), st.integers(-(1 << 30), 1 << 30)),
+        st.tuples(st.just("reset_peak"), st.just(0), st.just(0)),
+        st.tuples(st.sampled_from(["arena_allocs", "graph_launches", "oom_count", "redzone_scans"]), st.just(0),
+                  st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+def _run_stats(stats: object, ops: list[tuple[str, object, int]]) -> list[object]:
+    out: list[object] = []
+    for op, a, b in ops:
+        if op in ("allocated", "released", "quarantined", "reusable"):
+            getattr(stats, op)(a, b)
+        elif op == "reset_peak":
+            stats.reset_peak()  # type: ignore[attr-defined]
+        else:
+            setattr(stats, op, getattr(stats, op) + 1)
+        out.append(stats.freeze(7, 3, 2))  # type: ignore[attr-defined]
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=_STATS_OPS)
+def test_the_stats_twin_counts_as_the_pure_counter(ops: list[tuple[str, object, int]]) -> None:
+    twin = _twin("stats")
+    assert _run_stats(twin(), ops) == _run_stats(PureStats(), ops)

@@ -32,6 +32,7 @@ from ..._device.stats import StatsCounter
 from ..._errors import InvalidBufferError
 from ..._launch.registry import MAX_BLOCK, MAX_GRID, RunMetrics, pack_args
 from ..._memory.ledger import Ledger, call_site, next_index
+from ..._twins import pick
 from .context import Bench
 from .launches import BLOCK, EAGER_N
 from .model import Figure, Result
@@ -78,7 +79,8 @@ def pair_steps(gpu: GpuBackend, nbytes: int, sample: DeviceBuffer) -> PairSteps:
     backend = parts(gpu)
     ctx, raw = backend.context, gpu.raw
     internal = ctx.internal
-    ledger, stats = Ledger(), StatsCounter()
+    pure = gpu.settings.pure  # the classes the backend runs: the compiled twins where built
+    ledger, stats = pick("ledger", Ledger, pure)(), pick("stats", StatsCounter, pure)()
 
     def capture_rule() -> None:
         for _ in range(2):
@@ -139,7 +141,7 @@ def _live_on(ledger: Ledger) -> Callable[[DeviceBuffer], None]:
 def memset_steps(gpu: GpuBackend, buf: DeviceBuffer, nbytes: int) -> dict[str, Op]:
     """The steps of an eager ``memset`` of ``nbytes`` of ``buf`` on the default stream."""
     raw, raw_stream, ptr = gpu.raw, gpu.default_stream.raw, buf.ptr
-    ledger = Ledger()
+    ledger = pick("ledger", Ledger, gpu.settings.pure)()
     ledger.add(buf)
     return {
         "memset: the plugin's raw memset": lambda: raw.memset(ptr, 0, nbytes, raw_stream),
@@ -151,7 +153,7 @@ def memset_steps(gpu: GpuBackend, buf: DeviceBuffer, nbytes: int) -> dict[str, O
 def launch_steps(gpu: GpuBackend, kernel: Kernel, grid: int, block: int, args: Sequence[object]) -> dict[str, Op]:
     """The steps of an eager ``launch`` of ``kernel`` on the default stream; the caller holds the buffers."""
     ctx, raw, raw_stream = parts(gpu).context, gpu.raw, gpu.default_stream.raw
-    ledger = Ledger()
+    ledger = pick("ledger", Ledger, gpu.settings.pure)()
     for arg in args:
         if isinstance(arg, DeviceBuffer):
             ledger.add(arg)

@@ -1,0 +1,145 @@
+# cython: language_level=3, binding=True, embedsignature=True
+"""The compiled twin of [`StatsCounter`][metrale_core._device.stats.StatsCounter]: the same interface and
+behaviour, its counters C integers (one per kind of memory in ``KINDS``) under a C-level lock.
+
+- The pure class in ``stats.py`` is the reference; `_twins.pick` chooses per backend.
+- The counters the pure class bumps without its lock (a lost count under a race is harmless for a
+  statistic) are public C integers here, read and written from Python as before.
+"""
+
+cimport cython
+
+from .stats import KINDS, MemoryStats
+
+# the kinds, in KINDS's order: an allocation's kind is one of them (the allocator checks it before)
+cdef enum:
+    N_KINDS = 3
+assert len(KINDS) == N_KINDS
+
+
+cdef inline int _kind(str kind) except -1:
+    if kind == "device":
+        return 0
+    if kind == "managed":
+        return 1
+    if kind == "arena":
+        return 2
+    raise KeyError(kind)
+
+
+@cython.final
+cdef class StatsCounter:
+    """The mutable counters behind `MemoryStats`; thread-safe (compiled twin)."""
+
+    cdef cython.pymutex _lock
+    cdef long long _current[N_KINDS]
+    cdef long long _peak[N_KINDS]
+    cdef long long _allocated[N_KINDS]
+    cdef long long _peak_total
+    cdef long long _total
+    cdef public long long allocs
+    cdef public long long frees
+    cdef public long long arena_allocs
+    cdef public long long oom_count
+    cdef public long long oom_retries
+    cdef public long long redzone_scans
+    cdef public long long graph_launches
+    cdef public long long quarantined_count
+    cdef public long long quarantined_bytes
+    cdef public long long reusable_count
+    cdef public long long reusable_bytes
+    cdef public long long redzone_sample
+
+    def __init__(self):
+        cdef int i
+        for i in range(N_KINDS):
+            self._current[i] = 0
+            self._peak[i] = 0
+            self._allocated[i] = 0
+        self._peak_total = 0
+        self._total = 0
+        self.allocs = 0
+        self.frees = 0
+        self.arena_allocs = 0
+        self.oom_count = 0
+        self.oom_retries = 0
+        self.redzone_scans = 0
+        self.graph_launches = 0
+        self.quarantined_count = 0
+        self.quarantined_bytes = 0
+        self.reusable_count = 0
+        self.reusable_bytes = 0
+        self.redzone_sample = 1
+
+    def quarantined(self, long long count, long long nbytes):
+        """Buffers entered (positive) or left (negative) the red-zone quarantine."""
+        with self._lock:
+            self.quarantined_count += count
+            self.quarantined_bytes += nbytes
+
+    def reusable(self, long long count, long long nbytes):
+        """Checked zoned blocks entered (positive) or left (negative) the red zones' reuse lists."""
+        with self._lock:
+            self.reusable_count += count
+            self.reusable_bytes += nbytes
+
+    def allocated(self, str kind, long long nbytes):
+        cdef int k = _kind(kind)
+        cdef long long now
+        with self._lock:
+            self.allocs += 1
+            now = self._current[k] + nbytes
+            self._current[k] = now
+            if now > self._peak[k]:
+                self._peak[k] = now
+            self._allocated[k] += nbytes
+            self._total += nbytes
+            if self._total > self._peak_total:
+                self._peak_total = self._total
+
+    def released(self, str kind, long long nbytes):
+        cdef int k = _kind(kind)
+        with self._lock:
+            self.frees += 1
+            self._current[k] -= nbytes
+            self._total -= nbytes
+
+    def reset_peak(self):
+        cdef int i
+        cdef long long total = 0
+        with self._lock:
+            for i in range(N_KINDS):
+                self._peak[i] = self._current[i]
+                total += self._current[i]
+            self._peak_total = total
+
+    def freeze(self, arena_capacity, arena_used, arena_allocs):
+        """The counters now, with what the open arenas hold (closed ones were counted as they closed)."""
+        cdef int i
+        with self._lock:
+            current = {KINDS[i]: self._current[i] for i in range(N_KINDS)}
+            peak = {KINDS[i]: self._peak[i] for i in range(N_KINDS)}
+            allocated = {KINDS[i]: self._allocated[i] for i in range(N_KINDS)}
+            counts = (self.allocs, self.frees, self._peak_total, self.arena_allocs, self.oom_count,
+                      self.oom_retries, self.redzone_scans, self.graph_launches, self.quarantined_count,
+                      self.quarantined_bytes, self.redzone_sample, self.reusable_count, self.reusable_bytes)
+        return MemoryStats(
+            alloc_count=counts[0],
+            free_count=counts[1],
+            current_bytes=current,
+            peak_bytes=peak,
+            peak_total_bytes=counts[2],
+            arena_capacity=arena_capacity,
+            arena_used=arena_used,
+            arena_allocs=counts[3] + arena_allocs,
+            oom_count=counts[4],
+            oom_retries=counts[5],
+            redzone_scans=counts[6],
+            graph_launches=counts[7],
+            redzone_quarantined=counts[8],
+            redzone_quarantined_bytes=counts[9],
+            redzone_sample=counts[10],
+            redzone_reusable=counts[11],
+            redzone_reusable_bytes=counts[12],
+            allocated_bytes=allocated,
+        )
