@@ -406,8 +406,9 @@ _TWINS_BUILT = (
     "    except md.PackageNotFoundError:\n"
     "        return 'no ' + name\n"
     "cc = (sysconfig.get_config_var('CC') or 'cc').split()[0]\n"
+    "header = os.path.join(sysconfig.get_paths()['include'], 'Python.h')\n"
     "found = [version('setuptools'), version('Cython'), cc + (' found' if shutil.which(cc) else ' missing'),\n"
-    "         'Python.h ' + ('found' if os.path.exists(sysconfig.get_paths()['include'] + '/Python.h') else 'missing')]\n"
+    "         'Python.h ' + ('found' if os.path.exists(header) else 'missing')]\n"
     "if missing:\n"
     "    sys.exit('the pure-Python modules run; here: ' + ', '.join(found) + '; ' + hint)\n"
 )
