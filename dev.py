@@ -410,7 +410,7 @@ _TWINS_BUILT = (
     "found = [version('setuptools'), version('Cython'), cc + (' found' if shutil.which(cc) else ' missing'),\n"
     "         'Python.h ' + ('found' if os.path.exists(header) else 'missing')]\n"
     "if missing:\n"
-    "    sys.exit('the pure-Python modules run; here: ' + ', '.join(found) + '; ' + hint)\n"
+    "    sys.exit('not compiled; here: ' + ', '.join(found) + '; ' + hint)\n"
 )
 #: What building the core needs on the GPU machine, carried as wheels: ``../shared/gpu/fetch-wheels.sh`` these.
 GPU_BUILD_WHEELS = ("cython==3.3.1", "setuptools==84.2.1")
