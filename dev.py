@@ -4,7 +4,7 @@
     python3 dev.py selftest     # create .venv if needed, install what it needs, run `metrale selftest`
     python3 dev.py test         # the whole test suite (derandomized Hypothesis profile "ci")
     python3 dev.py test --thorough   # more Hypothesis examples, random seeds
-    python3 dev.py lint         # ruff and mypy --strict on the packages
+    python3 dev.py lint         # ruff and mypy --strict on the packages; stubtest on the compiled twins
     python3 dev.py docs         # build the documentation site (mkdocs build --strict) into site/
     python3 dev.py docs --serve # serve it at http://127.0.0.1:8000 (mkdocs serve), rebuilt as files change
     python3 dev.py wheels       # build every distribution's sdist and wheel, install them in a fresh
@@ -18,6 +18,9 @@
                                 # twice, the benchmarks; logs and summary.txt under $OUT (or gpu-logs/); see gpu()
 
 Extra arguments after `test` go to pytest.
+
+The core's compiled twins (``metrale_core/**/*.pyx``, docs/building.md) compile in place with the editable
+install where a C compiler is; elsewhere the pure-Python modules run, and dev.py says so once.
 
 `torchrun` installs ``torch==2.13.0`` with pip when torch is not importable. CI's machines keep a CPU build of
 it on disk, which pip takes; elsewhere pip may download a CUDA build of several GB: install a CPU build first
@@ -686,8 +689,9 @@ def _commit() -> str:
 
 def gpu(argv: Sequence[str]) -> int:
     """On the lent GPU machine, one command: install the checkout (no venv: the wheels of .whl/ into /tmp/site,
-    the packages editable into this Python), then each step under its own time limit, never stopping at a
-    failure; logs/STEP.txt and summary.txt under $OUT (or gpu-logs/). Exits 1 if a step failed or did not run."""
+    setuptools and Cython among them, the packages editable into this Python, the twins compiled), then each step
+    under its own time limit, never stopping at a failure; logs/STEP.txt and summary.txt under $OUT (or gpu-logs/).
+    Exits 1 if a step failed or did not run."""
     parser = argparse.ArgumentParser(prog="dev.py gpu", description=gpu.__doc__)
     parser.add_argument("--only", metavar="STEPS", help=f"comma-separated steps: {', '.join(GPU_STEPS)}")
     parser.add_argument("--quick", action="store_true",
@@ -707,7 +711,7 @@ def gpu(argv: Sequence[str]) -> int:
     parser.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="passed to both suite runs")
     options = parser.parse_args(argv)
     plan = gpu_plan(options)
-    install = GpuStep("install", "the wheels of .whl/ into /tmp/site, the packages editable", 180,
+    install = GpuStep("install", "the wheels of .whl/ into /tmp/site, the packages editable, the twins", 180,
                       _install_commands((ROOT / ".whl").is_dir()))
     steps = ((install,) if plan.install else ()) + plan.steps
     if options.dry_run:
