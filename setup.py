@@ -33,7 +33,7 @@ def twins() -> list[Extension]:
     return found
 
 
-class BuildTwins(build_ext):  # type: ignore[misc]  # setuptools has no type information
+class BuildTwins(build_ext):
     """setuptools' build_ext (Cython's, where Cython is installed), with the twins' directives, and one line
     instead of a failure where they cannot be compiled."""
 
