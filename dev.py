@@ -4,7 +4,7 @@
     python3 dev.py selftest     # create .venv if needed, install what it needs, run `metrale selftest`
     python3 dev.py test         # the whole test suite (derandomized Hypothesis profile "ci")
     python3 dev.py test --thorough   # more Hypothesis examples, random seeds
-    python3 dev.py lint         # ruff and mypy --strict on the packages
+    python3 dev.py lint         # ruff and mypy --strict on the packages; stubtest on the compiled twins
     python3 dev.py docs         # build the documentation site (mkdocs build --strict) into site/
     python3 dev.py docs --serve # serve it at http://127.0.0.1:8000 (mkdocs serve), rebuilt as files change
     python3 dev.py wheels       # build every distribution's sdist and wheel, install them in a fresh
@@ -19,6 +19,9 @@
 
 Extra arguments after `test` go to pytest.
 
+The core's compiled twins (``metrale_core/**/*.pyx``, docs/building.md) compile in place with the editable
+install where a C compiler is; elsewhere the pure-Python modules run, and dev.py says so once.
+
 `torchrun` installs ``torch==2.13.0`` with pip when torch is not importable. CI's machines keep a CPU build of
 it on disk, which pip takes; elsewhere pip may download a CUDA build of several GB: install a CPU build first
 (``pip install torch --index-url https://download.pytorch.org/whl/cpu`` in ``.venv``) to avoid that.
@@ -31,6 +34,7 @@ import contextlib
 import dataclasses
 import datetime
 import hashlib
+import importlib.machinery
 import json
 import os
 import re
@@ -44,6 +48,7 @@ import tarfile
 import time
 import tomllib
 import venv
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,9 +63,10 @@ SELFTEST_PACKAGES = [".", "backends/fake", "backends/cuda"]
 #: Every distribution `wheels` builds, by folder; the last is `metrale`, the meta-distribution users install.
 DISTRIBUTIONS = [".", "backends/fake", "backends/cuda", "examples/tracing-backend", "examples/pipeline",
                  "packaging/metrale"]
-PROJECT_FILES = ["pyproject.toml"] + [f"{p}/pyproject.toml" for p in PACKAGES[1:]]
-#: Where each distribution's version is written (hatch reads it from there): an editable install's metadata
-#: carries it, so a changed version reinstalls.
+#: The build's files: a change reinstalls (the core's setup.py and MANIFEST.in with its pyproject.toml).
+PROJECT_FILES = ["pyproject.toml", "setup.py", "MANIFEST.in"] + [f"{p}/pyproject.toml" for p in PACKAGES[1:]]
+#: Where each distribution's version is written (its build backend reads it from there): an editable install's
+#: metadata carries it, so a changed version reinstalls.
 VERSION_FILES = [
     "metrale_core/__init__.py",
     "backends/fake/metrale_fake/__init__.py",
@@ -85,10 +91,22 @@ def run(*cmd: str | Path, cwd: Path = ROOT, env: dict[str, str] | None = None) -
     return subprocess.call([str(c) for c in cmd], cwd=cwd, env=env)
 
 
+def twins() -> dict[str, Path]:
+    """The compiled twins: each ``metrale_core/**/*.pyx`` by the module setup.py builds from it."""
+    return {".".join(p.relative_to(ROOT).with_suffix("").parts): p
+            for p in sorted((ROOT / "metrale_core").rglob("*.pyx"))}
+
+
+def compiled_twins() -> list[str]:
+    """The twins built in place for this Python (the editable install builds them beside their ``.pyx``)."""
+    return [name for name, pyx in twins().items()
+            if any(pyx.with_name(pyx.stem + s).exists() for s in importlib.machinery.EXTENSION_SUFFIXES)]
+
+
 def _digest() -> str:
     digest = hashlib.sha256(sys.version.encode())
-    for name in PROJECT_FILES:
-        path = ROOT / name
+    # a changed .pyx reinstalls too: the editable install compiles the twins, once
+    for path in [ROOT / name for name in PROJECT_FILES] + list(twins().values()):
         digest.update(path.read_bytes() if path.exists() else b"")
     for name in VERSION_FILES:
         path = ROOT / name
@@ -123,7 +141,25 @@ def ensure_env(full: bool = True) -> None:
         editable += ["-e", pkg]
     if run(PY, "-m", "pip", "install", "-q", "--upgrade", "pip") or run(PY, "-m", "pip", "install", "-q", *editable):
         sys.exit("dev.py: installing the packages failed (see above)")
+    # pip -q hides setup.py's line: say it here
+    missing = sorted(set(twins()) - set(compiled_twins()))
+    if missing:
+        print(f"dev.py: {len(missing)} of {len(twins())} compiled twins not built ({', '.join(missing)}): no C "
+              f"compiler? the pure-Python modules run", flush=True)
     stamps[full].write_text(digest)
+
+
+def lint() -> int:
+    """ruff, mypy --strict, and mypy's stubtest: each compiled twin against its .pyi (mypy reads the .pyi alone)."""
+    ruff = run(PY, "-m", "ruff", "check", *LINTED, "tests", "examples", "conftest.py", "dev.py", "setup.py")
+    if ruff or run(PY, "-m", "mypy", *LINTED):
+        return 1
+    compiled = compiled_twins()
+    if not compiled:
+        print(f"lint: no compiled twin here ({len(twins())} .pyx): stubtest skipped", flush=True)
+        return 0
+    allowlist = ROOT / "tools" / "stubtest-allowlist.txt"  # what Cython adds to each; not every twin has all
+    return run(PY, "-m", "mypy.stubtest", "--allowlist", allowlist, "--ignore-unused-allowlist", *compiled)
 
 
 def _meta_version() -> str:
@@ -142,13 +178,38 @@ def _not_local(report: Path, dist: Path) -> list[str]:
     return wrong
 
 
+def _build_requirements() -> list[str]:
+    """What building the distributions needs (each [build-system] requires): `wheels` builds without isolation."""
+    found: list[str] = []
+    for folder in DISTRIBUTIONS:
+        with (ROOT / folder / "pyproject.toml").open("rb") as f:
+            found += [r for r in tomllib.load(f)["build-system"]["requires"] if r not in found]
+    return found
+
+
+def _core_wheel_lacks(dist: Path) -> list[str]:
+    """What metrale-core's wheel lacks: a file of metrale_core in its sdist (not the build's by-products), or a
+    compiled module for each twin (.pyx)."""
+    sdist, wheel = next(dist.glob("metrale_core-*.tar.gz")), next(dist.glob("metrale_core-*.whl"))
+    with tarfile.open(sdist) as tar:
+        sources = [m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()]
+    with zipfile.ZipFile(wheel) as zf:
+        carried = set(zf.namelist())
+    lacks = [name for name in sources if name.startswith("metrale_core/") and name not in carried]
+    for pyx in (name for name in sources if name.endswith(".pyx")):
+        stem = pyx.removesuffix(".pyx") + "."
+        if not any(n.startswith(stem) and n.endswith((".so", ".pyd")) for n in carried):
+            lacks.append(f"{pyx}'s compiled module (no C compiler? the build said so)")
+    return lacks
+
+
 def wheels() -> int:
     """Build every distribution's sdist, and its wheel from that sdist; install the wheels into a fresh
     environment (not editable), `metrale[cuda]` resolved through --find-links; run the release checks there."""
     start = time.monotonic()
     ensure_env(full=False)
-    if run(PY, "-m", "pip", "install", "-q", "build", "hatchling>=1.18"):
-        sys.exit("dev.py: installing build and hatchling failed (see above)")
+    if run(PY, "-m", "pip", "install", "-q", "build", *_build_requirements()):
+        sys.exit("dev.py: installing build and the build backends failed (see above)")
     dist, env_dir = RELEASE / "dist", RELEASE / "env"
     shutil.rmtree(RELEASE, ignore_errors=True)
     for folder in DISTRIBUTIONS:
@@ -159,6 +220,9 @@ def wheels() -> int:
     sdists, wheel_files = [n for n in built if n.endswith(".tar.gz")], [n for n in built if n.endswith(".whl")]
     if len(sdists) != len(DISTRIBUTIONS) or len(wheel_files) != len(DISTRIBUTIONS):
         sys.exit(f"dev.py wheels: expected {len(DISTRIBUTIONS)} sdists and wheels in {dist}, found {built}")
+    lacks = _core_wheel_lacks(dist)
+    if lacks:
+        sys.exit(f"dev.py wheels: metrale-core's wheel lacks {'; '.join(lacks)}")
     print(f"+ creating {env_dir}", flush=True)
     venv.create(env_dir, with_pip=True)
     env_py = env_dir / BIN.name / "python"
@@ -177,11 +241,12 @@ def wheels() -> int:
     # run outside the working tree, with nothing of it on the path: the installed wheels are what runs
     child_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     metrale = env_dir / BIN.name / "metrale"
-    where = ("import sys, metrale_core, metrale_fake, metrale_cuda\n"
-             "outside = [m.__file__ for m in (metrale_core, metrale_fake, metrale_cuda)\n"
-             "           if not (m.__file__ or '').startswith(sys.prefix)]\n"
+    # and the compiled twins (named after the command), which import only where they were compiled
+    where = ("import importlib, sys, metrale_core, metrale_fake, metrale_cuda\n"
+             "modules = [metrale_core, metrale_fake, metrale_cuda, *map(importlib.import_module, sys.argv[1:])]\n"
+             "outside = [m.__file__ for m in modules if not (m.__file__ or '').startswith(sys.prefix)]\n"
              "sys.exit(f'not from the wheels: {outside}' if outside else 0)")
-    for cmd in ([env_py, "-c", where], [metrale, "--version"], [metrale, "selftest"],
+    for cmd in ([env_py, "-c", where, *twins()], [metrale, "--version"], [metrale, "selftest"],
                 [metrale, "conformance", "fake"]):
         if run(*cmd, cwd=env_dir, env=child_env):
             sys.exit(f"dev.py wheels: {' '.join(str(c) for c in cmd[1:]) or cmd[0]} failed in {env_dir}")
@@ -330,7 +395,33 @@ _IMPORTS_FROM = (
 )
 
 
+#: ``python -c _TWINS_BUILT HINT NAME...``: fails unless each compiled twin NAME imports (only a compiled one can),
+#: naming what a build needs (setuptools, Cython, a C compiler, Python's headers) and HINT. pip -q hides setup.py's
+#: own line.
+_TWINS_BUILT = (
+    "import importlib.metadata as md, importlib.util, os, shutil, sys, sysconfig\n"
+    "hint, names = sys.argv[1], sys.argv[2:]\n"
+    "missing = [n for n in names if importlib.util.find_spec(n) is None]\n"
+    "print(f'compiled twins: {len(names) - len(missing)} of {len(names)} built', *missing)\n"
+    "def version(name):\n"
+    "    try:\n"
+    "        return name + ' ' + md.version(name)\n"
+    "    except md.PackageNotFoundError:\n"
+    "        return 'no ' + name\n"
+    "cc = (sysconfig.get_config_var('CC') or 'cc').split()[0]\n"
+    "header = os.path.join(sysconfig.get_paths()['include'], 'Python.h')\n"
+    "found = [version('setuptools'), version('Cython'), cc + (' found' if shutil.which(cc) else ' missing'),\n"
+    "         'Python.h ' + ('found' if os.path.exists(header) else 'missing')]\n"
+    "if missing:\n"
+    "    sys.exit('not compiled; here: ' + ', '.join(found) + '; ' + hint)\n"
+)
+#: What building the core needs on the GPU machine, carried as wheels: ``../shared/gpu/fetch-wheels.sh`` these.
+GPU_BUILD_WHEELS = ("cython==3.3.1", "setuptools==84.2.1")
+
+
 def _install_commands(wheels: bool) -> tuple[GpuCommand, ...]:
+    """The wheels of .whl/ into /tmp/site (with setuptools and Cython, which build the core's twins: no build
+    isolation, no network), the packages editable (the twins compiled in place), then a check that they were."""
     pip = _python("-m", "pip", "install", "-q", "--no-index", "--no-deps")
     commands = []
     if wheels:
@@ -338,6 +429,8 @@ def _install_commands(wheels: bool) -> tuple[GpuCommand, ...]:
                                     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / ".whl").glob("*.whl")))))
     editable = [a for folder in PACKAGES for a in ("-e", folder.removesuffix("[test,lint,docs]"))]
     commands.append(GpuCommand((*pip, "--no-build-isolation", *editable)))
+    hint = f"carry setuptools and Cython: ../shared/gpu/fetch-wheels.sh {' '.join(GPU_BUILD_WHEELS)}"
+    commands.append(GpuCommand(_python("-c", _TWINS_BUILT, hint, *twins())))
     return tuple(commands)
 
 
@@ -596,8 +689,9 @@ def _commit() -> str:
 
 def gpu(argv: Sequence[str]) -> int:
     """On the lent GPU machine, one command: install the checkout (no venv: the wheels of .whl/ into /tmp/site,
-    the packages editable into this Python), then each step under its own time limit, never stopping at a
-    failure; logs/STEP.txt and summary.txt under $OUT (or gpu-logs/). Exits 1 if a step failed or did not run."""
+    setuptools and Cython among them, the packages editable into this Python, the twins compiled), then each step
+    under its own time limit, never stopping at a failure; logs/STEP.txt and summary.txt under $OUT (or gpu-logs/).
+    Exits 1 if a step failed or did not run."""
     parser = argparse.ArgumentParser(prog="dev.py gpu", description=gpu.__doc__)
     parser.add_argument("--only", metavar="STEPS", help=f"comma-separated steps: {', '.join(GPU_STEPS)}")
     parser.add_argument("--quick", action="store_true",
@@ -617,7 +711,7 @@ def gpu(argv: Sequence[str]) -> int:
     parser.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="passed to both suite runs")
     options = parser.parse_args(argv)
     plan = gpu_plan(options)
-    install = GpuStep("install", "the wheels of .whl/ into /tmp/site, the packages editable", 180,
+    install = GpuStep("install", "the wheels of .whl/ into /tmp/site, the packages editable, the twins", 180,
                       _install_commands((ROOT / ".whl").is_dir()))
     steps = ((install,) if plan.install else ()) + plan.steps
     if options.dry_run:
@@ -683,8 +777,7 @@ def main(argv: list[str]) -> int:
             return run(BIN / "mkdocs", "serve", *[a for a in rest if a != "--serve"])
         return run(BIN / "mkdocs", "build", "--strict", *rest)
     if command == "lint":
-        ruff = run(PY, "-m", "ruff", "check", *LINTED, "tests", "examples", "conftest.py", "dev.py")
-        return ruff or run(PY, "-m", "mypy", *LINTED)
+        return lint()
     profile = "thorough" if "--thorough" in rest else "ci"
     rest = [a for a in rest if a != "--thorough"]
     # pytest exits 5 when it collected no test: that is a failure here too.

@@ -1,0 +1,70 @@
+"""metrale-core's compiled twins; pyproject.toml holds everything else (docs/building.md says why).
+
+Each ``metrale_core/**/*.pyx`` (a twin of part of the ``.py`` beside it, ``_ledger.pyx`` of ``ledger.py``) becomes
+an optional extension module, named by its path and cythonized when it is built: the generated C stays in the
+build folder. Where the twins cannot be built (no C compiler, no Python headers, no Cython), the build goes on
+without them and says so in one line: the pure-Python modules run. An error in a ``.pyx`` fails the build.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, ExecError, PlatformError
+
+#: binding and embedsignature give each function a signature that inspect, help() and stubtest read. Bounds and
+#: negative-index checks keep Cython's defaults (on): a twin fails as its pure module does; a measured hot loop
+#: may turn them off for itself (``@cython.boundscheck(False)``).
+DIRECTIVES = {"language_level": 3, "binding": True, "embedsignature": True}
+PURE = "metrale-core: {why}: built without the compiled twins; the pure-Python modules run"
+
+
+def twins() -> list[Extension]:
+    """An optional extension for each ``.pyx`` under metrale_core, found by glob: nothing to list."""
+    found = []
+    for path in sorted(Path("metrale_core").rglob("*.pyx")):
+        ext = Extension(".".join(path.with_suffix("").parts), [path.as_posix()], optional=True)
+        ext.sources = [path.as_posix()]  # setuptools names the .c instead where Cython is missing: keep the .pyx
+        found.append(ext)
+    return found
+
+
+class BuildTwins(build_ext):
+    """setuptools' build_ext (Cython's, where Cython is installed), with the twins' directives, and one line
+    instead of a failure where they cannot be compiled."""
+
+    def initialize_options(self) -> None:
+        super().initialize_options()
+        self.failed: str | None = None  # the first twin that did not compile, and why
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        # Cython's build_ext reads these: the generated C goes to the build's temporary folder, not beside the .pyx
+        self.cython_directives = {**DIRECTIVES, **(getattr(self, "cython_directives", None) or {})}
+        self.cython_c_in_temp = True
+
+    def run(self) -> None:
+        if importlib.util.find_spec("Cython") is None:
+            print(PURE.format(why="Cython is not installed"), file=sys.stderr)
+            return
+        super().run()
+        if self.failed:
+            print(PURE.format(why=f"no working C compiler ({self.failed})"), file=sys.stderr)
+
+    def build_extension(self, ext: Extension) -> None:
+        if self.failed:  # the next twins would fail alike
+            return
+        try:
+            super().build_extension(ext)
+        except (CCompilerError, ExecError, PlatformError) as exc:  # not Cython's errors: a bad .pyx fails
+            if not ext.optional:
+                raise
+            compiler = (getattr(self.compiler, "compiler_so", None) or [type(exc).__name__])[0]
+            self.failed = f"{compiler} failed on {ext.name}"
+
+
+setup(ext_modules=twins(), cmdclass={"build_ext": BuildTwins})

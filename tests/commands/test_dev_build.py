@@ -1,0 +1,71 @@
+"""The build of the compiled twins as dev.py sees it: which twins there are, what `wheels` requires of the core's
+wheel, and the GPU machine's install (setuptools and Cython from .whl/, no build isolation, a check of the twins).
+
+Building them is setup.py's; `python3 dev.py wheels` (CI) builds and installs the wheels.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import dev
+
+SDIST_FILES = ["metrale_core/__init__.py", "metrale_core/py.typed", "metrale_core/_memory/_t.pyx",
+               "metrale_core/_memory/_t.pyi", "setup.py", "PKG-INFO"]
+
+
+def _dist(folder: Path, carried: list[str]) -> Path:
+    """An sdist of SDIST_FILES and a wheel of ``carried``, as `python -m build` leaves them."""
+    with tarfile.open(folder / "metrale_core-1.0.tar.gz", "w:gz") as tar:
+        for name in SDIST_FILES:
+            info = tarfile.TarInfo(f"metrale_core-1.0/{name}")
+            tar.addfile(info, io.BytesIO(b""))
+    with zipfile.ZipFile(folder / "metrale_core-1.0-cp311-cp311-linux_x86_64.whl", "w") as zf:
+        for name in carried:
+            zf.writestr(name, "")
+    return folder
+
+
+def test_the_core_wheel_carries_its_sdist_s_package_and_a_compiled_module_per_twin(tmp_path: Path) -> None:
+    package = [n for n in SDIST_FILES if n.startswith("metrale_core/")]
+    so = "metrale_core/_memory/_t.cpython-311-x86_64-linux-gnu.so"
+    assert dev._core_wheel_lacks(_dist(tmp_path, [*package, so, "metrale_core-1.0.dist-info/RECORD"])) == []
+
+
+def test_a_missing_file_or_compiled_twin_is_named(tmp_path: Path) -> None:
+    carried = ["metrale_core/__init__.py", "metrale_core/_memory/_t.pyx", "metrale_core/_memory/_t.pyi"]
+    assert dev._core_wheel_lacks(_dist(tmp_path, carried)) == [
+        "metrale_core/py.typed", "metrale_core/_memory/_t.pyx's compiled module (no C compiler? the build said so)",
+    ]
+
+
+def test_the_twins_are_every_pyx_of_the_core_by_module() -> None:
+    found = dev.twins()
+    assert all(name.startswith("metrale_core.") and path.suffix == ".pyx" for name, path in found.items())
+    assert sorted(found.values()) == sorted((dev.ROOT / "metrale_core").rglob("*.pyx"))
+    assert set(dev.compiled_twins()) <= set(found)
+
+
+def test_wheels_installs_what_every_distribution_builds_with() -> None:
+    with (dev.ROOT / "pyproject.toml").open("rb") as f:
+        core = tomllib.load(f)["build-system"]["requires"]
+    needed = dev._build_requirements()
+    assert set(core) <= set(needed) and any(r.startswith("hatchling") for r in needed)
+    assert any(r.startswith("Cython") for r in core) and any(r.startswith("setuptools") for r in core)
+
+
+@pytest.mark.parametrize("wheels", [True, False])
+def test_the_gpu_install_builds_without_isolation_and_checks_the_twins(wheels: bool) -> None:
+    commands = dev._install_commands(wheels)
+    if wheels:  # setuptools and Cython among them: on the path before the build
+        assert "--target" in commands[0].argv and str(dev.GPU_SITE) in commands[0].argv
+    editable, check = commands[-2:]
+    assert "--no-build-isolation" in editable.argv and "--no-index" in editable.argv
+    assert check.argv[:2] == (dev.sys.executable, "-c") and list(check.argv[4:]) == list(dev.twins())
+    assert all(w in check.argv[3] for w in dev.GPU_BUILD_WHEELS)
