@@ -1,7 +1,10 @@
 """Stub of the compiled twin of `metrale_core._device.stats.StatsCounter` (``_stats.pyx``): the same interface."""
 
+from typing import final
+
 from .stats import MemoryStats
 
+@final
 class StatsCounter:
     allocs: int
     frees: int

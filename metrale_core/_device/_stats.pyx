@@ -9,12 +9,13 @@ behaviour, its counters C integers (one per kind of memory in ``KINDS``) under a
 
 cimport cython
 
-from .stats import KINDS, MemoryStats
+from .stats import KINDS as _KINDS
+from .stats import MemoryStats
 
 # the kinds, in KINDS's order: an allocation's kind is one of them (the allocator checks it before)
 cdef enum:
     N_KINDS = 3
-assert len(KINDS) == N_KINDS
+assert len(_KINDS) == N_KINDS
 
 
 cdef inline int _kind(str kind) except -1:
@@ -117,9 +118,9 @@ cdef class StatsCounter:
         """The counters now, with what the open arenas hold (closed ones were counted as they closed)."""
         cdef int i
         with self._lock:
-            current = {KINDS[i]: self._current[i] for i in range(N_KINDS)}
-            peak = {KINDS[i]: self._peak[i] for i in range(N_KINDS)}
-            allocated = {KINDS[i]: self._allocated[i] for i in range(N_KINDS)}
+            current = {_KINDS[i]: self._current[i] for i in range(N_KINDS)}
+            peak = {_KINDS[i]: self._peak[i] for i in range(N_KINDS)}
+            allocated = {_KINDS[i]: self._allocated[i] for i in range(N_KINDS)}
             counts = (self.allocs, self.frees, self._peak_total, self.arena_allocs, self.oom_count,
                       self.oom_retries, self.redzone_scans, self.graph_launches, self.quarantined_count,
                       self.quarantined_bytes, self.redzone_sample, self.reusable_count, self.reusable_bytes)

@@ -1,11 +1,13 @@
 """Stub of the compiled twin of `metrale_core._memory.ledger.Ledger` (``_ledger.pyx``): the same interface."""
 
 from collections.abc import Iterable
+from typing import final
 
 from .._device.buffer import DeviceBuffer
 from .._types import AllocRecord, Origin
 from .ledger import LedgerEvent
 
+@final
 class Ledger:
     dropped: int
     taken: int
