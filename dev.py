@@ -188,14 +188,16 @@ def _build_requirements() -> list[str]:
 
 
 def _core_wheel_lacks(dist: Path) -> list[str]:
-    """What metrale-core's wheel lacks: a file of metrale_core in its sdist (not the build's by-products), or a
-    compiled module for each twin (.pyx)."""
+    """What metrale-core's wheel lacks: a file of metrale_core in its sdist (not the build's by-products, nor a
+    twin's .pyx), or a compiled module for each twin (.pyx)."""
     sdist, wheel = next(dist.glob("metrale_core-*.tar.gz")), next(dist.glob("metrale_core-*.whl"))
     with tarfile.open(sdist) as tar:
         sources = [m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()]
     with zipfile.ZipFile(wheel) as zf:
         carried = set(zf.namelist())
-    lacks = [name for name in sources if name.startswith("metrale_core/") and name not in carried]
+    # (a twin's .pyx stays in the sdist: the wheel carries what it compiled to, and its stub)
+    lacks = [name for name in sources
+             if name.startswith("metrale_core/") and not name.endswith(".pyx") and name not in carried]
     for pyx in (name for name in sources if name.endswith(".pyx")):
         stem = pyx.removesuffix(".pyx") + "."
         if not any(n.startswith(stem) and n.endswith((".so", ".pyd")) for n in carried):

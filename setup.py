@@ -39,7 +39,7 @@ class BuildTwins(build_ext):
 
     def initialize_options(self) -> None:
         super().initialize_options()
-        self.failed: str | None = None  # the first twin that did not compile, and why
+        self.failed: list[str] = []  # the twins that did not compile, each with the compiler that failed
 
     def finalize_options(self) -> None:
         super().finalize_options()
@@ -53,18 +53,17 @@ class BuildTwins(build_ext):
             return
         super().run()
         if self.failed:
-            print(PURE.format(why=f"no working C compiler ({self.failed})"), file=sys.stderr)
+            why = f"the C compiler failed on {len(self.failed)} twin(s) ({'; '.join(self.failed)})"
+            print(PURE.format(why=why), file=sys.stderr)
 
     def build_extension(self, ext: Extension) -> None:
-        if self.failed:  # the next twins would fail alike
-            return
-        try:
+        try:  # each twin is tried: one that fails to compile leaves the others built
             super().build_extension(ext)
         except (CCompilerError, ExecError, PlatformError) as exc:  # not Cython's errors: a bad .pyx fails
             if not ext.optional:
                 raise
             compiler = (getattr(self.compiler, "compiler_so", None) or [type(exc).__name__])[0]
-            self.failed = f"{compiler} failed on {ext.name}"
+            self.failed.append(f"{compiler} on {ext.name}")
 
 
 setup(ext_modules=twins(), cmdclass={"build_ext": BuildTwins})

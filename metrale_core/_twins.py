@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from pathlib import Path
 from typing import Final, TypeVar
@@ -26,6 +27,7 @@ TWINS: Final = {
 }
 
 _T = TypeVar("_T")
+_log = logging.getLogger("metrale")
 _loaded: dict[str, object | None] = {}
 
 
@@ -36,6 +38,10 @@ def _load(name: str) -> object | None:
         try:
             _loaded[name] = getattr(importlib.import_module(module), attr)
         except ImportError:  # not built here: the pure class runs
+            _loaded[name] = None
+        except Exception as exc:  # a twin that fails as it loads: the pure class runs, and the log says why
+            _log.warning("the compiled twin %s (%s) failed to load, the pure class runs: %s: %s", name, module,
+                         type(exc).__name__, exc)
             _loaded[name] = None
     return _loaded[name]
 
@@ -59,17 +65,17 @@ def _stale(name: str) -> bool:
     source = built_at.with_name(built_at.name.partition(".")[0] + ".pyx")
     try:
         return source.stat().st_mtime > built_at.stat().st_mtime
-    except OSError:  # an installed wheel carries no .pyx
+    except OSError:  # an installed wheel carries no .pyx: only an in-tree (editable) build can be stale
         return False
 
 
 def describe(pure: bool) -> str:
     """Which code a backend with this ``pure`` setting runs, in words: ``compiled twins: ledger``, or why pure."""
     if pure:
-        return "pure Python (pure=True: METRALE_PURE)"
+        return "pure Python (the setting pure, METRALE_PURE=1)"
     names = [name for name, ok in built().items() if ok]
     if not names:
-        return "pure Python (no compiled twins were built: no C compiler at install)"
+        return "pure Python (no compiled twins were built here: the install found no C compiler or no Cython)"
     stale = [name for name in names if _stale(name)]
     note = f"; STALE, older than their .pyx: {', '.join(stale)} (reinstall to rebuild)" if stale else ""
     return f"compiled twins: {', '.join(names)}{note}"

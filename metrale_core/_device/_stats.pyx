@@ -15,17 +15,15 @@ from .stats import MemoryStats
 # the kinds, in KINDS's order: an allocation's kind is one of them (the allocator checks it before)
 cdef enum:
     N_KINDS = 3
-assert len(_KINDS) == N_KINDS
+if len(_KINDS) != N_KINDS:  # the C arrays' size: the loader falls back to the pure class, saying why
+    raise ImportError(f"the stats twin counts {N_KINDS} kinds of memory, KINDS has {len(_KINDS)}")
+
+
+cdef dict _INDEX = {name: i for i, name in enumerate(_KINDS)}
 
 
 cdef inline int _kind(str kind) except -1:
-    if kind == "device":
-        return 0
-    if kind == "managed":
-        return 1
-    if kind == "arena":
-        return 2
-    raise KeyError(kind)
+    return _INDEX[kind]  # (a KeyError for another kind, as the pure class raises)
 
 
 @cython.final

@@ -3,7 +3,7 @@
 records under a C-level lock (``cython.pymutex``, which lets go of the GIL while it waits) and its counters
 as C integers.
 
-- The pure class in ``ledger.py`` is the reference: `holdings.ledger_type` picks this one where it was built
+- The pure class in ``ledger.py`` is the reference: `_twins.pick` picks this one where it was built
   and ``pure`` is off. A differential test runs both through the same programs.
 - Records are kept by creation index in a dict, the buffer handed out as the value: an ``alloc`` and a
   ``free`` each cost one dict operation under the lock, as in the pure class.

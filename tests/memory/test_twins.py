@@ -153,11 +153,11 @@ def test_a_backend_runs_the_same_on_both(pure: bool) -> None:
 
 
 def test_describe_says_which_code_runs() -> None:
-    assert describe(True) == "pure Python (pure=True: METRALE_PURE)"
+    assert describe(True) == "pure Python (the setting pure, METRALE_PURE=1)"
     if all(built().values()):
         assert describe(False).startswith("compiled twins: ledger, stats")
     else:
-        assert describe(False) == "pure Python (no compiled twins were built: no C compiler at install)"
+        assert describe(False).startswith("pure Python (no compiled twins were built here")
 
 
 _STATS_OPS = st.lists(
