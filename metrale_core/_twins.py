@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Final, TypeVar
 
-__all__ = ["TWINS", "built", "describe", "pick"]
+__all__ = ["TWINS", "built", "describe", "older_than_source", "pick"]
 
 #: Each twin: its name, and the module and class that hold it (the pure class is its owner's to pass).
 TWINS: Final = {
@@ -58,14 +58,15 @@ def built() -> dict[str, bool]:
     return {name: _load(name) is not None for name in TWINS}
 
 
-def _stale(name: str) -> bool:
-    """Whether twin ``name``'s compiled module is older than its ``.pyx`` (an editable install not rebuilt)."""
-    module = sys.modules.get(TWINS[name][0])
-    built_at = Path(getattr(module, "__file__", None) or "")
-    source = built_at.with_name(built_at.name.partition(".")[0] + ".pyx")
+def older_than_source(module: str, suffix: str) -> bool:
+    """Whether the loaded compiled ``module`` is older than its source beside it (``.pyx`` of a twin, ``.py`` of a
+    module ``dev.py accelerate`` compiled): an in-tree build not redone, which would run old code. ``False`` where
+    there is no such source (an installed wheel carries none)."""
+    built_at = Path(getattr(sys.modules.get(module), "__file__", None) or "")
+    source = built_at.with_name(built_at.name.partition(".")[0] + suffix)
     try:
         return source.stat().st_mtime > built_at.stat().st_mtime
-    except OSError:  # an installed wheel carries no .pyx: only an in-tree (editable) build can be stale
+    except OSError:
         return False
 
 
@@ -76,6 +77,6 @@ def describe(pure: bool) -> str:
     names = [name for name, ok in built().items() if ok]
     if not names:
         return "pure Python (no compiled twins were built here: the install found no C compiler or no Cython)"
-    stale = [name for name in names if _stale(name)]
+    stale = [name for name in names if older_than_source(TWINS[name][0], ".pyx")]
     note = f"; STALE, older than their .pyx: {', '.join(stale)} (reinstall to rebuild)" if stale else ""
     return f"compiled twins: {', '.join(names)}{note}"

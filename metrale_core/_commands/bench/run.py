@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Final
 
 from ... import Baseline, GpuBackend, MetraleSettings, open_backend
@@ -94,27 +93,15 @@ def compiled_modules() -> list[str]:
     return sorted(names)
 
 
-def _stale(names: list[str]) -> list[str]:
-    """Those of ``names`` whose ``.py`` changed after the module was compiled (the source would run
-    otherwise: a stale build measures old code)."""
-    stale = []
-    for name in names:
-        built = Path(sys.modules[name].__file__ or "")
-        source = built.with_name(built.name.partition(".")[0] + ".py")
-        if source.exists() and source.stat().st_mtime > built.stat().st_mtime:
-            stale.append(name)
-    return stale
-
-
 def _code(names: list[str], pure: bool) -> str:
     """The compiled twins the bench's backend runs (or why pure), and the modules ``dev.py accelerate`` compiled."""
-    from ..._twins import TWINS, describe
+    from ..._twins import TWINS, describe, older_than_source
 
     twins = {module for module, _ in TWINS.values()}
     names = [name for name in names if name not in twins]
     if not names:
         return describe(pure)
-    stale = _stale(names)
+    stale = [name for name in names if older_than_source(name, ".py")]
     note = f"; STALE, older than their source: {', '.join(stale)} (run dev.py accelerate again)" if stale else ""
     return f"{describe(pure)}; {len(names)} modules compiled (dev.py accelerate){note}"
 
