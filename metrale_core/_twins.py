@@ -24,6 +24,7 @@ __all__ = ["TWINS", "built", "describe", "older_than_source", "pick"]
 TWINS: Final = {
     "ledger": ("metrale_core._memory._ledger", "Ledger"),
     "stats": ("metrale_core._device._stats", "StatsCounter"),
+    "gate": ("metrale_core._device._gate", "Gate"),
 }
 
 _T = TypeVar("_T")

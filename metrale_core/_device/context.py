@@ -25,15 +25,16 @@ import collections
 import contextlib
 import functools
 import logging
-import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Concatenate, Final, ParamSpec, Protocol, TypeVar, cast, final
 
 from .._errors import BackendClosedError, DeviceFaultError, MetraleError
 from .._settings.model import MetraleSettings
-from .capture import abandon_captures, leave_call, resume_calls, suspend_calls, thread_calls
+from .._twins import pick
+from .capture import abandon_captures
+from .gate import Gate
 from .guarded import Detached, GuardedRaw
 from .raw import RawDevice
 
@@ -82,34 +83,14 @@ class _ClosedExports:
         pass
 
 
-@final
-class _Cell:
-    """How many calls of one context one thread is inside (``depth``), and that thread's flag of the
-    capture rule (``flag``: ``_capture``'s, of every backend; the gate counts the thread's calls there
-    too, so a call reads one thread-local). ``depth`` is written only by its thread (on a
-    free-threaded build under the gate's lock) and read by ``close()`` on another."""
+def _refusal_of(ref: weakref.ref[DeviceContext]) -> Callable[[], MetraleError]:
+    """The gate's refusal: the context's own error (held weakly: the gate keeps no cycle through it)."""
 
-    __slots__ = ("__weakref__", "depth", "flag")
+    def refusal() -> MetraleError:
+        ctx = ref()
+        return BackendClosedError("the backend is closed") if ctx is None else ctx.refusal()
 
-    def __init__(self) -> None:
-        self.depth = 0
-        self.flag = thread_calls()
-
-
-@final
-class _Depth(threading.local):
-    """Per thread: its `_Cell` of this context (made at the thread's first call, and added to
-    the context's cells under the gate's lock)."""
-
-    def __init__(self, cells: weakref.WeakSet[_Cell], lock: threading.Lock) -> None:
-        self.cell = _Cell()
-        with lock:
-            cells.add(self.cell)
-
-
-#: Whether the gate counts without a lock: under the GIL, a cell's store and the ``closed`` flag's load
-#: are seen in order by ``close()`` on another thread; a free-threaded build takes the lock instead.
-_LOCK_FREE: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
+    return refusal
 
 
 @final
@@ -121,8 +102,8 @@ class DeviceContext:
     """
 
     __slots__ = (
-        "__weakref__", "_cells", "_closed", "_depth", "_exports", "_facade", "_fault", "_fault_code", "_gate",
-        "_gate_lock", "_origin", "internal", "lock", "name", "ordinal", "plugin", "raw", "recent", "ref", "settings",
+        "__weakref__", "_exports", "_facade", "_fault", "_fault_code", "_gate", "_origin", "enter", "internal",
+        "leave", "lock", "name", "ordinal", "plugin", "raw", "recent", "ref", "settings",
     )
 
     def __init__(
@@ -149,11 +130,13 @@ class DeviceContext:
         self._facade: Callable[[], object] = _nothing
         self._fault: str | None = None
         self._fault_code: tuple[int | None, str | None] = (None, None)
-        self._closed = False
-        self._gate_lock = threading.Lock()  # the gate's counts; taken bare on the hot path (a C-level lock)
-        self._gate = threading.Condition(self._gate_lock)  # for close(), waiting for calls to leave
-        self._cells: weakref.WeakSet[_Cell] = weakref.WeakSet()  # every thread's (a thread's goes with it)
-        self._depth = _Depth(self._cells, self._gate_lock)
+        #: The gate every public call passes (its compiled twin where built and ``pure`` is off).
+        self._gate: Final = pick("gate", Gate, settings.pure)(_refusal_of(self.ref))
+        #: Count a call in (``enter(faulted_ok=False)``): refused once closed, and after a fault unless
+        #: ``faulted_ok``. The gate's own method: a call into it, no frame of the context's.
+        self.enter: Final[Callable[..., None]] = self._gate.enter
+        #: Count a call out.
+        self.leave: Final[Callable[[], None]] = self._gate.leave
 
     def bind(self, facade: object, origin: Origin, exports: BufferOwner) -> None:
         """Give the context what is made after it, once, as the facade opens.
@@ -186,7 +169,12 @@ class DeviceContext:
     @property
     def closed(self) -> bool:
         """Whether ``close()`` has begun: nothing may be committed any more."""
-        return self._closed
+        return self._gate.closed
+
+    @property
+    def gate(self) -> Gate:
+        """The gate (for a compiled part that passes it at C level: the allocator's lane)."""
+        return self._gate
 
     @property
     def fault(self) -> str | None:
@@ -201,15 +189,19 @@ class DeviceContext:
 
     def check_open(self) -> None:
         """Refuse use after close, and after a device fault (the ledger can still be read then)."""
-        if self._closed:
-            raise self.closed_error()
-        if self._fault is not None:
-            raise DeviceFaultError(
-                f"backend {self.name}:{self.ordinal} is unusable after a device fault: {self._fault}. "
-                f"Close it (close() still tears down) and open a new one, in a new process for CUDA",
-                code=self._fault_code[0],
-                name=self._fault_code[1],
-            )
+        if self._gate.closed or self._fault is not None:
+            raise self.refusal()
+
+    def refusal(self) -> MetraleError:
+        """The error of a call refused: closed, or unusable after a device fault."""
+        if self._gate.closed:
+            return self.closed_error()
+        return DeviceFaultError(
+            f"backend {self.name}:{self.ordinal} is unusable after a device fault: {self._fault}. "
+            f"Close it (close() still tears down) and open a new one, in a new process for CUDA",
+            code=self._fault_code[0],
+            name=self._fault_code[1],
+        )
 
     def faulted_by(self, exc: DeviceFaultError) -> DeviceFaultError:
         """Latch the fault (once: the first fault is the one reported) and describe it.
@@ -222,6 +214,7 @@ class DeviceContext:
                 launches = "; ".join(describe_launch(launch) for launch in self.recent) or "none"
                 self._fault = f"{exc.message} (most recent launches, oldest first: {launches})"
                 self._fault_code = (exc.code, exc.name)
+                self._gate.fault()
                 _log.error("backend %s:%d faulted: %s", self.name, self.ordinal, self._fault)
         if first:
             abandon_captures(self, f"backend {self.name}:{self.ordinal} faulted")
@@ -242,95 +235,24 @@ class DeviceContext:
 
     # -- the gate ---------------------------------------------------------------------------
 
-    def enter(self, *, faulted_ok: bool = False) -> None:
-        """Count a call in; refused once closed (and after a fault unless ``faulted_ok``).
-
-        No lock: the thread's own count goes up first, then ``closed`` is read; `shut` sets
-        ``closed`` first, then reads the counts, so either this call is refused or ``close()``
-        waits for it."""
-        cell = self._depth.cell
-        if _LOCK_FREE:
-            cell.depth += 1
-            closed = self._closed
-        else:  # pragma: no cover - free-threaded builds only
-            with self._gate_lock:
-                cell.depth += 1
-                closed = self._closed
-        if closed:
-            self._count_out(cell)
-            raise self.closed_error()
-        cell.flag.calls += 1  # _capture.call_entered(), with the flag at hand
-        if self._fault is not None and not faulted_ok:
-            self.leave()
-            self.check_open()
-
-    def leave(self) -> None:
-        """Count a call out."""
-        cell = self._depth.cell
-        flag = cell.flag
-        calls = flag.calls
-        if calls > 1:  # not the thread's outermost metrale call: only the count changes
-            flag.calls = calls - 1
-        elif flag.inside:  # leaving the outermost call ends its barred call: its driver calls are over
-            leave_call(flag)
-        else:  # the outermost call, in no barred call (flag.inside is only this thread's to set)
-            flag.calls = 0
-        if _LOCK_FREE:
-            cell.depth -= 1
-            if self._closed:  # a close() may be waiting for this call
-                with self._gate:
-                    self._gate.notify_all()
-        else:  # pragma: no cover - free-threaded builds only
-            self._count_out(cell)
-
-    def _count_out(self, cell: _Cell) -> None:
-        if _LOCK_FREE:
-            cell.depth -= 1
-        else:  # pragma: no cover - free-threaded builds only
-            with self._gate_lock:
-                cell.depth -= 1
-        if self._closed:  # a close() may be waiting for this call
-            with self._gate:
-                self._gate.notify_all()
-
-    def _others_inside(self, own: _Cell) -> int:
-        """Under the gate's lock: how many calls other threads are inside."""
-        return sum(cell.depth for cell in list(self._cells) if cell is not own)
-
-    @contextlib.contextmanager
-    def outside(self) -> Iterator[None]:
+    def outside(self) -> contextlib.AbstractContextManager[None]:
         """Run user code (a callback, an observer) as if this thread were outside the gate: a ``close()``
-        on another thread does not wait for it. Counted in again after it (whether or not the backend
-        closed meanwhile; the caller checks `closed` before it commits anything)."""
-        cell = self._depth.cell
-        depth = cell.depth
-        with self._gate:
-            cell.depth = 0
-            if self._closed:
-                self._gate.notify_all()
-        calls = suspend_calls()  # user code is in no barred call: captures on other threads need not wait for it
-        try:
-            yield
-        finally:
-            resume_calls(calls)
-            with self._gate:
-                cell.depth = depth
+        on another thread does not wait for it (`Gate.outside`)."""
+        return self._gate.outside()
 
     def shut(self) -> bool:
         """Refuse every call from now on and wait for those inside (not this thread's own) to leave.
 
         ``False`` when it was already shut (``close()`` is idempotent).
         """
-        own = self._depth.cell
-        with self._gate:
-            if self._closed:
-                return False
-            self._closed = True
-            if not self._gate.wait_for(lambda: self._others_inside(own) == 0, timeout=_CLOSE_WAIT_S):
-                _log.warning(
-                    "close of %s:%d: %d call(s) of other threads still running after %.0f s; tearing down anyway",
-                    self.name, self.ordinal, self._others_inside(own), _CLOSE_WAIT_S,
-                )
+        stragglers = self._gate.shut(_CLOSE_WAIT_S)
+        if stragglers is None:
+            return False
+        if stragglers:
+            _log.warning(
+                "close of %s:%d: %d call(s) of other threads still running after %.0f s; tearing down anyway",
+                self.name, self.ordinal, stragglers, _CLOSE_WAIT_S,
+            )
         return True
 
     # -- release -------------------------------------------------------------------------------
@@ -357,7 +279,7 @@ class DeviceContext:
         self.recent.clear()
 
     def __repr__(self) -> str:
-        return f"<DeviceContext {self.name}:{self.ordinal}{' (closed)' if self._closed else ''}>"
+        return f"<DeviceContext {self.name}:{self.ordinal}{' (closed)' if self._gate.closed else ''}>"
 
 
 class HasContext(Protocol):

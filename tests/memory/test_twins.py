@@ -10,19 +10,24 @@ from __future__ import annotations
 import importlib
 import inspect
 import threading
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metrale_core import MetraleSettings, open_backend
+from metrale_core import BackendClosedError, MetraleSettings, open_backend
 from metrale_core._device.buffer import DeviceBuffer
+from metrale_core._device.gate import Gate as PureGate
 from metrale_core._device.stats import StatsCounter as PureStats
 from metrale_core._memory.ledger import Ledger as PureLedger
 from metrale_core._twins import TWINS, built, describe, pick
 from tests._support import SETTINGS
 
-PURE_CLASSES: dict[str, type] = {"ledger": PureLedger, "stats": PureStats}
+PURE_CLASSES: dict[str, type] = {"ledger": PureLedger, "stats": PureStats, "gate": PureGate}
+
+#: How the parity test makes one of each class (the others take no argument).
+_MAKE = {"ledger": lambda cls: cls(0), "gate": lambda cls: cls(lambda: BackendClosedError("closed"))}
 
 
 def _twin(name: str) -> type:
@@ -50,7 +55,7 @@ def test_a_twin_has_its_pure_class_s_interface(name: str) -> None:
         }
 
     assert public(twin) == public(pure)
-    make = (lambda cls: cls(0)) if name == "ledger" else (lambda cls: cls())
+    make = _MAKE.get(name, lambda cls: cls())
     attributes = {n for n in dir(make(pure)) if not n.startswith("_") and not callable(getattr(make(pure), n))}
     assert attributes <= set(dir(make(twin))), attributes - set(dir(make(twin)))
 
@@ -155,7 +160,7 @@ def test_a_backend_runs_the_same_on_both(pure: bool) -> None:
 def test_describe_says_which_code_runs() -> None:
     assert describe(True) == "pure Python (the setting pure, METRALE_PURE=1)"
     if all(built().values()):
-        assert describe(False).startswith("compiled twins: ledger, stats")
+        assert describe(False).startswith("compiled twins: ledger, stats, gate")
     else:
         assert describe(False).startswith("pure Python (no compiled twins were built here")
 
@@ -191,3 +196,72 @@ def _run_stats(stats: object, ops: list[tuple[str, object, int]]) -> list[object
 def test_the_stats_twin_counts_as_the_pure_counter(ops: list[tuple[str, object, int]]) -> None:
     twin = _twin("stats")
     assert _run_stats(twin(), ops) == _run_stats(PureStats(), ops)
+
+
+_GATE_OPS = st.lists(st.sampled_from(["enter", "enter_ok", "leave", "fault", "shut", "outside"]), max_size=30)
+
+
+def _run_gate(gate: object, ops: list[str]) -> list[object]:
+    """Apply ``ops`` to ``gate`` on this thread; what each answered or raised, and whether it is closed."""
+    out: list[object] = []
+    depth = 0
+    for op in ops:
+        try:
+            if op == "enter":
+                gate.enter()  # type: ignore[attr-defined]
+                depth += 1
+            elif op == "enter_ok":
+                gate.enter(faulted_ok=True)  # type: ignore[attr-defined]
+                depth += 1
+            elif op == "leave":
+                if not depth:
+                    continue
+                gate.leave()  # type: ignore[attr-defined]
+                depth -= 1
+            elif op == "fault":
+                gate.fault()  # type: ignore[attr-defined]
+            elif op == "shut":
+                out.append(gate.shut(0.0))  # type: ignore[attr-defined]
+            else:
+                with gate.outside():  # type: ignore[attr-defined]
+                    out.append("outside")
+            out.append((op, "ok", gate.closed))  # type: ignore[attr-defined]
+        except BackendClosedError as exc:
+            out.append((op, str(exc), gate.closed))  # type: ignore[attr-defined]
+    for _ in range(depth):
+        gate.leave()  # type: ignore[attr-defined]
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=_GATE_OPS)
+def test_the_gate_twin_answers_as_the_pure_gate(ops: list[str]) -> None:
+    twin = _twin("gate")
+
+    def refusal() -> Callable[[], BackendClosedError]:
+        counted = iter(range(1000))
+        return lambda: BackendClosedError(f"refused {next(counted)}")
+
+    assert _run_gate(twin(refusal()), ops) == _run_gate(PureGate(refusal()), ops)
+
+
+def test_the_gate_twin_waits_for_another_thread_s_call() -> None:
+    """A shut waits for a call of another thread inside, and refuses the next."""
+    gate = _twin("gate")(lambda: BackendClosedError("closed"))
+    inside, release = threading.Event(), threading.Event()
+
+    def call() -> None:
+        gate.enter()
+        inside.set()
+        release.wait(5)
+        gate.leave()
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    inside.wait(5)
+    assert gate.shut(0.05) == 1  # the other thread's call is still inside
+    release.set()
+    worker.join()
+    assert gate.shut(1.0) is None and gate.closed
+    with pytest.raises(BackendClosedError, match="closed"):
+        gate.enter()

@@ -1,0 +1,21 @@
+# The compiled gate's C-level door, for the compiled parts that pass it (the allocator's lane): `enter_c` counts
+# the calling thread in and gives its cell; `leave_c` counts that cell out.
+
+cdef class _Cell:
+    cdef public Py_ssize_t depth
+    cdef public object flag
+    cdef object __weakref__
+
+
+cdef class Gate:
+    cdef object _refusal
+    cdef bint _closed
+    cdef bint _faulted
+    cdef object _lock
+    cdef object _cond
+    cdef object _cells
+    cdef object _depth
+
+    cdef _Cell enter_c(self, bint faulted_ok)
+    cdef int leave_c(self, _Cell cell) except -1
+    cdef int _count_out(self, _Cell cell) except -1

@@ -1,0 +1,156 @@
+# cython: language_level=3, binding=True, embedsignature=True
+"""The compiled twin of [`Gate`][metrale_core._device.gate.Gate]: the same interface and behaviour, its
+flags and counts as C fields.
+
+- The pure class in ``gate.py`` is the reference: `_twins.pick` picks this one where it was built
+  and ``pure`` is off. A differential test runs both through the same programs.
+- ``_gate.pxd`` gives compiled callers (the allocator's lane) `Gate.enter_c` and `Gate.leave_c`: a call
+  in and out at C level, the thread's cell handed from one to the other.
+"""
+
+cimport cython
+
+import contextlib
+import sys
+import threading
+import weakref
+
+from .capture import leave_call, resume_calls, suspend_calls, thread_calls
+
+#: As in ``gate.py``: the counts without a lock under the GIL; a free-threaded build takes the lock.
+cdef bint LOCK_FREE = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
+@cython.final
+cdef class _Cell:
+    """How many calls of one gate one thread is inside, and that thread's flag of the capture rule."""
+
+    def __init__(self):
+        self.depth = 0
+        self.flag = thread_calls()
+
+
+class _Depth(threading.local):
+    """Per thread: its `_Cell` of this gate (made at the thread's first call)."""
+
+    def __init__(self, cells, lock):
+        self.cell = _Cell()
+        with lock:
+            cells.add(self.cell)
+
+
+@cython.final
+cdef class Gate:
+    """The gate of one backend's public calls. Thread-safe (compiled twin)."""
+
+    def __init__(self, refusal):
+        self._refusal = refusal
+        self._closed = False
+        self._faulted = False
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._cells = weakref.WeakSet()
+        self._depth = _Depth(self._cells, self._lock)
+
+    @property
+    def closed(self):
+        """Whether `shut` has run: nothing may be committed any more."""
+        return self._closed
+
+    def fault(self):
+        """The backend faulted: calls are refused from now on, but those that still answer (``faulted_ok``)."""
+        self._faulted = True
+
+    cdef _Cell enter_c(self, bint faulted_ok):
+        cdef _Cell cell = <_Cell>self._depth.cell
+        cdef bint closed
+        if LOCK_FREE:
+            cell.depth += 1
+            closed = self._closed
+        else:
+            with self._lock:
+                cell.depth += 1
+                closed = self._closed
+        if closed:
+            self._count_out(cell)
+            raise self._refusal()
+        flag = cell.flag
+        flag.calls += 1
+        if self._faulted and not faulted_ok:
+            self.leave_c(cell)
+            raise self._refusal()
+        return cell
+
+    cdef int leave_c(self, _Cell cell) except -1:
+        flag = cell.flag
+        calls = flag.calls
+        if calls > 1:
+            flag.calls = calls - 1
+        elif flag.inside:
+            leave_call(flag)
+        else:
+            flag.calls = 0
+        if LOCK_FREE:
+            cell.depth -= 1
+            if self._closed:
+                with self._cond:
+                    self._cond.notify_all()
+        else:
+            self._count_out(cell)
+        return 0
+
+    cdef int _count_out(self, _Cell cell) except -1:
+        if LOCK_FREE:
+            cell.depth -= 1
+        else:
+            with self._lock:
+                cell.depth -= 1
+        if self._closed:
+            with self._cond:
+                self._cond.notify_all()
+        return 0
+
+    def enter(self, bint faulted_ok=False):
+        """Count a call in; refused once shut (and after a fault unless ``faulted_ok``)."""
+        self.enter_c(faulted_ok)
+
+    def leave(self):
+        """Count a call out."""
+        self.leave_c(<_Cell>self._depth.cell)
+
+    def _others_inside(self, own):
+        cdef Py_ssize_t total = 0
+        cdef _Cell cell
+        for c in list(self._cells):
+            cell = <_Cell>c
+            if cell is not own:
+                total += cell.depth
+        return total
+
+    @contextlib.contextmanager
+    def outside(self):
+        """Run user code as if this thread were outside the gate (see the pure class)."""
+        cdef _Cell cell = <_Cell>self._depth.cell
+        depth = cell.depth
+        with self._cond:
+            cell.depth = 0
+            if self._closed:
+                self._cond.notify_all()
+        calls = suspend_calls()
+        try:
+            yield
+        finally:
+            resume_calls(calls)
+            with self._cond:
+                cell.depth = depth
+
+    def shut(self, double timeout):
+        """Refuse every later call and wait for those of other threads inside (see the pure class)."""
+        own = self._depth.cell
+        with self._cond:
+            if self._closed:
+                return None
+            self._closed = True
+            if self._cond.wait_for(lambda: self._others_inside(own) == 0, timeout=timeout):
+                return 0
+            return self._others_inside(own)

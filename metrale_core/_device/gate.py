@@ -1,0 +1,171 @@
+"""The gate: every public call of one backend passes it, counted in and out.
+
+- `Gate.enter` counts a call in; it is refused once the gate is shut, and after a fault unless the call
+  still answers then (``faulted_ok``: ledger and stats reads). The refusal is the owner's error
+  (``refusal``: the device context's closed or fault error).
+- `Gate.leave` counts it out, and ends the thread's barred call of the capture rule with its outermost call.
+- `Gate.shut` (``close()``) refuses every later call and waits for the calls of other threads to leave;
+  the closing thread's own calls are not waited for (a callback may close its backend).
+- `Gate.outside` runs user code as if the thread were outside the gate.
+
+The counts are per thread (`_Cell`, one per thread that called, gone with the thread): a call writes only
+its own thread's count, so the hot path takes no lock under the GIL. ``_gate.pyx`` is its compiled twin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Final, final
+
+from .._errors import MetraleError
+from .capture import leave_call, resume_calls, suspend_calls, thread_calls
+
+__all__ = ["Gate"]
+
+#: Whether the gate counts without a lock: under the GIL, a cell's store and the ``closed`` flag's load
+#: are seen in order by ``shut()`` on another thread; a free-threaded build takes the lock instead.
+LOCK_FREE: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
+@final
+class _Cell:
+    """How many calls of one gate one thread is inside (``depth``), and that thread's flag of the
+    capture rule (``flag``: ``capture``'s, of every backend; the gate counts the thread's calls there
+    too, so a call reads one thread-local). ``depth`` is written only by its thread (on a
+    free-threaded build under the gate's lock) and read by ``shut()`` on another."""
+
+    __slots__ = ("__weakref__", "depth", "flag")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.flag = thread_calls()
+
+
+@final
+class _Depth(threading.local):
+    """Per thread: its `_Cell` of this gate (made at the thread's first call, and added to
+    the gate's cells under the gate's lock)."""
+
+    def __init__(self, cells: weakref.WeakSet[_Cell], lock: threading.Lock) -> None:
+        self.cell = _Cell()
+        with lock:
+            cells.add(self.cell)
+
+
+@final
+class Gate:
+    """The gate of one backend's public calls. Thread-safe.
+
+    :param refusal: the error a refused call raises (called at the refusal: the owner words it).
+    """
+
+    __slots__ = ("_cells", "_closed", "_cond", "_depth", "_faulted", "_lock", "_refusal")
+
+    def __init__(self, refusal: Callable[[], MetraleError]) -> None:
+        self._refusal = refusal
+        self._closed = False
+        self._faulted = False
+        self._lock = threading.Lock()  # the counts; taken bare on the hot path (a C-level lock)
+        self._cond = threading.Condition(self._lock)  # for shut(), waiting for calls to leave
+        self._cells: weakref.WeakSet[_Cell] = weakref.WeakSet()  # every thread's (a thread's goes with it)
+        self._depth = _Depth(self._cells, self._lock)
+
+    @property
+    def closed(self) -> bool:
+        """Whether `shut` has run: nothing may be committed any more."""
+        return self._closed
+
+    def fault(self) -> None:
+        """The backend faulted: calls are refused from now on, but those that still answer (``faulted_ok``)."""
+        self._faulted = True
+
+    def enter(self, faulted_ok: bool = False) -> None:
+        """Count a call in; refused once shut (and after a fault unless ``faulted_ok``).
+
+        No lock: the thread's own count goes up first, then ``closed`` is read; `shut` sets
+        ``closed`` first, then reads the counts, so either this call is refused or `shut`
+        waits for it."""
+        cell = self._depth.cell
+        if LOCK_FREE:
+            cell.depth += 1
+            closed = self._closed
+        else:  # pragma: no cover - free-threaded builds only
+            with self._lock:
+                cell.depth += 1
+                closed = self._closed
+        if closed:
+            self._count_out(cell)
+            raise self._refusal()
+        cell.flag.calls += 1  # capture.call_entered(), with the flag at hand
+        if self._faulted and not faulted_ok:
+            self.leave()
+            raise self._refusal()
+
+    def leave(self) -> None:
+        """Count a call out."""
+        cell = self._depth.cell
+        flag = cell.flag
+        calls = flag.calls
+        if calls > 1:  # not the thread's outermost metrale call: only the count changes
+            flag.calls = calls - 1
+        elif flag.inside:  # leaving the outermost call ends its barred call: its driver calls are over
+            leave_call(flag)
+        else:  # the outermost call, in no barred call (flag.inside is only this thread's to set)
+            flag.calls = 0
+        if LOCK_FREE:
+            cell.depth -= 1
+            if self._closed:  # a shut() may be waiting for this call
+                with self._cond:
+                    self._cond.notify_all()
+        else:  # pragma: no cover - free-threaded builds only
+            self._count_out(cell)
+
+    def _count_out(self, cell: _Cell) -> None:
+        if LOCK_FREE:
+            cell.depth -= 1
+        else:  # pragma: no cover - free-threaded builds only
+            with self._lock:
+                cell.depth -= 1
+        if self._closed:  # a shut() may be waiting for this call
+            with self._cond:
+                self._cond.notify_all()
+
+    def _others_inside(self, own: _Cell) -> int:
+        """Under the lock: how many calls other threads are inside."""
+        return sum(cell.depth for cell in list(self._cells) if cell is not own)
+
+    @contextlib.contextmanager
+    def outside(self) -> Iterator[None]:
+        """Run user code (a callback, an observer) as if this thread were outside the gate: a `shut` on
+        another thread does not wait for it. Counted in again after it (whether or not the gate shut
+        meanwhile; the caller checks `closed` before it commits anything)."""
+        cell = self._depth.cell
+        depth = cell.depth
+        with self._cond:
+            cell.depth = 0
+            if self._closed:
+                self._cond.notify_all()
+        calls = suspend_calls()  # user code is in no barred call: captures on other threads need not wait for it
+        try:
+            yield
+        finally:
+            resume_calls(calls)
+            with self._cond:
+                cell.depth = depth
+
+    def shut(self, timeout: float) -> int | None:
+        """Refuse every call from now on and wait, at most ``timeout`` seconds, for those of other threads
+        inside to leave (not this thread's own). ``None`` where it was already shut; else how many calls
+        of other threads were still inside when the wait ended (0 unless it timed out)."""
+        own = self._depth.cell
+        with self._cond:
+            if self._closed:
+                return None
+            self._closed = True
+            if self._cond.wait_for(lambda: self._others_inside(own) == 0, timeout=timeout):
+                return 0
+            return self._others_inside(own)
