@@ -33,6 +33,7 @@ from ._memory.allocator import Allocator
 from ._memory.arena import Arena
 from ._memory.exports import ExportTable
 from ._memory.holdings import Holdings
+from ._memory.lane import DeviceLane
 from ._memory.ledger import LedgerProbe, origin_of
 from ._memory.monitor import MemoryMonitor
 from ._memory.pressure import OomWatchdog
@@ -76,6 +77,7 @@ class GpuBackend:
         self._streams.attach(self._guard)
         self._monitor = MemoryMonitor(ctx, self._holdings, self._stats)
         self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor)
+        self._lane = pick("lane", DeviceLane, settings.pure)(self._memory, self._memory.lane_parts())
         self._exports = ExportTable(ctx, self._holdings, self._guard)
         self._kernels = KernelFront(ctx, self._holdings, self._streams)
         self._maps = TensorMapFront(ctx, self._holdings)
@@ -145,12 +147,7 @@ class GpuBackend:
         :raises CaptureError: a capture is in progress (allocating is not a capturable call).
         :raises InvalidArgumentError: ``nbytes`` is not a positive byte count (0 too: ``InvalidBufferError``).
         """
-        ctx = self._ctx
-        ctx.enter()  # what @gated does, written out: a hot path (a frame less)
-        try:
-            return self._memory.alloc(nbytes, "device", "alloc")
-        finally:
-            ctx.leave()
+        return self._lane.alloc(nbytes)  # the gate and the allocator's work (compiled where built)
 
     @gated
     def alloc_managed(self, nbytes: int) -> DeviceBuffer:
@@ -170,12 +167,7 @@ class GpuBackend:
     def free(self, buf: DeviceBuffer | HostBuffer) -> None:
         """Free a ``DeviceBuffer`` on the ledger (its record off first, whatever the release returns), or a
         ``HostBuffer``. Anything else raises [`InvalidBufferError`][metrale_core.InvalidBufferError]."""
-        ctx = self._ctx
-        ctx.enter()  # what @gated does, written out: a hot path
-        try:
-            self._memory.free(buf)
-        finally:
-            ctx.leave()
+        self._lane.free(buf)  # the gate and the allocator's work (compiled where built)
 
     @gated
     def free_arena(self, buf: DeviceBuffer) -> None:

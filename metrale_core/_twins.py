@@ -18,14 +18,19 @@ import sys
 from pathlib import Path
 from typing import Final, TypeVar
 
-__all__ = ["TWINS", "built", "describe", "older_than_source", "pick"]
+__all__ = ["DOORS", "TWINS", "built", "describe", "older_than_source", "pick"]
 
 #: Each twin: its name, and the module and class that hold it (the pure class is its owner's to pass).
 TWINS: Final = {
     "ledger": ("metrale_core._memory._ledger", "Ledger"),
     "stats": ("metrale_core._device._stats", "StatsCounter"),
     "gate": ("metrale_core._device._gate", "Gate"),
+    "lane": ("metrale_core._memory._lane", "DeviceLane"),
 }
+
+#: Compiled modules no owner picks: the C-level doors the twins ``cimport`` (a twin that cannot load one does not
+#: load, and its pure class runs).
+DOORS: Final = ("metrale_core._device._capture",)
 
 _T = TypeVar("_T")
 _log = logging.getLogger("metrale")

@@ -16,6 +16,9 @@ cdef class Gate:
     cdef object _cells
     cdef object _depth
 
+    cdef inline bint closed_c(self):
+        return self._closed
+
     cdef _Cell enter_c(self, bint faulted_ok)
     cdef int leave_c(self, _Cell cell) except -1
     cdef int _count_out(self, _Cell cell) except -1

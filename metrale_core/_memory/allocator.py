@@ -35,6 +35,7 @@ from .._redzones.layout import Layout, Zone
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena
 from .holdings import Holdings
+from .lane import LaneParts
 from .ledger import call_site, describe_sites, largest_sites, next_index
 from .quarantine import Quarantine
 
@@ -107,6 +108,10 @@ class Allocator:
         #: Whether a recycled block is zeroed before a new allocation takes it (fresh memory reads as zeros).
         self._zeroes = bool(ctx.raw.fresh_memory_reads_zeros())
 
+    def lane_parts(self) -> LaneParts:
+        """What the backend's lane (``GpuBackend.alloc`` and ``free``) uses of this allocator's parts."""
+        return LaneParts(self.ctx, self._holdings.ledger, self._stats, self._observers, self._zoned, self._trace_idx)
+
     def on_release(self, observer: Callable[[DeviceBuffer], None]) -> None:
         """Call ``observer(buf)`` as a buffer is released (to warn of graphs and exports still using it)."""
         self._observers.append(observer)
@@ -130,7 +135,7 @@ class Allocator:
             try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors
                 raw_ptr = ctx.plugin.alloc(n, kind)
             except OutOfMemoryError as exc:
-                raw_ptr = self._raw_alloc(n, n, kind, what, exc)  # reclaim-and-retry
+                raw_ptr = self.retry_alloc(n, kind, what, exc)
             except Exception as exc:
                 raise_raw(ctx, ctx.name, "alloc", exc)
             buf = DeviceBuffer._make(raw_ptr, n, kind, index, site, ctx.ref)
@@ -140,7 +145,7 @@ class Allocator:
             try:
                 self._guard.guard(buf, layout, zero=recycled and self._zeroes)
             except MetraleError:
-                self._release_quietly(raw_ptr, kind)
+                self.release_quietly(raw_ptr, kind)
                 raise
         holdings = self._holdings
         with ctx.lock:  # the commit: the backend is open now, or nothing of this allocation remains
@@ -156,14 +161,22 @@ class Allocator:
         if not committed:
             if layout is not None:
                 self._guard.forget(index)
-            self._release_quietly(raw_ptr, kind)
+            self.release_quietly(raw_ptr, kind)
             raise ctx.closed_error()
         if self._trace_idx == index:
-            _log.warning(
-                "redzone_trace_idx=%d: %s of %d bytes allocated at %s; full stack:\n%s",
-                index, what, n, site, "".join(traceback.format_list(_user_stack())),
-            )
+            self.trace(index, what, n, site)
         return buf
+
+    def retry_alloc(self, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError) -> int:
+        """The raw allocation of ``n`` bytes whose first try (the caller's) ran out of memory: reclaim-and-retry."""
+        return self._raw_alloc(n, n, kind, what, failed)
+
+    def trace(self, index: int, what: str, n: int, site: str) -> None:
+        """``redzone_trace_idx`` names allocation ``index``: log its whole stack."""
+        _log.warning(
+            "redzone_trace_idx=%d: %s of %d bytes allocated at %s; full stack:\n%s",
+            index, what, n, site, "".join(traceback.format_list(_user_stack())),
+        )
 
     def _zoned_alloc(self, layout: Layout, n: int, what: str) -> tuple[int, bool]:
         """The raw memory of a zoned device allocation, and whether it is recycled: a checked block kept
@@ -243,7 +256,8 @@ class Allocator:
             _log.info("%s of %s: out of memory; a callback freed memory, trying again", what, format_bytes(nbytes))
         return freed
 
-    def _release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
+    def release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
+        """Give back the raw memory of an allocation that failed after its raw call (logged if that fails too)."""
         try:
             self._raw.free(raw_ptr, kind)
         except MetraleError as exc:

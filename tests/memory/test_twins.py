@@ -7,6 +7,7 @@ these tests skip, saying so.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import threading
@@ -20,14 +21,22 @@ from metrale_core import BackendClosedError, MetraleSettings, open_backend
 from metrale_core._device.buffer import DeviceBuffer
 from metrale_core._device.gate import Gate as PureGate
 from metrale_core._device.stats import StatsCounter as PureStats
+from metrale_core._memory.lane import DeviceLane as PureLane
 from metrale_core._memory.ledger import Ledger as PureLedger
 from metrale_core._twins import TWINS, built, describe, pick
 from tests._support import SETTINGS
 
-PURE_CLASSES: dict[str, type] = {"ledger": PureLedger, "stats": PureStats, "gate": PureGate}
+PURE_CLASSES: dict[str, type] = {"ledger": PureLedger, "stats": PureStats, "gate": PureGate, "lane": PureLane}
 
 #: How the parity test makes one of each class (the others take no argument).
-_MAKE = {"ledger": lambda cls: cls(0), "gate": lambda cls: cls(lambda: BackendClosedError("closed"))}
+_MAKE = {
+    "ledger": lambda cls: cls(0),
+    "gate": lambda cls: cls(lambda: BackendClosedError("closed")),
+    "lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
+}
+
+#: An allocator for the lane's parity test to make lanes of (its backend stays open for the module).
+_ALLOCATOR = open_backend("fake", settings=SETTINGS)._memory
 
 
 def _twin(name: str) -> type:
@@ -160,7 +169,7 @@ def test_a_backend_runs_the_same_on_both(pure: bool) -> None:
 def test_describe_says_which_code_runs() -> None:
     assert describe(True) == "pure Python (the setting pure, METRALE_PURE=1)"
     if all(built().values()):
-        assert describe(False).startswith("compiled twins: ledger, stats, gate")
+        assert describe(False).startswith("compiled twins: ledger, stats, gate, lane")
     else:
         assert describe(False).startswith("pure Python (no compiled twins were built here")
 
@@ -265,3 +274,111 @@ def test_the_gate_twin_waits_for_another_thread_s_call() -> None:
     assert gate.shut(1.0) is None and gate.closed
     with pytest.raises(BackendClosedError, match="closed"):
         gate.enter()
+
+
+# -- the lane: whole backends, pure and compiled, through the same random programs ---------------------------
+
+_SIZES = st.one_of(st.integers(-2, 5000), st.sampled_from([1 << 64, 1.5, "64", None, True]))
+_LANE_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("alloc"), _SIZES),
+        st.tuples(st.just("free"), st.integers(0, 9)),
+        st.tuples(st.just("write"), st.integers(0, 9)),
+        st.tuples(st.just("free_foreign"), st.just(0)),
+        st.tuples(st.just("free_other"), st.just(0)),
+        st.tuples(st.just("sweep"), st.just(0)),
+    ),
+    max_size=30,
+)
+
+
+def _plain(text: str) -> str:
+    """An error message without what differs between two backends: addresses, indexes, line numbers."""
+    import re
+
+    return re.sub(r"0x[0-9a-f]+|#\d+|:\d+\b", "N", text)
+
+
+def _run_lane(pure: bool, ops: list[tuple[str, object]], zones: bool) -> list[object]:
+    """Apply ``ops`` to a fresh backend; what each answered or raised, the ledger, the stats and the bytes after."""
+    out: list[object] = []
+    extra = {"redzone": 64} if zones else {}
+    with open_backend("fake", settings=SETTINGS.updated(pure=pure, **extra)) as gpu, \
+            open_backend("fake", settings=SETTINGS.updated(pure=pure)) as other:
+        held: list[DeviceBuffer] = []
+        stranger = other.alloc(64)
+        for op, arg in ops:
+            try:
+                if op == "alloc":
+                    held.append(gpu.alloc(arg))  # type: ignore[arg-type]
+                    got: object = (held[-1].nbytes, held[-1].kind)
+                elif op == "free":
+                    got = None
+                    if held:
+                        gpu.free(held[arg % len(held)])  # type: ignore[operator]
+                elif op == "write":
+                    got = None
+                    if held:
+                        buf = held[arg % len(held)]  # type: ignore[operator]
+                        gpu.copy_to_device(buf, bytes([len(out) % 256]) * buf.nbytes)
+                elif op == "free_foreign":
+                    gpu.free(stranger)
+                elif op == "free_other":
+                    gpu.free(object())  # type: ignore[arg-type]
+                else:
+                    got = gpu.sweep_unreleased()
+                    held.clear()
+                out.append((op, got))
+            except Exception as exc:
+                out.append((op, type(exc).__name__, _plain(str(exc))))
+        ledger = [(r.nbytes, r.kind, r.site.rpartition(":")[0]) for r in gpu.ledger_probe().records()]
+        contents = []
+        for buf in held:
+            if any(r.index == buf.index for r in gpu.ledger_probe().records()):
+                data = bytearray(buf.nbytes)
+                gpu.copy_to_host(data, buf)
+                contents.append(bytes(data))
+        stats = dataclasses.asdict(gpu.stats())
+        out.append((ledger, contents, stats))
+        other.free(stranger)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_LANE_OPS, zones=st.booleans())
+def test_the_lane_twin_runs_a_backend_as_the_pure_lane(ops: list[tuple[str, object]], zones: bool) -> None:
+    """The same random program on a compiled backend and a pure one: the same answers, errors, ledger, stats
+    and bytes."""
+    _twin("lane")
+    assert _run_lane(False, ops, zones) == _run_lane(True, ops, zones)
+
+
+def test_the_lane_twin_names_the_user_s_line() -> None:
+    _twin("lane")
+    for pure in (False, True):
+        with open_backend("fake", settings=SETTINGS.updated(pure=pure)) as gpu:
+            buf = gpu.alloc(16); line = inspect.currentframe().f_lineno  # type: ignore[union-attr]  # noqa: E702
+            assert buf.site == f"{__file__}:{line}"
+            gpu.free(buf)
+
+
+def test_the_lane_twin_refuses_after_close_and_during_a_capture() -> None:
+    _twin("lane")
+    for pure in (False, True):
+        gpu = open_backend("fake", settings=SETTINGS.updated(pure=pure))
+        kept = gpu.alloc(64)
+        stream = gpu.create_stream()
+        gpu.begin_capture(stream)
+        with pytest.raises(Exception, match="not allowed while a stream is capturing") as caught:
+            gpu.alloc(64)
+        assert type(caught.value).__name__ == "CaptureError"
+        with pytest.raises(Exception, match="not allowed while a stream is capturing"):
+            gpu.free(kept)
+        with pytest.raises(Exception, match="invalidated"):
+            gpu.end_capture(stream)
+        gpu.free(kept)
+        gpu.close()
+        with pytest.raises(BackendClosedError):
+            gpu.alloc(64)
+        with pytest.raises(BackendClosedError):
+            gpu.free(kept)

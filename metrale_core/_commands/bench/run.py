@@ -95,9 +95,9 @@ def compiled_modules() -> list[str]:
 
 def _code(names: list[str], pure: bool) -> str:
     """The compiled twins the bench's backend runs (or why pure), and the modules ``dev.py accelerate`` compiled."""
-    from ..._twins import TWINS, describe, older_than_source
+    from ..._twins import DOORS, TWINS, describe, older_than_source
 
-    twins = {module for module, _ in TWINS.values()}
+    twins = {module for module, _ in TWINS.values()} | set(DOORS)
     names = [name for name in names if name not in twins]
     if not names:
         return describe(pure)

@@ -1,0 +1,3 @@
+"""Stub of the compiled twin of the capture rule's check (``_capture.pyx``): the same interface."""
+
+def forbid_during_capture(what: str) -> None: ...

@@ -1,0 +1,116 @@
+# cython: language_level=3, binding=True, embedsignature=True
+"""The compiled twin of [`DeviceLane`][metrale_core._memory.lane.DeviceLane]: ``GpuBackend.alloc`` and ``free``,
+the common case done here at C level.
+
+- The common case: a plain device allocation (an ``int`` size, no red zones, not the traced index) and the
+  free of a device buffer of this backend on its ledger, while no capture is in progress. The gate
+  (``_gate.pxd``) and the capture rule (``_capture.pxd``) are passed at C level; the ledger, the stats and the
+  plugin are called as the allocator calls them, in the same order, under the same lock.
+- Everything else goes to the allocator, as the pure lane sends every call: a bad size, red zones, a
+  capture in progress, an out-of-memory error (reclaim-and-retry), a buffer not on the ledger (its error).
+"""
+
+cimport cython
+
+from .._device._capture cimport forbid_c
+from .._device._gate cimport Gate, _Cell
+
+from .._device.buffer import DeviceBuffer as _DeviceBuffer
+from .._device.guarded import raise_raw as _raise_raw
+from .._errors import OutOfMemoryError as _OutOfMemoryError
+from .._types import WORD_LIMIT as _WORD_LIMIT
+from .ledger import call_site as _call_site, next_index as _next_index
+
+cdef object _make = _DeviceBuffer._make
+
+
+@cython.final
+cdef class DeviceLane:
+    """``GpuBackend.alloc`` and ``free``: inside the gate, the common case here (compiled twin)."""
+
+    cdef object _allocator
+    cdef object _ctx
+    cdef Gate _gate
+    cdef object _ledger
+    cdef object _stats
+    cdef list _observers
+    cdef bint _zoned
+    cdef object _trace_idx
+    cdef object _internal
+    cdef object _lock
+    cdef object _ref
+
+    def __init__(self, allocator, parts):
+        ctx = parts.ctx
+        self._allocator = allocator
+        self._ctx = ctx
+        self._gate = ctx.gate
+        self._ledger = parts.ledger
+        self._stats = parts.stats
+        self._observers = parts.observers
+        self._zoned = parts.zoned
+        self._trace_idx = parts.trace_idx
+        self._internal = ctx.internal
+        self._lock = ctx.lock
+        self._ref = ctx.ref
+
+    def alloc(self, nbytes):
+        """``GpuBackend.alloc``."""
+        cdef _Cell cell = self._gate.enter_c(False)
+        try:
+            if self._zoned or type(nbytes) is not int or not (0 < nbytes < _WORD_LIMIT):
+                return self._allocator.alloc(nbytes, "device", "alloc")
+            return self._alloc(nbytes, cell.flag)
+        finally:
+            self._gate.leave_c(cell)
+
+    cdef object _alloc(self, object n, object flag):
+        forbid_c(flag, "alloc")
+        ctx = self._ctx
+        index = _next_index()
+        site = _call_site(self._internal)
+        try:
+            raw_ptr = ctx.plugin.alloc(n, "device")
+        except _OutOfMemoryError as exc:
+            raw_ptr = self._allocator.retry_alloc(n, "device", "alloc", exc)
+        except Exception as exc:
+            _raise_raw(ctx, ctx.name, "alloc", exc)
+        buf = _make(raw_ptr, n, "device", index, site, self._ref)
+        with self._lock:  # the commit: the backend is open now, or nothing of this allocation remains
+            committed = not self._gate.closed_c()
+            if committed:
+                self._ledger.add(buf)
+                self._stats.allocated("device", n)
+        if not committed:
+            self._allocator.release_quietly(raw_ptr, "device")
+            raise ctx.closed_error()
+        if self._trace_idx is not None and self._trace_idx == index:
+            self._allocator.trace(index, "alloc", n, site)
+        return buf
+
+    def free(self, buf):
+        """``GpuBackend.free``."""
+        cdef _Cell cell = self._gate.enter_c(False)
+        try:
+            if self._zoned or type(buf) is not _DeviceBuffer or buf.kind != "device" or buf._owner is not self._ref:
+                self._allocator.free(buf)
+            else:
+                self._free(buf, cell.flag)
+        finally:
+            self._gate.leave_c(cell)
+
+    cdef int _free(self, object buf, object flag) except -1:
+        forbid_c(flag, "free")
+        record = self._ledger.take(buf.index, buf.ptr, buf.nbytes)
+        if record is None:  # not on the ledger: the allocator's error
+            self._allocator.free(buf)
+            return 0
+        self._stats.released(record.kind, record.nbytes)
+        for observer in self._observers:
+            observer(buf)
+        ctx = self._ctx
+        try:
+            ctx.plugin.free(buf.ptr, "device")
+        except Exception as exc:
+            _raise_raw(ctx, ctx.name, "free", exc)
+        return 0

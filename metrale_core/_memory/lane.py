@@ -1,0 +1,88 @@
+"""The lane: ``GpuBackend.alloc`` and ``GpuBackend.free``, the hot path of device memory, through the gate.
+
+- `DeviceLane.alloc` and `DeviceLane.free` count the call in and out of the gate and hand it to the
+  allocator, which does the work (the ledger, red zones, reclaim-and-retry, the errors).
+- ``_lane.pyx`` is its compiled twin: it does the common case itself at C level (a plain device allocation
+  or free, no red zones, no capture in progress), through the same parts the allocator hands both (`LaneParts`),
+  and hands everything else to the allocator, as this class does with every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple, Protocol, final
+
+from .._device.buffer import DeviceBuffer
+from .._device.context import DeviceContext
+from .._device.stats import StatsCounter
+from .._errors import OutOfMemoryError
+from .._types import AllocKind
+from .ledger import Ledger
+
+__all__ = ["DeviceLane", "LaneParts", "LaneWork"]
+
+
+class LaneWork(Protocol):
+    """What a lane asks of the allocator it fronts (``allocator.Allocator``)."""
+
+    def alloc(self, nbytes: object, kind: AllocKind, what: str) -> DeviceBuffer:
+        """Every allocation: the whole work, the errors included."""
+
+    def free(self, buf: object) -> None:
+        """Every free: the whole work, the errors included."""
+
+    def retry_alloc(self, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError) -> int:
+        """A raw allocation whose first try ran out of memory: reclaim-and-retry."""
+
+    def release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
+        """Give back the raw memory of an allocation that cannot be committed."""
+
+    def trace(self, index: int, what: str, n: int, site: str) -> None:
+        """Log the stack of the allocation ``redzone_trace_idx`` names."""
+
+
+class LaneParts(NamedTuple):
+    """What the allocator hands its lane: the parts an allocation and a free touch, each still its owner's.
+
+    - ``ctx``: the device context (its gate, its lock, the plugin, the internal packages of call sites).
+    - ``ledger``, ``stats``: the allocator's holdings' ledger and the backend's counters.
+    - ``observers``: the allocator's release observers (its own list: one added later is seen).
+    - ``zoned``: whether device allocations may get red zones (then every call goes to the allocator).
+    - ``trace_idx``: the ``redzone_trace_idx`` setting (its allocation goes to the allocator's log).
+    """
+
+    ctx: DeviceContext
+    ledger: Ledger
+    stats: StatsCounter
+    observers: list[Callable[[DeviceBuffer], None]]
+    zoned: bool
+    trace_idx: int | None
+
+
+@final
+class DeviceLane:
+    """``GpuBackend.alloc`` and ``free``: inside the gate, the allocator's work."""
+
+    __slots__ = ("_allocator", "_ctx")
+
+    def __init__(self, allocator: LaneWork, parts: LaneParts) -> None:
+        self._allocator = allocator
+        self._ctx = parts.ctx
+
+    def alloc(self, nbytes: object) -> DeviceBuffer:
+        """``GpuBackend.alloc``."""
+        ctx = self._ctx
+        ctx.enter()
+        try:
+            return self._allocator.alloc(nbytes, "device", "alloc")
+        finally:
+            ctx.leave()
+
+    def free(self, buf: object) -> None:
+        """``GpuBackend.free``."""
+        ctx = self._ctx
+        ctx.enter()
+        try:
+            self._allocator.free(buf)
+        finally:
+            ctx.leave()
