@@ -37,7 +37,8 @@ cdef class DeviceLane:
     cdef bint _zoned
     cdef object _trace_idx
     cdef object _internal
-    cdef object _lock
+    cdef object _acquire
+    cdef object _release
     cdef object _ref
 
     def __init__(self, allocator, parts):
@@ -51,7 +52,8 @@ cdef class DeviceLane:
         self._zoned = parts.zoned
         self._trace_idx = parts.trace_idx
         self._internal = ctx.internal
-        self._lock = ctx.lock
+        self._acquire = ctx.lock.acquire  # the context's lock, taken as `with` takes it (a call less each way)
+        self._release = ctx.lock.release
         self._ref = ctx.ref
 
     def alloc(self, nbytes):
@@ -76,11 +78,14 @@ cdef class DeviceLane:
         except Exception as exc:
             _raise_raw(ctx, ctx.name, "alloc", exc)
         buf = _make(raw_ptr, n, "device", index, site, self._ref)
-        with self._lock:  # the commit: the backend is open now, or nothing of this allocation remains
+        self._acquire()  # the commit: the backend is open now, or nothing of this allocation remains
+        try:
             committed = not self._gate.closed_c()
             if committed:
                 self._ledger.add(buf)
                 self._stats.allocated("device", n)
+        finally:
+            self._release()
         if not committed:
             self._allocator.release_quietly(raw_ptr, "device")
             raise ctx.closed_error()
