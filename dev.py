@@ -294,6 +294,8 @@ GPU_SITE = Path("/tmp/site")
 AGAINST_ROOT = Path("/tmp/metrale-against")
 SUITE_PATHS = ("tests", "backends/fake/tests", "backends/cuda/tests", "examples/tracing-backend/tests",
                "examples/pipeline/tests")
+#: The pure-Python modules, whatever was compiled (`MetraleSettings.pure`).
+PURE_ENV: Mapping[str, str] = {"METRALE_PURE": "1"}
 #: The scale variant with red zones, as the CUDA backend must pass it (any `strix*` target selects the variant).
 STRIX_ENV: Mapping[str, str] = {"METRALE_TARGET_HW": "strix-h200", "METRALE_REDZONE": "256"}
 #: With --quick, the strix run covers the files that read the scale variant (capture state, red zones).
@@ -310,6 +312,8 @@ GPU_STEPS: Mapping[str, tuple[str, int]] = {
     "conformance": ("metrale conformance on the GPU's backend", 120),
     "suite": ("the whole suite, default settings", 300),
     "strix": ("the whole suite, METRALE_TARGET_HW=strix-h200 METRALE_REDZONE=256", 300),
+    "pure": ("the whole suite on the pure-Python modules, METRALE_PURE=1", 300),
+    "strix-pure": ("the strix suite on the pure-Python modules, METRALE_PURE=1", 300),
     "redzones": ("tools/bench_redzones.py: the scan against per-zone reads, a zoned alloc/free", 90),
     "probes": ("backends/cuda/tools: the driver calls red zones use, DLPack export costs", 90),
     "bench": ("metrale bench --json", 180),
@@ -457,8 +461,10 @@ def gpu_plan(options: argparse.Namespace) -> GpuPlan:
         raise SystemExit(f"dev.py gpu --only: no step named {', '.join(unknown) or 'at all'}; "
                          f"choose from {', '.join(GPU_STEPS)}")
     chosen = [name for name in GPU_STEPS if name in chosen]  # in the plan's order
-    if options.against and "bench" not in chosen:
-        raise SystemExit("dev.py gpu --against compares metrale bench: add bench to --only")
+    if (options.against or options.pure_turns) and "bench" not in chosen:
+        raise SystemExit("dev.py gpu --against and --pure-turns compare metrale bench: add bench to --only")
+    if options.against and options.pure_turns:
+        raise SystemExit("dev.py gpu: --against or --pure-turns, not both")
     if options.rounds < 2:
         raise SystemExit("dev.py gpu --rounds: at least 2 (the old and the new code take turns)")
     out = Path(options.out or os.environ.get("OUT") or ROOT / "gpu-logs").resolve()
@@ -482,6 +488,9 @@ def gpu_plan(options: argparse.Namespace) -> GpuPlan:
         "suite": (GpuCommand(_python(*pytest_args, *SUITE_PATHS, *options.pytest_args)),),
         "strix": (GpuCommand(_python(*pytest_args, *(STRIX_QUICK if quick else SUITE_PATHS), *options.pytest_args),
                              env=STRIX_ENV),),
+        "pure": (GpuCommand(_python(*pytest_args, *SUITE_PATHS, *options.pytest_args), env=PURE_ENV),),
+        "strix-pure": (GpuCommand(_python(*pytest_args, *(STRIX_QUICK if quick else SUITE_PATHS),
+                                          *options.pytest_args), env={**STRIX_ENV, **PURE_ENV}),),
         "redzones": (GpuCommand(_python("tools/bench_redzones.py", "--zones", "1000" if quick else "10000",
                                         *(("--repeat", "3") if quick else ()))),),
         "probes": (GpuCommand(_python("backends/cuda/tools/probe_costs.py")),
@@ -491,9 +500,18 @@ def gpu_plan(options: argparse.Namespace) -> GpuPlan:
     steps = []
     for name in chosen:
         title, limit = GPU_STEPS[name]
-        kind = {"info": "info", "suite": "pytest", "strix": "pytest", "bench": "bench"}.get(name, "plain")
+        kind = {"info": "info", "suite": "pytest", "strix": "pytest", "pure": "pytest", "strix-pure": "pytest",
+                "bench": "bench"}.get(name, "plain")
         step = GpuStep(name, title, limit, commands[name], kind, counted=name != "info")
-        if name == "bench" and options.against:
+        if name == "bench" and options.pure_turns:
+            turns = tuple(
+                GpuCommand(_metrale(*bench_args, "--json", str(logs / f"bench-{who}-{i}.json")), env=env)
+                for i in range(1, options.rounds + 1)
+                for who, env in (("old", PURE_ENV), ("new", {"METRALE_PURE": "0"}))
+            )
+            title = f"metrale bench pure (old) and compiled (new), in turns, {options.rounds} each"
+            step = GpuStep("bench", title, limit * 2 * options.rounds, turns, "against-bench")
+        elif name == "bench" and options.against:
             base = AGAINST_ROOT / re.sub(r"[^A-Za-z0-9._-]", "_", options.against)
             steps.append(GpuStep("against", f"install the core and backends of {options.against} into {base}/site",
                                  120, _against_commands(options.against, base), folders=(base / "src", base / "run")))
@@ -701,7 +719,11 @@ def gpu(argv: Sequence[str]) -> int:
     parser.add_argument("--against", metavar="REV",
                         help="also install the core and backends of git revision REV and run its metrale bench and "
                              "this checkout's in turns; summary.txt gets a table of metrale's figures, old and new")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each bench with --against (default 2)")
+    parser.add_argument("--pure-turns", action="store_true",
+                        help="run metrale bench on the pure-Python modules (METRALE_PURE=1, old) and the compiled "
+                             "twins (new) in turns; summary.txt gets the table of both")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="runs of each bench with --against or --pure-turns (default 2)")
     parser.add_argument("--bench", metavar="NAMES", help="metrale bench --only NAMES (default: every measurement)")
     parser.add_argument("--budget", type=int, default=GPU_BUDGET_S, metavar="SECONDS",
                         help=f"the whole run's time; a step gets what is left, at most its own limit "

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import dev
 
 
 def _options(**given: Any) -> argparse.Namespace:
-    options: dict[str, Any] = {"only": None, "quick": False, "against": None, "rounds": 2, "bench": None, "budget": 540,
+    options: dict[str, Any] = {"only": None, "quick": False, "against": None, "pure_turns": False, "rounds": 2, "bench": None, "budget": 540,
                "out": "/tmp/gpu-logs-test", "no_install": False, "dry_run": True, "pytest_args": []}
     return argparse.Namespace(**{**options, **given})
 
@@ -99,3 +100,27 @@ def test_the_bench_table_puts_medians_side_by_side() -> None:
         ["alloc:", "metrale", "1", "MiB", "us", "22.00", "11.00", "0.500", "7.33", "3.67"],  # the raw is not metrale's
         ["copy:", "metrale", "D2D", "GB/s", "4050.00", "-", "-", "-", "-"],  # skipped in the new runs
     ]
+
+
+def test_pure_turns_run_the_bench_pure_and_compiled_in_turns() -> None:
+    plan = dev.gpu_plan(_options(only="bench", pure_turns=True, rounds=2, bench="alloc"))
+    (bench,) = plan.steps
+    assert bench.kind == "against-bench"
+    assert [(c.env.get("METRALE_PURE"), Path(c.argv[-1]).name) for c in bench.commands] == [
+        ("1", "bench-old-1.json"), ("0", "bench-new-1.json"), ("1", "bench-old-2.json"), ("0", "bench-new-2.json"),
+    ]
+
+
+def test_pure_turns_need_the_bench_and_not_against() -> None:
+    with pytest.raises(SystemExit, match="add bench"):
+        dev.gpu_plan(_options(only="suite", pure_turns=True))
+    with pytest.raises(SystemExit, match="not both"):
+        dev.gpu_plan(_options(only="bench", pure_turns=True, against="HEAD"))
+
+
+def test_the_pure_suites_set_metrale_pure() -> None:
+    plan = dev.gpu_plan(_options(only="pure,strix-pure"))
+    assert [(s.name, s.kind, s.commands[0].env.get("METRALE_PURE")) for s in plan.steps] == [
+        ("pure", "pytest", "1"), ("strix-pure", "pytest", "1"),
+    ]
+    assert plan.steps[1].commands[0].env["METRALE_TARGET_HW"] == "strix-h200"
