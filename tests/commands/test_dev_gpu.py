@@ -16,8 +16,9 @@ import dev
 
 
 def _options(**given: Any) -> argparse.Namespace:
-    options: dict[str, Any] = {"only": None, "quick": False, "against": None, "pure_turns": False, "rounds": 2, "bench": None, "budget": 540,
-               "out": "/tmp/gpu-logs-test", "no_install": False, "dry_run": True, "pytest_args": []}
+    options: dict[str, Any] = {"only": None, "quick": False, "against": None, "pure_turns": False, "rounds": 2,
+                               "bench": None, "budget": 540, "out": "/tmp/gpu-logs-test", "no_install": False,
+                               "dry_run": True, "pytest_args": []}
     return argparse.Namespace(**{**options, **given})
 
 
