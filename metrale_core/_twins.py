@@ -20,10 +20,12 @@ from typing import Final, TypeVar
 
 __all__ = ["TWINS", "built", "describe", "older_than_source", "pick"]
 
-#: Each twin: its name, and the module and class that hold it (the pure class is its owner's to pass).
+#: Each twin: its name, and the module and class (or function) that hold it (the pure one is its owner's to pass).
 TWINS: Final = {
     "ledger": ("metrale_core._memory._ledger", "Ledger"),
     "stats": ("metrale_core._device._stats", "StatsCounter"),
+    "handle": ("metrale_core._device._handle", "make"),  # DeviceBuffer._make's; other twins cimport make_buffer
+    "arena": ("metrale_core._memory._arena", "Arena"),
 }
 
 _T = TypeVar("_T")
@@ -46,9 +48,9 @@ def _load(name: str) -> object | None:
     return _loaded[name]
 
 
-def pick(name: str, pure_class: type[_T], pure: bool) -> type[_T]:
-    """The class to run for twin ``name``: its compiled twin where built and ``pure`` is off, else ``pure_class``
-    (the twin has the same interface: its stub and the differential tests hold it to that)."""
+def pick(name: str, pure_class: _T, pure: bool) -> _T:
+    """The class (or function) to run for twin ``name``: its compiled twin where built and ``pure`` is off, else
+    ``pure_class`` (the twin has the same interface: its stub and the differential tests hold it to that)."""
     twin = None if pure else _load(name)
     return pure_class if twin is None else twin  # type: ignore[return-value]
 
