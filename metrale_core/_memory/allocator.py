@@ -32,6 +32,7 @@ from .._device.handles import HostBuffer
 from .._device.stats import StatsCounter
 from .._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
 from .._redzones.layout import Layout, Zone
+from .._twins import pick
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena
 from .holdings import Holdings
@@ -82,8 +83,8 @@ class Allocator:
     """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
 
     __slots__ = (
-        "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_quarantine", "_raw", "_reclaiming", "_stats",
-        "_trace_idx", "_zeroes", "_zoned", "ctx", "swept",
+        "_arena_class", "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_quarantine", "_raw",
+        "_reclaiming", "_stats", "_trace_idx", "_zeroes", "_zoned", "ctx", "swept",
     )
 
     def __init__(
@@ -106,6 +107,8 @@ class Allocator:
         self._trace_idx = ctx.settings.redzone_trace_idx  # (fixed too)
         #: Whether a recycled block is zeroed before a new allocation takes it (fresh memory reads as zeros).
         self._zeroes = bool(ctx.raw.fresh_memory_reads_zeros())
+        #: The Arena class this backend runs: the compiled twin where built and ``pure`` is off (chosen once).
+        self._arena_class = pick("arena", Arena, ctx.settings.pure)
 
     def on_release(self, observer: Callable[[DeviceBuffer], None]) -> None:
         """Call ``observer(buf)`` as a buffer is released (to warn of graphs and exports still using it)."""
@@ -386,7 +389,7 @@ class Allocator:
 
     def create_arena(self, capacity: object) -> Arena:
         block = self.alloc(capacity, "arena", "create_arena")
-        arena = Arena(block, self._arena_closed)
+        arena = self._arena_class(block, self._arena_closed)
         with self._holdings.lock:
             self._holdings.arenas.append(arena)
         return arena

@@ -348,3 +348,13 @@ def test_an_arena_of_a_backend_runs_the_same_on_both(pure: bool) -> None:
             gpu.memset(a, 0)
         arena.close()
         assert gpu.stats().arena_allocs == 2
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_a_backend_picks_the_arena_twin_unless_pure(pure: bool) -> None:
+    """The allocator's wiring: ``create_arena`` makes the twin where built, the pure class where ``pure`` is set."""
+    from metrale_core import open_backend
+
+    twin = _twin()
+    with open_backend("fake", settings=SETTINGS.updated(pure=pure)) as gpu:
+        assert type(gpu.create_arena(4096)) is (PureArena if pure else twin)
