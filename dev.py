@@ -105,8 +105,10 @@ def compiled_twins() -> list[str]:
 
 def _digest() -> str:
     digest = hashlib.sha256(sys.version.encode())
-    # a changed .pyx reinstalls too: the editable install compiles the twins, once
-    for path in [ROOT / name for name in PROJECT_FILES] + list(twins().values()):
+    # a changed .pyx (or .pxd, which other twins cimport) reinstalls too: the editable install compiles the twins
+    for path in [ROOT / name for name in PROJECT_FILES] + list(twins().values()) + sorted(
+        (ROOT / "metrale_core").rglob("*.pxd")
+    ):
         digest.update(path.read_bytes() if path.exists() else b"")
     for name in VERSION_FILES:
         path = ROOT / name

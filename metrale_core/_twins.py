@@ -20,12 +20,14 @@ from typing import Final, TypeVar
 
 __all__ = ["DOORS", "TWINS", "built", "describe", "older_than_source", "pick"]
 
-#: Each twin: its name, and the module and class that hold it (the pure class is its owner's to pass).
+#: Each twin: its name, and the module and class (or function) that hold it (the pure one is its owner's to pass).
 TWINS: Final = {
     "ledger": ("metrale_core._memory._ledger", "Ledger"),
     "stats": ("metrale_core._device._stats", "StatsCounter"),
     "gate": ("metrale_core._device._gate", "Gate"),
     "lane": ("metrale_core._memory._lane", "DeviceLane"),
+    "handle": ("metrale_core._device._handle", "make"),  # DeviceBuffer._make's; other twins cimport make_buffer
+    "arena": ("metrale_core._memory._arena", "Arena"),
 }
 
 #: Compiled modules no owner picks: the C-level doors the twins ``cimport`` (a twin that cannot load one does not
@@ -52,9 +54,9 @@ def _load(name: str) -> object | None:
     return _loaded[name]
 
 
-def pick(name: str, pure_class: type[_T], pure: bool) -> type[_T]:
-    """The class to run for twin ``name``: its compiled twin where built and ``pure`` is off, else ``pure_class``
-    (the twin has the same interface: its stub and the differential tests hold it to that)."""
+def pick(name: str, pure_class: _T, pure: bool) -> _T:
+    """The class (or function) to run for twin ``name``: its compiled twin where built and ``pure`` is off, else
+    ``pure_class`` (the twin has the same interface: its stub and the differential tests hold it to that)."""
     twin = None if pure else _load(name)
     return pure_class if twin is None else twin  # type: ignore[return-value]
 

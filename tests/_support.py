@@ -12,11 +12,13 @@ Import it as ``from tests._support import ...``; the fixtures built on it are in
 - `install_distribution`: an installed distribution laid out on a path, as pip would.
 - `metrale`: the command line run as a user runs it, in a subprocess without ``METRALE_*``.
 - `fake`: a fixture, the fake backend opened with `SETTINGS` (``tests/conftest.py`` and the fake's own tests use it).
+- `compiled_twin`: a compiled twin by its name in `TWINS`, or a skip where it was not built here.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import subprocess
 import sys
@@ -27,11 +29,12 @@ from pathlib import Path
 import pytest
 
 from metrale_core import ConfigError, GpuBackend, MetraleSettings, open_backend, testing
+from metrale_core._twins import TWINS, built
 from metrale_core.plugin import format_bytes
 
 __all__ = [
     "GIB", "KIB", "LEAST_DEVICE", "MIB", "SETTINGS", "TEST_CAPACITY", "backend_params", "checked_inside",
-    "fake", "install_distribution", "metrale", "missing", "read_bytes", "step",
+    "compiled_twin", "fake", "install_distribution", "metrale", "missing", "read_bytes", "step",
 ]
 
 KIB = 1 << 10
@@ -50,6 +53,14 @@ def backend_params() -> list[object]:
 #: have where no setting sets it (they fill it in steps of 2 GiB there).
 TEST_CAPACITY = 64 << 20
 LEAST_DEVICE = 8 << 30
+
+
+def compiled_twin(name: str) -> object:
+    """The compiled twin ``name`` (a class or a function, as `TWINS` names it); a skip where it was not built."""
+    if not built()[name]:
+        pytest.skip(f"the {name} twin was not compiled here (no C compiler at install): the pure code runs")
+    module, attr = TWINS[name]
+    return getattr(importlib.import_module(module), attr)
 
 
 @functools.cache

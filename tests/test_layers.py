@@ -38,13 +38,15 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_settings": (("parsing", "hooks"), ("plugins",), ("model",)),
     "kernels": (("_ptx", "_tensormap", "_ntile"), ("__init__",), ("__main__",)),
     "_interop": (("dlpack",), ("foreign",)),
-    "_device": (("args", "stats", "raw", "guarded"), ("_stats", "buffer"), ("capture",), ("gate", "_gate", "_capture"),
-                ("context",), ("handles",)),
+    "_device": (
+        ("args", "stats", "raw", "guarded"), ("_stats", "buffer"), ("capture", "_handle"),
+        ("gate", "_gate", "_capture"), ("context",), ("handles",),
+    ),
     "_redzones": (("layout",), ("scanner",), ("ingraph", "queued"), ("guard",)),
     "_memory": (
         ("meminfo", "ledger"),
         ("arena", "_ledger"),
-        ("pressure",),
+        ("pressure", "_arena"),
         ("snapshot", "holdings"),
         ("monitor", "exports", "quarantine", "lane", "_lane"),
         ("allocator",),
@@ -93,12 +95,12 @@ def _modules() -> Graph:
 
 
 def _python_of(path: Path) -> str:
-    """A module's source as Python: a compiled twin's (``.pyx``) Python imports, one a line (its ``cimport`` and
-    C declarations are not Python)."""
+    """A module's source as Python: a compiled twin's (``.pyx``) Python imports, one a line, and its ``cimport`` of
+    another twin as an import (its other C declarations are not Python)."""
     text = path.read_text()
     if path.suffix != ".pyx":
         return text
-    lines = [line.strip() for line in text.splitlines()]
+    lines = [re.sub(r"^(from metrale_core\.\S+) cimport ", r"\1 import ", line.strip()) for line in text.splitlines()]
     return "\n".join(line for line in lines if re.match(r"(from \S+ import [^(]+|import [\w.]+(, [\w.]+)*)$", line))
 
 

@@ -4,7 +4,8 @@ the common case done here at C level.
 
 - The common case: a plain device allocation (an ``int`` size, no red zones, not the traced index) and the
   free of a device buffer of this backend on its ledger, while no capture is in progress. The gate
-  (``_gate.pxd``) and the capture rule (``_capture.pxd``) are passed at C level; the ledger, the stats and the
+  (``_gate.pxd``) and the capture rule (``_capture.pxd``) are passed at C level, the handle made by the
+  handle twin's ``make_buffer``; the ledger, the stats and the
   plugin are called as the allocator calls them, in the same order, under the same lock.
 - Everything else goes to the allocator, as the pure lane sends every call: a bad size, red zones, a
   capture in progress, an out-of-memory error (reclaim-and-retry), a buffer not on the ledger (its error).
@@ -14,6 +15,7 @@ cimport cython
 
 from .._device._capture cimport forbid_c
 from .._device._gate cimport Gate, _Cell
+from .._device._handle cimport make_buffer
 
 from .._device.buffer import DeviceBuffer as _DeviceBuffer
 from .._device.guarded import raise_raw as _raise_raw
@@ -21,7 +23,6 @@ from .._errors import OutOfMemoryError as _OutOfMemoryError
 from .._types import WORD_LIMIT as _WORD_LIMIT
 from .ledger import call_site as _call_site, next_index as _next_index
 
-cdef object _make = _DeviceBuffer._make
 
 
 @cython.final
@@ -77,7 +78,7 @@ cdef class DeviceLane:
             raw_ptr = self._allocator.retry_alloc(n, "device", "alloc", exc)
         except Exception as exc:
             _raise_raw(ctx, ctx.name, "alloc", exc)
-        buf = _make(raw_ptr, n, "device", index, site, self._ref)
+        buf = make_buffer(raw_ptr, n, "device", index, site, self._ref)
         self._acquire()  # the commit: the backend is open now, or nothing of this allocation remains
         try:
             committed = not self._gate.closed_c()

@@ -32,6 +32,7 @@ from .._device.handles import HostBuffer
 from .._device.stats import StatsCounter
 from .._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
 from .._redzones.layout import Layout, Zone
+from .._twins import pick
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena
 from .holdings import Holdings
@@ -83,8 +84,8 @@ class Allocator:
     """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
 
     __slots__ = (
-        "_callbacks", "_guard", "_holdings", "_monitor", "_observers", "_quarantine", "_raw", "_reclaiming", "_stats",
-        "_trace_idx", "_zeroes", "_zoned", "ctx", "swept",
+        "_arena_class", "_callbacks", "_guard", "_holdings", "_make", "_monitor", "_observers", "_quarantine", "_raw",
+        "_reclaiming", "_stats", "_trace_idx", "_zeroes", "_zoned", "ctx", "swept",
     )
 
     def __init__(
@@ -107,6 +108,10 @@ class Allocator:
         self._trace_idx = ctx.settings.redzone_trace_idx  # (fixed too)
         #: Whether a recycled block is zeroed before a new allocation takes it (fresh memory reads as zeros).
         self._zeroes = bool(ctx.raw.fresh_memory_reads_zeros())
+        #: The Arena class this backend runs: the compiled twin where built and ``pure`` is off (chosen once).
+        self._arena_class = pick("arena", Arena, ctx.settings.pure)
+        #: How it builds a handle: ``DeviceBuffer._make``, or its compiled twin (chosen once, as the arena's class).
+        self._make = pick("handle", DeviceBuffer._make, ctx.settings.pure)
 
     def lane_parts(self) -> LaneParts:
         """What the backend's lane (``GpuBackend.alloc`` and ``free``) uses of this allocator's parts."""
@@ -138,10 +143,10 @@ class Allocator:
                 raw_ptr = self.retry_alloc(n, kind, what, exc)
             except Exception as exc:
                 raise_raw(ctx, ctx.name, "alloc", exc)
-            buf = DeviceBuffer._make(raw_ptr, n, kind, index, site, ctx.ref)
+            buf = self._make(raw_ptr, n, kind, index, site, ctx.ref)
         else:
             raw_ptr, recycled = self._zoned_alloc(layout, n, what)
-            buf = DeviceBuffer._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
+            buf = self._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
             try:
                 self._guard.guard(buf, layout, zero=recycled and self._zeroes)
             except MetraleError:
@@ -400,7 +405,7 @@ class Allocator:
 
     def create_arena(self, capacity: object) -> Arena:
         block = self.alloc(capacity, "arena", "create_arena")
-        arena = Arena(block, self._arena_closed)
+        arena = self._arena_class(block, self._arena_closed)
         with self._holdings.lock:
             self._holdings.arenas.append(arena)
         return arena

@@ -3,10 +3,15 @@
 The fast path of metrale's memory: ``Arena.alloc`` never calls the driver. Its
 buffers are arena memory, so never on the ledger and never red-zoned; they stay
 live until the arena's ``reset()`` or ``close()``.
+
+`Arena` here is the pure reference and the public class. Its compiled twin (``_arena.pyx``, issue 38) registers
+itself as a virtual subclass (`Arena` is an ABC with no abstract methods), so ``isinstance(x, metrale_core.Arena)``
+holds for either; the allocator picks one per backend (``_twins.pick("arena", Arena, pure)``).
 """
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -35,7 +40,7 @@ def _check_alloc(nbytes: object, align: object) -> tuple[int, int]:
     return n, a
 
 
-class Arena:
+class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin to register with, nothing abstract)
     """A sub-allocator over one block of device memory. Made by
     [`GpuBackend.create_arena`][metrale_core.GpuBackend.create_arena].
 

@@ -8,7 +8,6 @@ these tests skip, saying so.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import threading
 from collections.abc import Callable
@@ -21,30 +20,41 @@ from metrale_core import BackendClosedError, MetraleSettings, open_backend
 from metrale_core._device.buffer import DeviceBuffer
 from metrale_core._device.gate import Gate as PureGate
 from metrale_core._device.stats import StatsCounter as PureStats
+from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._memory.lane import DeviceLane as PureLane
 from metrale_core._memory.ledger import Ledger as PureLedger
 from metrale_core._twins import TWINS, built, describe, pick
-from tests._support import SETTINGS
+from tests._support import SETTINGS, compiled_twin
 
-PURE_CLASSES: dict[str, type] = {"ledger": PureLedger, "stats": PureStats, "gate": PureGate, "lane": PureLane}
-
-#: How the parity test makes one of each class (the others take no argument).
-_MAKE = {
-    "ledger": lambda cls: cls(0),
-    "gate": lambda cls: cls(lambda: BackendClosedError("closed")),
-    "lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
+#: Each twin's pure reference: a class, or for the handle twin a function (``DeviceBuffer._make``).
+PURE_CLASSES: dict[str, object] = {
+    "ledger": PureLedger, "stats": PureStats, "handle": DeviceBuffer._make, "arena": PureArena, "gate": PureGate,
+    "lane": PureLane,
 }
+
+_BLOCK = DeviceBuffer._make(0x10000, 1 << 20, "arena", 0, "app.py:1", None)
 
 #: An allocator for the lane's parity test to make lanes of (its backend stays open for the module).
 _ALLOCATOR = open_backend("fake", settings=SETTINGS)._memory
 
+#: How to make one of each twin's class (as its owner does).
+_MAKE: dict[str, Callable[[type], object]] = {
+    "ledger": lambda cls: cls(0),
+    "stats": lambda cls: cls(),
+    "arena": lambda cls: cls(_BLOCK, lambda arena, block: None),
+    "gate": lambda cls: cls(lambda: BackendClosedError("closed")),
+    "lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
+}
+
 
 def _twin(name: str) -> type:
-    if not built()[name]:
-        pytest.skip(f"the {name} twin was not compiled here (no C compiler at install): the pure class runs")
-    module, attr = TWINS[name]
-    twin: type = getattr(importlib.import_module(module), attr)
+    twin: type = compiled_twin(name)  # type: ignore[assignment]
     return twin
+
+
+def _parameters(function: object) -> list[tuple[str, object]]:
+    """A function's parameters: names and defaults (a compiled function has no annotations)."""
+    return [(p.name, p.default) for p in inspect.signature(function).parameters.values()]  # type: ignore[arg-type]
 
 
 def test_every_twin_has_a_pure_reference() -> None:
@@ -54,17 +64,18 @@ def test_every_twin_has_a_pure_reference() -> None:
 @pytest.mark.parametrize("name", sorted(TWINS))
 def test_a_twin_has_its_pure_class_s_interface(name: str) -> None:
     twin, pure = _twin(name), PURE_CLASSES[name]
+    if not isinstance(pure, type):  # a function's twin: the same parameters
+        assert _parameters(twin) == _parameters(pure)
+        return
     assert twin.__name__ == pure.__name__
 
     def public(cls: type) -> dict[str, list[tuple[str, object]]]:
-        """Each public method's parameters: names, kinds and defaults (a compiled method has no annotations)."""
+        """Each public method's parameters (the properties are attributes, below)."""
         names = {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
-        return {
-            n: [(p.name, p.default) for p in inspect.signature(getattr(cls, n)).parameters.values()] for n in names
-        }
+        return {n: _parameters(getattr(cls, n)) for n in names}
 
     assert public(twin) == public(pure)
-    make = _MAKE.get(name, lambda cls: cls())
+    make = _MAKE[name]
     attributes = {n for n in dir(make(pure)) if not n.startswith("_") and not callable(getattr(make(pure), n))}
     assert attributes <= set(dir(make(twin))), attributes - set(dir(make(twin)))
 
@@ -169,7 +180,7 @@ def test_a_backend_runs_the_same_on_both(pure: bool) -> None:
 def test_describe_says_which_code_runs() -> None:
     assert describe(True) == "pure Python (the setting pure, METRALE_PURE=1)"
     if all(built().values()):
-        assert describe(False).startswith("compiled twins: ledger, stats, gate, lane")
+        assert describe(False).startswith(f"compiled twins: {', '.join(TWINS)}")
     else:
         assert describe(False).startswith("pure Python (no compiled twins were built here")
 
