@@ -50,6 +50,8 @@ def load() -> ModuleType | None:
             if getattr(exc, "name", None) == MODULE:  # not built here: the pure calls run
                 _why_not[MODULE] = ("the compiled driver calls were not built here: the install found no cuda.h, no "
                                     "C++ compiler or no Cython")
+            elif _d.drv is None:  # no cuda-bindings: the backend says so where it is probed or opened
+                _why_not[MODULE] = f"cuda-bindings is not importable ({_d.IMPORT_ERROR})"
             else:  # built, and cannot load (a cydriver whose signatures differ, say): logged
                 _why_not[MODULE] = f"the compiled driver calls failed to load: {type(exc).__name__}: {exc}"
                 _log.warning("%s: the pure calls run", _why_not[MODULE])

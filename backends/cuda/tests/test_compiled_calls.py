@@ -302,7 +302,9 @@ def test_success_answers_as_the_pure_call_does(monkeypatch: pytest.MonkeyPatch, 
     assert _outcome(OPS[op], compiled) == _outcome(OPS[op], pure)
 
 
-def test_an_allocation_s_pointer_or_negative_code_is_decoded(monkeypatch: pytest.MonkeyPatch, bound_thread: None) -> None:
+def test_an_allocation_s_pointer_or_negative_code_is_decoded(
+    monkeypatch: pytest.MonkeyPatch, bound_thread: None
+) -> None:
     _, compiled = _devices(monkeypatch, _Driver(0, value=0x7F12_3456_0000))
     assert compiled.alloc(64, "device") == 0x7F12_3456_0000
     driver = _Driver(0)
