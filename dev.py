@@ -20,7 +20,9 @@
 Extra arguments after `test` go to pytest.
 
 The core's compiled twins (``metrale_core/**/*.pyx``, docs/building.md) compile in place with the editable
-install where a C compiler is; elsewhere the pure-Python modules run, and dev.py says so once.
+install where a C compiler is, and the CUDA backend's compiled driver calls
+(``backends/cuda/metrale_cuda/_cdriver.pyx``) where the CUDA toolkit's ``cuda.h`` is too; elsewhere the pure-Python
+modules run, and dev.py says so once.
 
 `torchrun` installs ``torch==2.13.0`` with pip when torch is not importable. CI's machines keep a CPU build of
 it on disk, which pip takes; elsewhere pip may download a CUDA build of several GB: install a CPU build first
@@ -63,8 +65,16 @@ SELFTEST_PACKAGES = [".", "backends/fake", "backends/cuda"]
 #: Every distribution `wheels` builds, by folder; the last is `metrale`, the meta-distribution users install.
 DISTRIBUTIONS = [".", "backends/fake", "backends/cuda", "examples/tracing-backend", "examples/pipeline",
                  "packaging/metrale"]
-#: The build's files: a change reinstalls (the core's setup.py and MANIFEST.in with its pyproject.toml).
-PROJECT_FILES = ["pyproject.toml", "setup.py", "MANIFEST.in"] + [f"{p}/pyproject.toml" for p in PACKAGES[1:]]
+#: The build's files: a change reinstalls (the core's and the CUDA backend's setup.py and MANIFEST.in with their
+#: pyproject.toml, and the cydriver declarations the CUDA backend's build reads).
+PROJECT_FILES = (["pyproject.toml", "setup.py", "MANIFEST.in"] + [f"{p}/pyproject.toml" for p in PACKAGES[1:]]
+                 + ["backends/cuda/setup.py", "backends/cuda/MANIFEST.in",
+                    "backends/cuda/pxd/cuda/bindings/cydriver.pxd"])
+#: The packages with compiled twins, each by the folder that holds it: the core's twins, and the CUDA backend's
+#: driver calls (``metrale_cuda/_cdriver.pyx``, built only where its setup.py finds cuda.h).
+TWIN_PACKAGES = {"metrale_core": ROOT, "metrale_cuda": ROOT / "backends" / "cuda"}
+#: The CUDA backend's compiled module (its setup.py builds it where it finds the CUDA toolkit's cuda.h).
+CUDA_TWIN = "metrale_cuda._cdriver"
 #: Where each distribution's version is written (its build backend reads it from there): an editable install's
 #: metadata carries it, so a changed version reinstalls.
 VERSION_FILES = [
@@ -92,9 +102,20 @@ def run(*cmd: str | Path, cwd: Path = ROOT, env: dict[str, str] | None = None) -
 
 
 def twins() -> dict[str, Path]:
-    """The compiled twins: each ``metrale_core/**/*.pyx`` by the module setup.py builds from it."""
-    return {".".join(p.relative_to(ROOT).with_suffix("").parts): p
-            for p in sorted((ROOT / "metrale_core").rglob("*.pyx"))}
+    """The compiled twins: each ``.pyx`` of `TWIN_PACKAGES` by the module its setup.py builds from it."""
+    return {".".join(p.relative_to(base).with_suffix("").parts): p
+            for package, base in TWIN_PACKAGES.items() for p in sorted((base / package).rglob("*.pyx"))}
+
+
+def cuda_include(python: Path | str = PY) -> str | None:
+    """Where the CUDA backend's build finds ``cuda.h`` (its setup.py's ``cuda_include``, run by ``python``), or
+    ``None``: without it that build installs the pure driver calls, and says so."""
+    code = ("import runpy, sys\n"
+            "found = runpy.run_path(sys.argv[1], run_name='metrale_cuda_setup')['cuda_include']()\n"
+            "print(found or '')")
+    done = subprocess.run([str(python), "-c", code, str(TWIN_PACKAGES["metrale_cuda"] / "setup.py")],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 def compiled_twins() -> list[str]:
@@ -147,13 +168,14 @@ def ensure_env(full: bool = True) -> None:
     missing = sorted(set(twins()) - set(compiled_twins()))
     if missing:
         print(f"dev.py: {len(missing)} of {len(twins())} compiled twins not built ({', '.join(missing)}): no C "
-              f"compiler? the pure-Python modules run", flush=True)
+              f"compiler (and for {CUDA_TWIN}, no cuda.h: set CUDA_HOME)? the pure-Python modules run", flush=True)
     stamps[full].write_text(digest)
 
 
 def lint() -> int:
     """ruff, mypy --strict, and mypy's stubtest: each compiled twin against its .pyi (mypy reads the .pyi alone)."""
-    ruff = run(PY, "-m", "ruff", "check", *LINTED, "tests", "examples", "conftest.py", "dev.py", "setup.py")
+    ruff = run(PY, "-m", "ruff", "check", *LINTED, "tests", "examples", "conftest.py", "dev.py", "setup.py",
+               "backends/fake/tests", "backends/cuda/tests", "backends/cuda/setup.py")
     if ruff or run(PY, "-m", "mypy", *LINTED):
         return 1
     compiled = compiled_twins()
@@ -161,7 +183,11 @@ def lint() -> int:
         print(f"lint: no compiled twin here ({len(twins())} .pyx): stubtest skipped", flush=True)
         return 0
     allowlist = ROOT / "tools" / "stubtest-allowlist.txt"  # what Cython adds to each; not every twin has all
-    return run(PY, "-m", "mypy.stubtest", "--allowlist", allowlist, "--ignore-unused-allowlist", *compiled)
+    # mypy finds each twin's stub by its package's folder (an editable install of setuptools' hides it behind an
+    # import hook), and reads the project's settings (cuda.bindings has no stubs)
+    env = {**os.environ, "MYPYPATH": os.pathsep.join(str(base) for base in TWIN_PACKAGES.values())}
+    return run(PY, "-m", "mypy.stubtest", "--mypy-config-file", ROOT / "pyproject.toml", "--allowlist", allowlist,
+               "--ignore-unused-allowlist", *compiled, env=env)
 
 
 def _meta_version() -> str:
@@ -189,21 +215,23 @@ def _build_requirements() -> list[str]:
     return found
 
 
-def _core_wheel_lacks(dist: Path) -> list[str]:
-    """What metrale-core's wheel lacks: a file of metrale_core in its sdist (not the build's by-products, nor a
-    twin's .pyx), or a compiled module for each twin (.pyx)."""
-    sdist, wheel = next(dist.glob("metrale_core-*.tar.gz")), next(dist.glob("metrale_core-*.whl"))
+def _wheel_lacks(dist: Path, package: str, compiled: bool = True) -> list[str]:
+    """What the wheel of the distribution of ``package`` lacks: a file of ``package`` in its sdist (not the build's
+    by-products, nor a twin's .pyx), or a compiled module for each twin (.pyx) where ``compiled``."""
+    stem = package.replace("_", "[-_]")
+    sdist = next(p for p in dist.glob("*.tar.gz") if re.match(f"{stem}-[0-9]", p.name))
+    wheel = next(p for p in dist.glob("*.whl") if re.match(f"{stem}-[0-9]", p.name))
     with tarfile.open(sdist) as tar:
         sources = [m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()]
     with zipfile.ZipFile(wheel) as zf:
         carried = set(zf.namelist())
     # (a twin's .pyx stays in the sdist: the wheel carries what it compiled to, and its stub)
-    lacks = [name for name in sources
-             if name.startswith("metrale_core/") and not name.endswith(".pyx") and name not in carried]
-    for pyx in (name for name in sources if name.endswith(".pyx")):
+    lacks = [f"{wheel.name}: {name}" for name in sources
+             if name.startswith(f"{package}/") and not name.endswith(".pyx") and name not in carried]
+    for pyx in (name for name in sources if name.startswith(f"{package}/") and name.endswith(".pyx")):
         stem = pyx.removesuffix(".pyx") + "."
-        if not any(n.startswith(stem) and n.endswith((".so", ".pyd")) for n in carried):
-            lacks.append(f"{pyx}'s compiled module (no C compiler? the build said so)")
+        if compiled and not any(n.startswith(stem) and n.endswith((".so", ".pyd")) for n in carried):
+            lacks.append(f"{wheel.name}: {pyx}'s compiled module (no C compiler? the build said so)")
     return lacks
 
 
@@ -224,9 +252,14 @@ def wheels() -> int:
     sdists, wheel_files = [n for n in built if n.endswith(".tar.gz")], [n for n in built if n.endswith(".whl")]
     if len(sdists) != len(DISTRIBUTIONS) or len(wheel_files) != len(DISTRIBUTIONS):
         sys.exit(f"dev.py wheels: expected {len(DISTRIBUTIONS)} sdists and wheels in {dist}, found {built}")
-    lacks = _core_wheel_lacks(dist)
+    # the CUDA backend's driver calls compile where its build finds cuda.h: required there, else the pure calls
+    include = cuda_include()
+    if include is None:
+        print("dev.py wheels: no cuda.h here (set CUDA_HOME): metrale-cuda's wheel has the pure driver calls only",
+              flush=True)
+    lacks = _wheel_lacks(dist, "metrale_core") + _wheel_lacks(dist, "metrale_cuda", compiled=include is not None)
     if lacks:
-        sys.exit(f"dev.py wheels: metrale-core's wheel lacks {'; '.join(lacks)}")
+        sys.exit(f"dev.py wheels: a wheel lacks {'; '.join(lacks)}")
     print(f"+ creating {env_dir}", flush=True)
     venv.create(env_dir, with_pip=True)
     env_py = env_dir / BIN.name / "python"
@@ -250,7 +283,8 @@ def wheels() -> int:
              "modules = [metrale_core, metrale_fake, metrale_cuda, *map(importlib.import_module, sys.argv[1:])]\n"
              "outside = [m.__file__ for m in modules if not (m.__file__ or '').startswith(sys.prefix)]\n"
              "sys.exit(f'not from the wheels: {outside}' if outside else 0)")
-    for cmd in ([env_py, "-c", where, *twins()], [metrale, "--version"], [metrale, "selftest"],
+    expected = [name for name in twins() if include is not None or name != CUDA_TWIN]
+    for cmd in ([env_py, "-c", where, *expected], [metrale, "--version"], [metrale, "selftest"],
                 [metrale, "conformance", "fake"]):
         if run(*cmd, cwd=env_dir, env=child_env):
             sys.exit(f"dev.py wheels: {' '.join(str(c) for c in cmd[1:]) or cmd[0]} failed in {env_dir}")
@@ -403,23 +437,36 @@ _IMPORTS_FROM = (
 )
 
 
-#: ``python -c _TWINS_BUILT HINT NAME...``: fails unless each compiled twin NAME imports (only a compiled one can),
-#: naming what a build needs (setuptools, Cython, a C compiler, Python's headers) and HINT. pip -q hides setup.py's
-#: own line.
+#: ``python -c _TWINS_BUILT HINT NAME...``: fails unless each compiled twin NAME imports (only a compiled one can; the
+#: CUDA backend's also checks its cydriver functions' signatures against the installed cuda-bindings' as it loads),
+#: naming what a build needs (setuptools, Cython, a C compiler, Python's headers, cuda.h) and HINT. pip -q hides
+#: setup.py's own line.
 _TWINS_BUILT = (
-    "import importlib.metadata as md, importlib.util, os, shutil, sys, sysconfig\n"
+    "import importlib, importlib.metadata as md, os, runpy, shutil, sys, sysconfig\n"
     "hint, names = sys.argv[1], sys.argv[2:]\n"
-    "missing = [n for n in names if importlib.util.find_spec(n) is None]\n"
+    "missing = []\n"
+    "for n in names:\n"
+    "    try:\n"
+    "        importlib.import_module(n)\n"
+    "    except Exception as exc:\n"
+    "        missing.append(f'{n} ({type(exc).__name__}: {exc})')\n"
     "print(f'compiled twins: {len(names) - len(missing)} of {len(names)} built', *missing)\n"
     "def version(name):\n"
     "    try:\n"
     "        return name + ' ' + md.version(name)\n"
     "    except md.PackageNotFoundError:\n"
     "        return 'no ' + name\n"
+    "def cuda_h():\n"
+    "    try:\n"
+    "        found = runpy.run_path('backends/cuda/setup.py', run_name='metrale_cuda_setup')['cuda_include']()\n"
+    "    except Exception as exc:\n"
+    "        return f'cuda.h not looked for ({type(exc).__name__})'\n"
+    "    return f'cuda.h in {found}' if found else 'cuda.h missing (set CUDA_HOME)'\n"
     "cc = (sysconfig.get_config_var('CC') or 'cc').split()[0]\n"
     "header = os.path.join(sysconfig.get_paths()['include'], 'Python.h')\n"
-    "found = [version('setuptools'), version('Cython'), cc + (' found' if shutil.which(cc) else ' missing'),\n"
-    "         'Python.h ' + ('found' if os.path.exists(header) else 'missing')]\n"
+    "found = [version('setuptools'), version('Cython'), version('cuda-bindings'),\n"
+    "         cc + (' found' if shutil.which(cc) else ' missing'),\n"
+    "         'Python.h ' + ('found' if os.path.exists(header) else 'missing'), cuda_h()]\n"
     "if missing:\n"
     "    sys.exit('not compiled; here: ' + ', '.join(found) + '; ' + hint)\n"
 )
@@ -428,8 +475,9 @@ GPU_BUILD_WHEELS = ("cython==3.3.1", "setuptools==84.2.1")
 
 
 def _install_commands(wheels: bool) -> tuple[GpuCommand, ...]:
-    """The wheels of .whl/ into /tmp/site (with setuptools and Cython, which build the core's twins: no build
-    isolation, no network), the packages editable (the twins compiled in place), then a check that they were."""
+    """The wheels of .whl/ into /tmp/site (with setuptools and Cython, which build the core's twins and the CUDA
+    backend's driver calls: no build isolation, no network), the packages editable (the twins compiled in place),
+    then a check that they were."""
     pip = _python("-m", "pip", "install", "-q", "--no-index", "--no-deps")
     commands = []
     if wheels:

@@ -18,38 +18,65 @@ import dev
 
 SDIST_FILES = ["metrale_core/__init__.py", "metrale_core/py.typed", "metrale_core/_memory/_t.pyx",
                "metrale_core/_memory/_t.pyi", "setup.py", "PKG-INFO"]
+WHEEL = "metrale_core-1.0-cp311-cp311-linux_x86_64.whl"
 
 
-def _dist(folder: Path, carried: list[str]) -> Path:
-    """An sdist of SDIST_FILES and a wheel of ``carried``, as `python -m build` leaves them."""
-    with tarfile.open(folder / "metrale_core-1.0.tar.gz", "w:gz") as tar:
-        for name in SDIST_FILES:
-            info = tarfile.TarInfo(f"metrale_core-1.0/{name}")
-            tar.addfile(info, io.BytesIO(b""))
-    with zipfile.ZipFile(folder / "metrale_core-1.0-cp311-cp311-linux_x86_64.whl", "w") as zf:
-        for name in carried:
-            zf.writestr(name, "")
+def _dist(folder: Path, carried: list[str], package: str = "metrale_core", dist: str = "metrale_core") -> Path:
+    """An sdist of SDIST_FILES (of ``package``) and a wheel of ``carried``, as `python -m build` leaves them; beside
+    them, another distribution's, which is not looked at."""
+    for name, files, wheel_files in ((dist, SDIST_FILES, carried), ("metrale_fake", ["metrale_fake/x.py"], [])):
+        with tarfile.open(folder / f"{name}-1.0.tar.gz", "w:gz") as tar:
+            for file in files:
+                info = tarfile.TarInfo(f"{name}-1.0/{file.replace('metrale_core', package)}")
+                tar.addfile(info, io.BytesIO(b""))
+        with zipfile.ZipFile(folder / f"{name}-1.0-cp311-cp311-linux_x86_64.whl", "w") as zf:
+            for file in wheel_files:
+                zf.writestr(file, "")
     return folder
 
 
 def test_the_core_wheel_carries_its_sdist_s_package_and_a_compiled_module_per_twin(tmp_path: Path) -> None:
     package = [n for n in SDIST_FILES if n.startswith("metrale_core/") and not n.endswith(".pyx")]  # (sdist only)
     so = "metrale_core/_memory/_t.cpython-311-x86_64-linux-gnu.so"
-    assert dev._core_wheel_lacks(_dist(tmp_path, [*package, so, "metrale_core-1.0.dist-info/RECORD"])) == []
+    assert dev._wheel_lacks(_dist(tmp_path, [*package, so, "metrale_core-1.0.dist-info/RECORD"]), "metrale_core") == []
 
 
 def test_a_missing_file_or_compiled_twin_is_named(tmp_path: Path) -> None:
     carried = ["metrale_core/__init__.py", "metrale_core/_memory/_t.pyx", "metrale_core/_memory/_t.pyi"]
-    assert dev._core_wheel_lacks(_dist(tmp_path, carried)) == [
-        "metrale_core/py.typed", "metrale_core/_memory/_t.pyx's compiled module (no C compiler? the build said so)",
+    assert dev._wheel_lacks(_dist(tmp_path, carried), "metrale_core") == [
+        f"{WHEEL}: metrale_core/py.typed",
+        f"{WHEEL}: metrale_core/_memory/_t.pyx's compiled module (no C compiler? the build said so)",
     ]
 
 
-def test_the_twins_are_every_pyx_of_the_core_by_module() -> None:
+def test_the_cuda_wheel_needs_its_compiled_module_only_where_cuda_h_is(tmp_path: Path) -> None:
+    """metrale-cuda's sdist is named with a dash or an underscore (setuptools normalizes it); its compiled driver
+    calls are required where the build finds cuda.h (``compiled``), else its files only."""
+    carried = ["metrale_cuda/__init__.py", "metrale_cuda/py.typed", "metrale_cuda/_memory/_t.pyi"]
+    dist = _dist(tmp_path, carried, package="metrale_cuda", dist="metrale_cuda")
+    assert dev._wheel_lacks(dist, "metrale_cuda", compiled=False) == []
+    assert dev._wheel_lacks(dist, "metrale_cuda") == [
+        "metrale_cuda-1.0-cp311-cp311-linux_x86_64.whl: metrale_cuda/_memory/_t.pyx's compiled module "
+        "(no C compiler? the build said so)"
+    ]
+
+
+def test_the_twins_are_every_pyx_of_the_core_and_the_cuda_backend_by_module() -> None:
     found = dev.twins()
-    assert all(name.startswith("metrale_core.") and path.suffix == ".pyx" for name, path in found.items())
-    assert sorted(found.values()) == sorted((dev.ROOT / "metrale_core").rglob("*.pyx"))
+    assert all(name.split(".")[0] in ("metrale_core", "metrale_cuda") and path.suffix == ".pyx"
+               for name, path in found.items())
+    assert sorted(found.values()) == sorted([*(dev.ROOT / "metrale_core").rglob("*.pyx"),
+                                             *(dev.ROOT / "backends" / "cuda" / "metrale_cuda").rglob("*.pyx")])
+    assert dev.CUDA_TWIN in found and found[dev.CUDA_TWIN].name == "_cdriver.pyx"
     assert set(dev.compiled_twins()) <= set(found)
+
+
+def test_dev_py_finds_cuda_h_as_the_cuda_backend_s_build_does() -> None:
+    import runpy
+
+    setup = runpy.run_path(str(dev.ROOT / "backends" / "cuda" / "setup.py"), run_name="metrale_cuda_setup")
+    found = setup["cuda_include"]()
+    assert dev.cuda_include(dev.sys.executable) == (str(found) if found else None)
 
 
 def test_wheels_installs_what_every_distribution_builds_with() -> None:

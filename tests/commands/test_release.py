@@ -57,7 +57,7 @@ def test_each_distribution_reads_its_version_from_its_package(dist: str) -> None
     project = _project(folder)
     assert project["project"]["name"] == dist
     assert "version" not in project["project"] and project["project"]["dynamic"] == ["version"]
-    if dist == "metrale-core":  # setuptools (setup.py builds the compiled twins), reading the file, not importing it
+    if dist in ("metrale-core", "metrale-cuda"):  # setuptools (setup.py builds the compiled twins), reading the file
         assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": f"{package}.__version__"}
     else:
         assert project["tool"]["hatch"]["version"]["path"] == f"{package}/__init__.py"
@@ -120,8 +120,8 @@ def test_version_gives_cuda_bindings_and_the_driver_where_the_cuda_plugin_is(
     pytest.importorskip("metrale_cuda")
     lines = _version(capsys)
     at = lines.index(f"backend cuda: metrale-cuda {importlib.metadata.version('metrale-cuda')}")
-    reported = dict(line.strip().split(": ", 1) for line in lines[at + 1 : at + 3])
-    assert set(reported) == {"cuda-bindings", "driver"}
+    reported = dict(line.strip().split(": ", 1) for line in lines[at + 1 : at + 4])
+    assert set(reported) == {"cuda-bindings", "driver", "driver calls"}
     try:
         bindings = importlib.metadata.version("cuda-bindings")
     except importlib.metadata.PackageNotFoundError:
@@ -130,13 +130,15 @@ def test_version_gives_cuda_bindings_and_the_driver_where_the_cuda_plugin_is(
         assert reported["cuda-bindings"] == bindings
     # without a GPU: "not found"; with one, the CUDA version the driver supports
     assert re.fullmatch(r"not found|CUDA \d+\.\d+", reported["driver"])
+    # the compiled calls (cuda.bindings.cydriver) where built, unless the setting pure asks for the pure ones
+    assert re.match(r"compiled: cuda\.bindings\.cydriver|pure Python: cuda\.bindings\.driver", reported["driver calls"])
 
 
 def test_the_cuda_plugin_s_versions_need_no_device() -> None:
     plugin = pytest.importorskip("metrale_cuda._plugin")
     registration = plugin.metrale_backend(settings=SETTINGS)
-    assert registration.versions is plugin.versions
-    assert set(plugin.versions()) == {"cuda-bindings", "driver"}
+    assert registration.versions() == plugin.versions(SETTINGS)  # (with the hook's settings: their pure)
+    assert set(plugin.versions()) == {"cuda-bindings", "driver", "driver calls"}
 
 
 def test_a_plugin_without_versions_reports_none() -> None:

@@ -25,9 +25,10 @@ class DriverBaseline(Baseline):
     """``cuMemAlloc``/``cuMemFree``, ``cuMemsetD8Async``, ``cuMemcpy*Async`` and ``cuLaunchKernel`` on a
     stream of its own, in the context the device made current."""
 
-    __slots__ = ("_device_ptrs", "_host_ptrs", "_module", "_peers", "_stream")
+    __slots__ = ("_device_ptrs", "_driver_calls", "_host_ptrs", "_module", "_peers", "_stream")
 
-    def __init__(self) -> None:
+    def __init__(self, driver_calls: str = "") -> None:
+        self._driver_calls = driver_calls  # which calls the device measured against it makes, for the versions
         self._stream: Any = call1(drv.cuStreamCreate, "cuStreamCreate", _d.STREAM_NON_BLOCKING)
         self._device_ptrs: list[int] = []
         self._host_ptrs: list[int] = []
@@ -44,6 +45,8 @@ class DriverBaseline(Baseline):
         err, version = drv.cuDriverGetVersion()
         if not err:
             out["CUDA driver API"] = f"{int(version) // 1000}.{int(version) % 1000 // 10}"
+        if self._driver_calls:
+            out["driver calls"] = self._driver_calls
         return out
 
     def _device(self, nbytes: int) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import uuid
-from typing import Any, Final, cast
+from typing import Any, ClassVar, Final, cast
 
 from metrale_core import (
     AllocKind,
@@ -86,7 +86,13 @@ class CudaDevice(CudaWork):
     ordinals or on one (they then share the primary context, each holding a
     reference to it). Every method may be called from any thread and raises
     only [`MetraleError`][metrale_core.MetraleError].
+
+    Its driver calls are ``cuda.bindings.driver``'s, the reference; the plugin opens a
+    ``CompiledCudaDevice`` (``_compiled``) instead where the compiled calls were built.
     """
+
+    #: Which driver calls this class makes, in words (``metrale bench`` and ``metrale --version`` say it).
+    DRIVER_CALLS: ClassVar[str] = "pure Python: cuda.bindings.driver"
 
     def __init__(self, ordinal: int, device: Any, context: Any) -> None:
         """Adopt a retained primary context; use [`open`][metrale_cuda.CudaDevice.open] rather than this."""
@@ -284,7 +290,7 @@ class CudaDevice(CudaWork):
     @bound_checked
     def baseline(self) -> Baseline:
         """The driver API called directly (``cuda.bindings``), for ``metrale bench``; in this device's context."""
-        return DriverBaseline()
+        return DriverBaseline(driver_calls=self.DRIVER_CALLS)
 
     @bound
     def copy_peer(self, dst: int, src_device: RawDevice, src: int, nbytes: int, stream: object) -> None:

@@ -1,6 +1,7 @@
 """The work a CUDA device issues: copies, streams, events, captures, graphs, kernel modules and launches.
 
-- `CuStream`, `CuGraph`, `CuGraphExec`: the handles, with the host objects their work still reads;
+- `CuStream`, `CuGraph`, `CuGraphExec`, `CuFunction`: the handles, with the host objects their work still reads
+  (and each handle as an int, ``raw``, for the compiled calls of ``_compiled``);
 - `ArgSlots`: each kernel's argument slots, kept per thread, that a launch packs its arguments into;
 - `CudaWork`: the primitives that issue work, one method per driver call; the base of
   [`CudaDevice`][metrale_cuda.CudaDevice], which adds the context, memory and interop.
@@ -28,7 +29,7 @@ from metrale_core import InvalidArgumentError, LaunchArg, MetraleError, RawDevic
 from . import _driver as _d
 from ._driver import THREAD, bound, bound_checked, call, call1, call_ready, call_teardown, check, drv, foreign_error
 
-__all__ = ["EVENT_ORDER_ONLY", "ArgSlots", "CuGraph", "CuGraphExec", "CuStream", "CudaWork"]
+__all__ = ["EVENT_ORDER_ONLY", "ArgSlots", "CuFunction", "CuGraph", "CuGraphExec", "CuStream", "CudaWork"]
 
 _log = logging.getLogger("metrale.cuda")
 
@@ -46,7 +47,7 @@ class ArgSlots:
     per thread and reused at every launch (the driver copies the arguments at the call, so the next launch
     may overwrite them)."""
 
-    __slots__ = ("address", "offsets", "pointers", "sizes", "storage", "view")
+    __slots__ = ("_span", "address", "offsets", "pointers", "sizes", "storage", "view")
 
     def __init__(self, sizes: tuple[int, ...]) -> None:
         offsets, end = [], 0
@@ -60,6 +61,7 @@ class ArgSlots:
         raw = ctypes.addressof(self.storage)
         skip = -raw % _SLOT_BASE_ALIGN  # the slots start 128-byte aligned
         self.offsets = tuple(skip + offset for offset in offsets)
+        self._span = (skip, skip + end)
         self.view = memoryview(self.storage).cast("B")
         self.pointers = (ctypes.c_void_p * max(len(sizes), 1))(*(raw + offset for offset in self.offsets))
         self.address: int | None = ctypes.addressof(self.pointers) if sizes else None
@@ -75,6 +77,12 @@ class ArgSlots:
                 return False
             view[offset : offset + size] = data
         return True
+
+    def image(self) -> bytes:
+        """The slots' bytes, from the first slot's start to the last one's end (padding included): what the
+        compiled twin (``_cdriver.ArgSlots``) must write alike."""
+        start, end = self._span
+        return self.view[start:end].tobytes()
 
 
 class _Packing(threading.local):
@@ -108,10 +116,11 @@ class CuStream:
     go, so a synchronization lets go of exactly what was issued before it.
     """
 
-    __slots__ = ("dropped", "handle", "keep")
+    __slots__ = ("dropped", "handle", "keep", "raw")
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
+        self.raw = 0 if handle is None else int(handle)  # the CUstream as an int, made once
         self.keep: list[object] = []
         self.dropped = 0
 
@@ -132,11 +141,25 @@ class CuGraph:
 class CuGraphExec:
     """A ``CUgraphExec`` and the host objects its nodes read or write."""
 
-    __slots__ = ("handle", "keep")
+    __slots__ = ("handle", "keep", "raw")
 
     def __init__(self, handle: Any, keep: tuple[object, ...]) -> None:
         self.handle = handle
         self.keep = keep
+        self.raw = int(handle)  # the CUgraphExec as an int, made once
+
+
+class CuFunction:
+    """A ``CUfunction`` (what ``module_function`` gives the core, and a launch takes back)."""
+
+    __slots__ = ("handle", "raw")
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.raw = int(handle)  # the CUfunction as an int, made once
+
+    def __repr__(self) -> str:
+        return f"<cuda function {self.handle!r}>"
 
 
 class CudaWork(RawDevice):
@@ -460,8 +483,8 @@ class CudaWork(RawDevice):
 
     @bound
     def module_function(self, module: object, kernel: str) -> object:
-        """``cuModuleGetFunction``."""
-        return call1(drv.cuModuleGetFunction, f"cuModuleGetFunction of {kernel!r}", module, kernel.encode())
+        """``cuModuleGetFunction``: a `CuFunction`."""
+        return CuFunction(call1(drv.cuModuleGetFunction, f"cuModuleGetFunction of {kernel!r}", module, kernel.encode()))
 
     def launch(
         self, function: object, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
@@ -479,7 +502,7 @@ class CudaWork(RawDevice):
             slots.fill(args)
         try:
             (err,) = drv.cuLaunchKernel(
-                function,
+                function.handle,  # type: ignore[attr-defined]  # (no cast(): a call on a hot path)
                 grid[0], grid[1], grid[2],
                 block[0], block[1], block[2],
                 shared_mem,

@@ -6,6 +6,7 @@ probed or opened.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Final
@@ -13,7 +14,7 @@ from typing import Final
 from metrale_core import MetraleError, MetraleSettings
 from metrale_core.plugin import BackendRegistration, RawDevice, hookimpl
 
-__all__ = ["PREFERENCE", "metrale_backend", "open_device", "probe", "versions"]
+__all__ = ["PREFERENCE", "driver_calls", "metrale_backend", "open_device", "probe", "versions"]
 
 _log = logging.getLogger("metrale.cuda")
 
@@ -41,14 +42,15 @@ def probe(settings: MetraleSettings) -> str | None:
 
 
 def open_device(settings: MetraleSettings, ordinal: int) -> RawDevice:
-    """Open CUDA device ``ordinal`` in its primary context.
+    """Open CUDA device ``ordinal`` in its primary context: with the compiled driver calls where they were built and
+    the setting ``pure`` is off (``_compiled.device_class``), else with the pure ones.
 
     Raises [`BackendUnavailableError`][metrale_core.BackendUnavailableError] naming the ordinal
     and the reason when it cannot.
     """
-    from ._device import CudaDevice
+    from ._compiled import device_class
 
-    return CudaDevice.open(ordinal)
+    return device_class(settings.pure).open(ordinal)
 
 
 def device_count(settings: MetraleSettings) -> int:
@@ -58,8 +60,20 @@ def device_count(settings: MetraleSettings) -> int:
     return init_driver()
 
 
-def versions() -> Mapping[str, str]:
-    """cuda-bindings' version and the CUDA version the driver supports, for ``metrale --version``.
+def driver_calls(settings: MetraleSettings | None = None) -> str:
+    """Which driver calls a device opened with ``settings`` makes, in words: ``compiled: cuda.bindings.cydriver``, or
+    the pure calls and why. Never raises."""
+    try:
+        from ._compiled import describe
+
+        return describe(settings.pure if settings is not None else False)
+    except Exception as exc:  # cuda-bindings not importable, say
+        return f"pure Python: cuda.bindings.driver ({type(exc).__name__}: {exc})"
+
+
+def versions(settings: MetraleSettings | None = None) -> Mapping[str, str]:
+    """cuda-bindings' version, the CUDA version the driver supports and the driver calls a device makes (compiled or
+    pure, `driver_calls`), for ``metrale --version``.
 
     Needs no device and no ``cuInit`` (``cuDriverGetVersion`` answers before
     it); never raises: ``"not found"`` where no driver library answers.
@@ -67,15 +81,17 @@ def versions() -> Mapping[str, str]:
     try:
         from ._driver import IMPORT_ERROR, bindings_version, drv
     except Exception as exc:  # never raises
-        return {"cuda-bindings": f"not importable ({type(exc).__name__})", "driver": "not found"}
+        return {"cuda-bindings": f"not importable ({type(exc).__name__})", "driver": "not found",
+                "driver calls": "none: cuda-bindings is not importable"}
     if drv is None:
-        return {"cuda-bindings": f"not importable ({IMPORT_ERROR})", "driver": "not found"}
+        return {"cuda-bindings": f"not importable ({IMPORT_ERROR})", "driver": "not found",
+                "driver calls": "none: cuda-bindings is not importable"}
     try:
         err, version = drv.cuDriverGetVersion()
         driver = "not found" if int(err) else f"CUDA {int(version) // 1000}.{int(version) % 1000 // 10}"
     except Exception:  # no libcuda: the bindings raise where they would load it
         driver = "not found"
-    return {"cuda-bindings": bindings_version(), "driver": driver}
+    return {"cuda-bindings": bindings_version(), "driver": driver, "driver calls": driver_calls(settings)}
 
 
 @hookimpl
@@ -86,6 +102,6 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration:
         probe=probe,
         description="NVIDIA GPUs through the CUDA driver API (cuda-bindings)",
         preference=PREFERENCE,
-        versions=versions,
+        versions=functools.partial(versions, settings),  # (the setting pure: which driver calls run)
         device_count=device_count,
     )

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Final
 
 from ... import Baseline, GpuBackend, MetraleSettings, open_backend
@@ -82,13 +83,15 @@ _PACKAGES: Final = frozenset({"metrale_core", "metrale_cuda", "metrale_fake"})
 
 
 def compiled_modules() -> list[str]:
-    """The loaded modules of metrale's packages that run compiled (``dev.py accelerate``), not from their ``.py``."""
+    """The loaded modules of metrale's packages that run compiled (``dev.py accelerate``), not from their ``.py``
+    (beside them: a compiled module with no ``.py`` of its name is a twin built from a ``.pyx``, said elsewhere)."""
     names = []
     for name, module in list(sys.modules.items()):
         if name.partition(".")[0] not in _PACKAGES:
             continue
         path = getattr(module, "__file__", None) or ""
-        if path and not path.endswith((".py", ".pyc")):
+        source = Path(path).with_name(f"{name.rpartition('.')[2]}.py")
+        if path and not path.endswith((".py", ".pyc")) and source.exists():
             names.append(name)
     return sorted(names)
 

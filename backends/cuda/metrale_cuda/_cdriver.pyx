@@ -1,0 +1,232 @@
+"""The CUDA driver calls of the hot path at C speed, through ``cuda.bindings.cydriver`` (issue 38).
+
+The compiled twin of the calls ``CudaDevice`` makes through ``cuda.bindings.driver``: ``_compiled.py`` calls these
+where its device was opened compiled; the pure calls stay the reference. Built as C++ (``cydriver.pxd`` needs
+``<type_traits>``) against ``cuda.h``; ``setup.py`` says how it finds them.
+
+The return convention: plain ints in, plain ints out, and no Python object made on success beyond the value asked
+for.
+
+- A call that gives nothing back returns its ``CUresult`` as an ``int``: ``0`` on success.
+- A call that gives a value back (``mem_alloc``, ``mem_alloc_managed``, ``ctx_current``) returns the value
+  (``>= 0``: a device address or a context handle) on success and ``-CUresult`` (``< 0``) on a failure.
+- ``launch`` returns ``-1`` (``REPACK``), having launched nothing, where the arguments' sizes are not its slots'.
+- An exception is what ``cydriver`` raises where it cannot load the driver library (``DynamicLibNotFoundError``), or
+  what an argument's conversion raises (``OverflowError``, ``TypeError``, ``BufferError``): the caller maps it with
+  ``foreign_error``, as it maps the pure calls' exceptions.
+
+The calls that may wait, or take the driver's locks, run without the GIL (as ``cuda.bindings.driver`` runs them).
+"""
+
+cimport cython
+from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
+from libc.stdint cimport uintptr_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy
+from libcpp.vector cimport vector
+
+from cuda.bindings cimport cydriver
+
+#: What ``launch`` returns where the arguments' sizes differ from its slots' (nothing launched): build new slots.
+REPACK = -1
+
+#: The alignment of the slots' start, and of a tensor map's slot (CUDA 13's ``CUtensorMap`` is 128-byte aligned).
+cdef enum:
+    _SLOT_BASE_ALIGN = 128
+    _LARGE_SLOT = 64  # a slot this large or larger starts 128-byte aligned, a smaller one 8-byte
+
+
+@cython.final
+cdef class ArgSlots:
+    """Where a kernel's arguments go for ``cuLaunchKernel``: the twin of ``_launch.ArgSlots``, the same layout (a
+    slot per argument, 8-byte aligned, a tensor map's 128-byte aligned; the slots start 128-byte aligned) in a C
+    buffer, filled by ``memcpy`` from each argument's bytes."""
+
+    cdef readonly tuple sizes
+    cdef readonly tuple offsets
+    cdef readonly object address
+    cdef char* _storage
+    cdef Py_ssize_t _start  # the offset of the first slot (the slots' start, 128-byte aligned)
+    cdef Py_ssize_t _end  # the offset just past the last slot's storage
+    cdef vector[Py_ssize_t] _sizes
+    cdef vector[Py_ssize_t] _offsets
+    cdef vector[void*] _pointers
+
+    def __init__(self, tuple sizes):
+        cdef Py_ssize_t end = 0, align, size, skip
+        cdef list offsets = []
+        free(self._storage)  # (a second __init__ lays the slots anew)
+        self._storage = NULL
+        self._sizes.clear()
+        self._offsets.clear()
+        self._pointers.clear()
+        for item in sizes:
+            size = item
+            if size < 0:
+                raise ValueError(f"ArgSlots: a negative argument size ({size})")
+            align = _SLOT_BASE_ALIGN if size >= _LARGE_SLOT else 8
+            end = (end + align - 1) // align * align
+            offsets.append(end)
+            self._sizes.push_back(size)
+            end += (size + 7) // 8 * 8
+        self._storage = <char*>calloc(max(end, 8) + _SLOT_BASE_ALIGN, 1)
+        if self._storage == NULL:
+            raise MemoryError(f"ArgSlots: {max(end, 8) + _SLOT_BASE_ALIGN} bytes of argument slots")
+        skip = (_SLOT_BASE_ALIGN - <uintptr_t>self._storage % _SLOT_BASE_ALIGN) % _SLOT_BASE_ALIGN
+        self._start, self._end = skip, skip + end
+        self.sizes = sizes
+        self.offsets = tuple([skip + offset for offset in offsets])
+        for offset in self.offsets:
+            self._offsets.push_back(offset)
+            self._pointers.push_back(self._storage + <Py_ssize_t>offset)
+        self.address = <uintptr_t>self._pointers.data() if self._pointers.size() else None
+
+    def __dealloc__(self):
+        free(self._storage)
+
+    def fill(self, args):
+        """Write ``args`` (each a ``LaunchArg``: its ``data``) into their slots; ``False`` (nothing to trust) where
+        their sizes differ."""
+        return self._fill(args) == 1
+
+    def image(self):
+        """The slots' bytes, from the first slot's start to the last one's end (padding included)."""
+        return self._storage[self._start : self._end]
+
+    cdef int _fill(self, object args) except -1:
+        """1 where ``args`` were written into their slots, 0 where their count or a size differs."""
+        cdef Py_ssize_t i, n = len(args), size
+        cdef Py_buffer view
+        if n != <Py_ssize_t>self._sizes.size():
+            return 0
+        for i in range(n):
+            data = args[i].data
+            if PyBytes_CheckExact(data):
+                size = PyBytes_GET_SIZE(data)
+                if size != self._sizes[i]:
+                    return 0
+                memcpy(self._storage + self._offsets[i], PyBytes_AS_STRING(data), size)
+            else:  # another buffer: what the pure slots' memoryview assignment takes
+                PyObject_GetBuffer(data, &view, PyBUF_SIMPLE | PyBUF_ANY_CONTIGUOUS)
+                try:
+                    if view.len != self._sizes[i]:
+                        return 0
+                    memcpy(self._storage + self._offsets[i], view.buf, view.len)
+                finally:
+                    PyBuffer_Release(&view)
+        return 1
+
+
+def launch(ArgSlots slots not None, args, uintptr_t function, grid, block, unsigned int shared_mem,
+           uintptr_t stream):
+    """``cuLaunchKernel`` of ``function`` (a ``CUfunction`` as an int) with ``args`` packed into ``slots``: the
+    ``CUresult``, or ``REPACK`` (nothing launched) where their sizes are not the slots'."""
+    cdef unsigned int gx, gy, gz, bx, by, bz
+    cdef cydriver.CUresult err
+    cdef void** params
+    if not slots._fill(args):
+        return REPACK
+    gx, gy, gz = grid[0], grid[1], grid[2]
+    bx, by, bz = block[0], block[1], block[2]
+    params = slots._pointers.data() if slots._pointers.size() else NULL
+    with nogil:
+        err = cydriver.cuLaunchKernel(<cydriver.CUfunction><void*>function, gx, gy, gz, bx, by, bz, shared_mem,
+                                      <cydriver.CUstream><void*>stream, params, NULL)
+    return <int>err
+
+
+def graph_launch(uintptr_t graph_exec, uintptr_t stream):
+    """``cuGraphLaunch``: the ``CUresult``."""
+    cdef cydriver.CUresult err
+    with nogil:
+        err = cydriver.cuGraphLaunch(<cydriver.CUgraphExec><void*>graph_exec, <cydriver.CUstream><void*>stream)
+    return <int>err
+
+
+def mem_alloc(size_t nbytes):
+    """``cuMemAlloc``: the device address, or ``-CUresult``."""
+    cdef cydriver.CUdeviceptr ptr = 0
+    cdef cydriver.CUresult err
+    with nogil:
+        err = cydriver.cuMemAlloc(&ptr, nbytes)
+    if err:
+        return -<int>err
+    return ptr
+
+
+def mem_alloc_managed(size_t nbytes, unsigned int flags):
+    """``cuMemAllocManaged``: the address, or ``-CUresult``."""
+    cdef cydriver.CUdeviceptr ptr = 0
+    cdef cydriver.CUresult err
+    with nogil:
+        err = cydriver.cuMemAllocManaged(&ptr, nbytes, flags)
+    if err:
+        return -<int>err
+    return ptr
+
+
+def mem_free(cydriver.CUdeviceptr ptr):
+    """``cuMemFree``: the ``CUresult``."""
+    cdef cydriver.CUresult err
+    with nogil:
+        err = cydriver.cuMemFree(ptr)
+    return <int>err
+
+
+def memset_d8(cydriver.CUdeviceptr ptr, unsigned char value, size_t nbytes, uintptr_t stream):
+    """``cuMemsetD8Async``: the ``CUresult``."""
+    cdef cydriver.CUresult err
+    with nogil:
+        err = cydriver.cuMemsetD8Async(ptr, value, nbytes, <cydriver.CUstream><void*>stream)
+    return <int>err
+
+
+def copy_htod(cydriver.CUdeviceptr dst, src, uintptr_t stream):
+    """``cuMemcpyHtoDAsync`` of all of ``src`` (a C-contiguous buffer, as the bindings take it): the ``CUresult``.
+    The caller keeps ``src`` alive until the stream is idle."""
+    cdef Py_buffer view
+    cdef cydriver.CUresult err
+    PyObject_GetBuffer(src, &view, PyBUF_SIMPLE | PyBUF_ANY_CONTIGUOUS)
+    try:
+        with nogil:
+            err = cydriver.cuMemcpyHtoDAsync(dst, view.buf, <size_t>view.len, <cydriver.CUstream><void*>stream)
+    finally:
+        PyBuffer_Release(&view)
+    return <int>err
+
+
+def copy_dtoh(dst, cydriver.CUdeviceptr src, uintptr_t stream):
+    """``cuMemcpyDtoHAsync`` filling all of ``dst`` (a C-contiguous buffer, as the bindings take it): the
+    ``CUresult``. The caller keeps ``dst`` alive until the stream is idle."""
+    cdef Py_buffer view
+    cdef cydriver.CUresult err
+    PyObject_GetBuffer(dst, &view, PyBUF_SIMPLE | PyBUF_ANY_CONTIGUOUS)
+    try:
+        with nogil:
+            err = cydriver.cuMemcpyDtoHAsync(view.buf, src, <size_t>view.len, <cydriver.CUstream><void*>stream)
+    finally:
+        PyBuffer_Release(&view)
+    return <int>err
+
+
+def copy_dtod(cydriver.CUdeviceptr dst, cydriver.CUdeviceptr src, size_t nbytes, uintptr_t stream):
+    """``cuMemcpyDtoDAsync``: the ``CUresult``."""
+    cdef cydriver.CUresult err
+    with nogil:
+        err = cydriver.cuMemcpyDtoDAsync(dst, src, nbytes, <cydriver.CUstream><void*>stream)
+    return <int>err
+
+
+def ctx_current():
+    """``cuCtxGetCurrent``: the current context's handle (``0``: none), or ``-CUresult``."""
+    cdef cydriver.CUcontext ctx = NULL
+    cdef cydriver.CUresult err = cydriver.cuCtxGetCurrent(&ctx)
+    if err:
+        return -<int>err
+    return <uintptr_t>ctx
+
+
+def ctx_set(uintptr_t ctx):
+    """``cuCtxSetCurrent``: the ``CUresult``."""
+    return <int>cydriver.cuCtxSetCurrent(<cydriver.CUcontext><void*>ctx)
