@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import threading
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -19,25 +20,39 @@ from metrale_core import MetraleSettings, open_backend
 from metrale_core._device.buffer import DeviceBuffer
 from metrale_core._device.stats import StatsCounter as PureStats
 from metrale_core._memory.ledger import Ledger as PureLedger
+from metrale_core._memory.ledger import call_site
 from metrale_core._twins import TWINS, built, describe, pick
 from tests._support import SETTINGS
 
-PURE_CLASSES: dict[str, type] = {"ledger": PureLedger, "stats": PureStats}
+#: Each twin's pure reference: a class, or a function (the call site, ``tests/memory/test_site_twin.py``).
+PURE: dict[str, Any] = {"ledger": PureLedger, "stats": PureStats, "site": call_site}
+PURE_CLASSES: dict[str, type] = {name: ref for name, ref in PURE.items() if isinstance(ref, type)}
 
 
-def _twin(name: str) -> type:
+def _twin(name: str) -> Any:
     if not built()[name]:
-        pytest.skip(f"the {name} twin was not compiled here (no C compiler at install): the pure class runs")
+        pytest.skip(f"the {name} twin was not compiled here (no C compiler at install): the pure code runs")
     module, attr = TWINS[name]
-    twin: type = getattr(importlib.import_module(module), attr)
-    return twin
+    return getattr(importlib.import_module(module), attr)
+
+
+def _parameters(fn: Any) -> list[tuple[str, object, object]]:
+    """A function's parameters: names, kinds and defaults (a compiled function has no annotations)."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
 def test_every_twin_has_a_pure_reference() -> None:
-    assert set(PURE_CLASSES) == set(TWINS)
+    assert set(PURE) == set(TWINS)
 
 
-@pytest.mark.parametrize("name", sorted(TWINS))
+@pytest.mark.parametrize("name", sorted(set(TWINS) - set(PURE_CLASSES)))
+def test_a_function_twin_has_its_pure_function_s_signature(name: str) -> None:
+    twin, pure = _twin(name), PURE[name]
+    assert twin.__name__ == pure.__name__ and not isinstance(twin, type)
+    assert _parameters(twin) == _parameters(pure)
+
+
+@pytest.mark.parametrize("name", sorted(PURE_CLASSES))
 def test_a_twin_has_its_pure_class_s_interface(name: str) -> None:
     twin, pure = _twin(name), PURE_CLASSES[name]
     assert twin.__name__ == pure.__name__
@@ -61,9 +76,10 @@ def test_the_ledger_twin_takes_its_history_keyword() -> None:
 
 
 @pytest.mark.parametrize("pure", [False, True])
-def test_pick_takes_the_twin_unless_pure(pure: bool) -> None:
-    chosen = pick("ledger", PureLedger, pure)
-    assert chosen is PureLedger if pure or not built()["ledger"] else chosen is not PureLedger
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_pick_takes_the_twin_unless_pure(name: str, pure: bool) -> None:
+    chosen = pick(name, PURE[name], pure)
+    assert chosen is PURE[name] if pure or not built()[name] else chosen is not PURE[name]
 
 
 def test_the_pure_setting_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,8 +170,10 @@ def test_a_backend_runs_the_same_on_both(pure: bool) -> None:
 
 def test_describe_says_which_code_runs() -> None:
     assert describe(True) == "pure Python (the setting pure, METRALE_PURE=1)"
-    if all(built().values()):
-        assert describe(False).startswith("compiled twins: ledger, stats")
+    names = [name for name, ok in built().items() if ok]  # (a twin whose C failed leaves the others built)
+    if names:
+        assert describe(False).startswith(f"compiled twins: {', '.join(names)}")
+        assert names != list(TWINS) or describe(False).startswith("compiled twins: ledger, stats, site")
     else:
         assert describe(False).startswith("pure Python (no compiled twins were built here")
 
