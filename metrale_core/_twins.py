@@ -1,11 +1,12 @@
-"""Compiled twins: the hot path's classes built with Cython beside their pure-Python reference (issue 38).
+"""Compiled twins: the hot path's classes and functions built with Cython beside their pure-Python reference
+(issue 38).
 
 - A twin is ``_<name>.pyx`` beside the pure module it mirrors, with a ``.pyi`` stub: the same interface and
   behaviour, C-level containers and locks. The build compiles every twin where a C compiler is found, and
   installs the pure modules alone where none is.
 - `pick` is how an owner chooses: the twin where it was built and the backend's ``pure`` setting is off
-  (``METRALE_PURE=1``), else the pure class. Each backend chooses once, when it opens, so a differential test
-  runs both in one process.
+  (``METRALE_PURE=1``), else the pure class or function. Each backend chooses once, when it opens, so a
+  differential test runs both in one process.
 - `built` says which twins this installation has: ``metrale --version``, ``metrale info`` and ``metrale bench``
   print it.
 """
@@ -20,7 +21,7 @@ from typing import Final, TypeVar
 
 __all__ = ["DOORS", "TWINS", "built", "describe", "older_than_source", "pick"]
 
-#: Each twin: its name, and the module and class (or function) that hold it (the pure one is its owner's to pass).
+#: Each twin: its name, and the module and the class or function that hold it (the pure one is its owner's to pass).
 TWINS: Final = {
     "ledger": ("metrale_core._memory._ledger", "Ledger"),
     "stats": ("metrale_core._device._stats", "StatsCounter"),
@@ -28,6 +29,7 @@ TWINS: Final = {
     "lane": ("metrale_core._memory._lane", "DeviceLane"),
     "handle": ("metrale_core._device._handle", "make"),  # DeviceBuffer._make's; other twins cimport make_buffer
     "arena": ("metrale_core._memory._arena", "Arena"),
+    "site": ("metrale_core._memory._site", "call_site"),
 }
 
 #: Compiled modules no owner picks: the C-level doors the twins ``cimport`` (a twin that cannot load one does not
@@ -40,25 +42,26 @@ _loaded: dict[str, object | None] = {}
 
 
 def _load(name: str) -> object | None:
-    """The compiled class of twin ``name``, or ``None`` where it was not built (loaded once)."""
+    """The compiled class or function of twin ``name``, or ``None`` where it was not built (loaded once)."""
     if name not in _loaded:
         module, attr = TWINS[name]
         try:
             _loaded[name] = getattr(importlib.import_module(module), attr)
-        except ImportError:  # not built here: the pure class runs
+        except ImportError:  # not built here: the pure code runs
             _loaded[name] = None
-        except Exception as exc:  # a twin that fails as it loads: the pure class runs, and the log says why
-            _log.warning("the compiled twin %s (%s) failed to load, the pure class runs: %s: %s", name, module,
+        except Exception as exc:  # a twin that fails as it loads: the pure code runs, and the log says why
+            _log.warning("the compiled twin %s (%s) failed to load, the pure code runs: %s: %s", name, module,
                          type(exc).__name__, exc)
             _loaded[name] = None
     return _loaded[name]
 
 
-def pick(name: str, pure_class: _T, pure: bool) -> _T:
-    """The class (or function) to run for twin ``name``: its compiled twin where built and ``pure`` is off, else
-    ``pure_class`` (the twin has the same interface: its stub and the differential tests hold it to that)."""
+def pick(name: str, reference: _T, pure: bool) -> _T:
+    """The class or function to run for twin ``name``: its compiled twin where built and ``pure`` is off, else
+    ``reference``, the pure class or function (the twin has the same interface: its stub and the differential
+    tests hold it to that)."""
     twin = None if pure else _load(name)
-    return pure_class if twin is None else twin  # type: ignore[return-value]
+    return reference if twin is None else twin  # type: ignore[return-value]
 
 
 def built() -> dict[str, bool]:

@@ -5,7 +5,7 @@ the common case done here at C level.
 - The common case: a plain device allocation (an ``int`` size, no red zones, not the traced index) and the
   free of a device buffer of this backend on its ledger, while no capture is in progress. The gate
   (``_gate.pxd``) and the capture rule (``_capture.pxd``) are passed at C level, the handle made by the
-  handle twin's ``make_buffer``; the ledger, the stats and the
+  handle twin's ``make_buffer``, the call site by its twin (``_site.pyx``); the ledger, the stats and the
   plugin are called as the allocator calls them, in the same order, under the same lock.
 - Everything else goes to the allocator, as the pure lane sends every call: a bad size, red zones, a
   capture in progress, an out-of-memory error (reclaim-and-retry), a buffer not on the ledger (its error).
@@ -21,7 +21,8 @@ from .._device.buffer import DeviceBuffer as _DeviceBuffer
 from .._device.guarded import raise_raw as _raise_raw
 from .._errors import OutOfMemoryError as _OutOfMemoryError
 from .._types import WORD_LIMIT as _WORD_LIMIT
-from .ledger import call_site as _call_site, next_index as _next_index
+from ._site import call_site as _call_site
+from .ledger import next_index as _next_index
 
 
 

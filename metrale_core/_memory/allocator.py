@@ -37,7 +37,7 @@ from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena
 from .holdings import Holdings
 from .lane import LaneParts
-from .ledger import call_site, describe_sites, largest_sites, next_index
+from .ledger import call_site_for, describe_sites, largest_sites, next_index
 from .quarantine import Quarantine
 
 if TYPE_CHECKING:
@@ -84,8 +84,8 @@ class Allocator:
     """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
 
     __slots__ = (
-        "_arena_class", "_callbacks", "_guard", "_holdings", "_make", "_monitor", "_observers", "_quarantine", "_raw",
-        "_reclaiming", "_stats", "_trace_idx", "_zeroes", "_zoned", "ctx", "swept",
+        "_arena_class", "_call_site", "_callbacks", "_guard", "_holdings", "_make", "_monitor", "_observers",
+        "_quarantine", "_raw", "_reclaiming", "_stats", "_trace_idx", "_zeroes", "_zoned", "ctx", "swept",
     )
 
     def __init__(
@@ -112,6 +112,8 @@ class Allocator:
         self._arena_class = pick("arena", Arena, ctx.settings.pure)
         #: How it builds a handle: ``DeviceBuffer._make``, or its compiled twin (chosen once, as the arena's class).
         self._make = pick("handle", DeviceBuffer._make, ctx.settings.pure)
+        #: How it finds an allocation's call site: ``ledger.call_site``, or its compiled twin.
+        self._call_site = call_site_for(ctx.settings.pure)
 
     def lane_parts(self) -> LaneParts:
         """What the backend's lane (``GpuBackend.alloc`` and ``free``) uses of this allocator's parts."""
@@ -134,7 +136,7 @@ class Allocator:
         n = nbytes if type(nbytes) is int and 0 < nbytes < WORD_LIMIT else positive_size(nbytes, what)
         ctx = self.ctx
         index = next_index()
-        site = call_site(ctx.internal, _OWN_FRAME)
+        site = self._call_site(ctx.internal, _OWN_FRAME)
         layout = self._guard.layout(n, index) if kind == "device" and self._zoned else None
         if layout is None:
             try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors

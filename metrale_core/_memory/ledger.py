@@ -24,17 +24,19 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from .._device.buffer import DeviceBuffer
 from .._errors import ConfigError, MetraleError
+from .._twins import pick
 from .._types import AllocRecord, Origin, format_bytes
 
 if TYPE_CHECKING:  # (the context imports the settings: pydantic, not for a name of the ledger's)
     from .._device.context import DeviceContext
 
 __all__ = [
-    "Ledger", "LedgerEvent", "LedgerProbe", "call_site", "format_bytes", "largest_sites", "next_index", "origin_of",
+    "CallSite", "Ledger", "LedgerEvent", "LedgerProbe", "call_site", "call_site_for", "format_bytes", "largest_sites",
+    "next_index", "origin_of",
 ]
 
 _log = logging.getLogger("metrale")
@@ -87,11 +89,12 @@ def call_site(internal: frozenset[str], skip: int = 0) -> str:
 
     Whether a module's frames are internal is decided once per module name (a dict lookup
     afterwards); a plain dict read and write is atomic under the GIL, and on a free-threaded build
-    two threads that race compute the same answer. The walk starts at the innermost Python frame,
-    this function's own where it is Python: compiled modules (``dev.py accelerate``) have no frames,
-    so no fixed depth of frames is known to be metrale's: a caller that runs as Python says so with
-    ``skip`` (1: its own frame is metrale's; never more than the frames it knows to be there), and
-    the walk starts past it, making fewer frame objects. A frame is judged by its globals' module
+    two threads that race compute the same answer. The walk starts at the caller's frame (never this
+    function's own, where it is Python): compiled modules (``dev.py accelerate``, the twin) have no
+    frames, so no fixed depth of frames is known to be metrale's: a caller that runs as Python says so
+    with ``skip`` (1: its own frame is metrale's; never more than the frames it knows to be there; a
+    negative one counts as 0), and the walk starts past it, making fewer frame objects; where there are
+    fewer frames than that, at the caller's own. A frame is judged by its globals' module
     name (``sys._getframemodulename``, which would need no frame object, names the function's
     ``__module__`` instead, which ``functools.wraps`` copies: a user's wrapper of a metrale method
     would pass for metrale's).
@@ -100,11 +103,13 @@ def call_site(internal: frozenset[str], skip: int = 0) -> str:
     if known is None:
         known = _INTERNAL_MODULES.setdefault(internal, {})
     frame: FrameType | None
-    start = _OWN_FRAME + skip
     try:
-        frame = sys._getframe(start)
-    except ValueError:  # fewer frames than that (not from a caller that told the truth): from the top
-        frame = sys._getframe(0)
+        frame = sys._getframe(_OWN_FRAME + skip if skip > 0 else _OWN_FRAME)
+    except ValueError:  # fewer frames than that (not from a caller that told the truth): from the caller's own
+        try:
+            frame = sys._getframe(_OWN_FRAME)
+        except ValueError:  # (no Python frame called it: from C)
+            frame = None
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if type(module) is not str:  # (globals can hold anything)
@@ -116,6 +121,19 @@ def call_site(internal: frozenset[str], skip: int = 0) -> str:
             return _site(frame)
         frame = frame.f_back
     return "<unknown>:0"
+
+
+class CallSite(Protocol):
+    """What `call_site` and its compiled twin are (`call_site_for`)."""
+
+    def __call__(self, internal: frozenset[str], skip: int = 0) -> str: ...
+
+
+def call_site_for(pure: bool) -> CallSite:
+    """The `call_site` a backend with this ``pure`` setting runs: the compiled twin (``_site.pyx``: the same
+    answers, a C walk of the frames) where it was built and ``pure`` is off, else the pure function. An owner
+    picks it once, as its backend opens; both take the same ``skip``."""
+    return pick("site", call_site, pure)
 
 
 def _site(frame: FrameType) -> str:

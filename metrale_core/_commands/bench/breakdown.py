@@ -31,7 +31,7 @@ from ..._device.guarded import raise_raw
 from ..._device.stats import StatsCounter
 from ..._errors import InvalidBufferError
 from ..._launch.registry import MAX_BLOCK, MAX_GRID, RunMetrics, pack_args
-from ..._memory.ledger import Ledger, call_site, next_index
+from ..._memory.ledger import Ledger, call_site_for, next_index
 from ..._twins import pick
 from .context import Bench
 from .launches import BLOCK, EAGER_N
@@ -119,7 +119,7 @@ def pair_steps(gpu: GpuBackend, nbytes: int, sample: DeviceBuffer) -> PairSteps:
         parts={
             "the gate (enter + leave, twice)": _gate(gpu, 2),
             "the capture rule (check + end, twice)": capture_rule,
-            "the call site": functools.partial(call_site, internal),
+            "the call site": functools.partial(call_site_for(pure), internal),
             "index and handle": index_and_handle,
             "ledger (on + off)": ledger_pair,
             "stats (allocated + released)": stats_pair,
