@@ -45,6 +45,10 @@ cdef class DeviceLane:
 
     def __init__(self, allocator, parts):
         ctx = parts.ctx
+        if not isinstance(ctx.gate, Gate):
+            raise TypeError(
+                f"the compiled lane needs the compiled gate, got {type(ctx.gate)!r}: one `pure` setting picks both"
+            )
         self._allocator = allocator
         self._ctx = ctx
         self._gate = ctx.gate

@@ -38,8 +38,9 @@ PURE_CLASSES: dict[str, type] = {name: ref for name, ref in PURE.items() if isin
 
 _BLOCK = DeviceBuffer._make(0x10000, 1 << 20, "arena", 0, "app.py:1", None)
 
-#: An allocator for the lane's parity test to make lanes of (its backend stays open for the module).
-_ALLOCATOR = open_backend("fake", settings=SETTINGS)._memory
+#: An allocator for the lane's parity test to make lanes of (its backend stays open for the module). Compiled, as
+#: a backend that runs the compiled lane is: its gate is the compiled one too (one ``pure`` picks both).
+_ALLOCATOR = open_backend("fake", settings=SETTINGS.updated(pure=False))._memory
 
 #: How to make one of each twin's class (as its owner does).
 _MAKE: dict[str, Callable[[type], object]] = {
@@ -405,3 +406,12 @@ def test_the_lane_twin_refuses_after_close_and_during_a_capture() -> None:
             gpu.alloc(64)
         with pytest.raises(BackendClosedError):
             gpu.free(kept)
+
+
+def test_the_lane_twin_refuses_parts_of_the_pure_build() -> None:
+    """A compiled lane runs only over the compiled gate (one ``pure`` setting picks both): it says so."""
+    twin = _twin("lane")
+    with open_backend("fake", settings=SETTINGS.updated(pure=True)) as gpu:
+        allocator = gpu._memory
+        with pytest.raises(TypeError, match="the compiled lane needs the compiled gate"):
+            twin(allocator, allocator.lane_parts())
