@@ -23,7 +23,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,22 @@ def fake() -> Iterator[GpuBackend]:
     """The fake backend, opened with this run's settings, closed after the test."""
     with open_backend("fake", settings=SETTINGS) as backend:
         yield backend
+
+
+def in_threads(work: Callable[[int], None], count: int = 4) -> None:
+    """Run ``work(t)`` on ``count`` threads at once (``t`` = 0, 1, ...); raise the first error any of them met."""
+    errors: list[BaseException] = []
+
+    def run(t: int) -> None:
+        try:
+            work(t)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(count)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]

@@ -9,7 +9,6 @@ import gc
 import pickle
 import subprocess
 import sys
-import threading
 import tracemalloc
 import weakref
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale_core import DeviceBuffer
-from tests._support import compiled_twin
+from tests._support import compiled_twin, in_threads
 
 Make = Callable[..., DeviceBuffer]
 
@@ -143,22 +142,12 @@ def test_the_twin_leaks_no_memory() -> None:
 
 def test_the_twin_is_safe_across_threads() -> None:
     make = _make()
-    errors: list[BaseException] = []
-
     def work(t: int) -> None:
-        try:
-            for i in range(5000):
-                buf = make(t, i, "device", t * 10_000 + i, f"t{t}")
-                assert (buf.ptr, buf.nbytes, buf.index) == (t, i, t * 10_000 + i)
-        except BaseException as exc:
-            errors.append(exc)
+        for i in range(5000):
+            buf = make(t, i, "device", t * 10_000 + i, f"t{t}")
+            assert (buf.ptr, buf.nbytes, buf.index) == (t, i, t * 10_000 + i)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors
+    in_threads(work)
 
 
 _OTHER_LAYOUT = """

@@ -29,7 +29,7 @@ from metrale_core import ArenaFullError, DeviceBuffer, InvalidBufferError
 from metrale_core._memory.arena import MAX_ALIGN
 from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._twins import pick
-from tests._support import SETTINGS, compiled_twin
+from tests._support import SETTINGS, compiled_twin, in_threads
 
 
 def _twin() -> type[PureArena]:
@@ -235,24 +235,15 @@ def test_the_arena_twin_is_thread_safe() -> None:
     none overlaps another, each is counted."""
     twin = _twin()
     arena = twin(DeviceBuffer._make(0x10000, 1 << 30, "arena", 1, "app.py:1", None), lambda arena, block: None)
-    errors: list[BaseException] = []
     taken: list[list[DeviceBuffer]] = [[] for _ in range(4)]
 
     def work(t: int) -> None:
-        try:
-            for i in range(2000):
-                buf = arena.alloc(1 + (i * 37 + t) % 5000, 1 << ((i + t) % 10))
-                assert arena.holds(buf) and buf.ptr % (1 << ((i + t) % 10)) == 0
-                taken[t].append(buf)
-        except BaseException as exc:
-            errors.append(exc)
+        for i in range(2000):
+            buf = arena.alloc(1 + (i * 37 + t) % 5000, 1 << ((i + t) % 10))
+            assert arena.holds(buf) and buf.ptr % (1 << ((i + t) % 10)) == 0
+            taken[t].append(buf)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors
+    in_threads(work)
     pieces = sorted((b for bufs in taken for b in bufs), key=lambda b: b.ptr)
     assert len(pieces) == arena.allocs == 8000 and len({b.index for b in pieces}) == 8000
     assert all(a.ptr + a.nbytes <= b.ptr for a, b in itertools.pairwise(pieces))
@@ -294,7 +285,7 @@ def test_resets_and_a_close_race_pieces_safely() -> None:
     stop.set()
     for th in threads:
         th.join()
-    assert not errors and arena.closed and seen
+    assert arena.closed and seen
     assert not any(arena.holds(b) for b in seen)
     with pytest.raises(InvalidBufferError):
         arena.alloc(64)

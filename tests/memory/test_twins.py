@@ -26,7 +26,7 @@ from metrale_core._memory.lane import DeviceLane as PureLane
 from metrale_core._memory.ledger import Ledger as PureLedger
 from metrale_core._memory.ledger import call_site
 from metrale_core._twins import TWINS, built, describe, pick
-from tests._support import SETTINGS, compiled_twin
+from tests._support import SETTINGS, compiled_twin, in_threads
 
 #: Each twin's pure reference: a class, or a function (the handle's ``DeviceBuffer._make``; the call site,
 #: ``tests/memory/test_site_twin.py``).
@@ -158,23 +158,15 @@ def test_the_ledger_twin_answers_as_the_pure_ledger(ops: list[tuple[str, int, in
 def test_the_ledger_twin_is_thread_safe() -> None:
     """Four threads add and take their own allocations: every one is counted, none lost."""
     ledger = _twin("ledger")(0)
-    errors: list[BaseException] = []
 
     def work(t: int) -> None:
-        try:
-            for i in range(2000):
-                index = t * 10_000 + i
-                ledger.add(_buf(index, 1))
-                assert ledger.take(index, 0x1000 * (index + 1), 256) is not None
-        except BaseException as exc:
-            errors.append(exc)
+        for i in range(2000):
+            index = t * 10_000 + i
+            ledger.add(_buf(index, 1))
+            assert ledger.take(index, 0x1000 * (index + 1), 256) is not None
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors and len(ledger) == 0 and ledger.taken == 8000
+    in_threads(work)
+    assert len(ledger) == 0 and ledger.taken == 8000
 
 
 @pytest.mark.parametrize("pure", [False, True])
