@@ -33,6 +33,22 @@ def twins() -> list[Extension]:
     return found
 
 
+#: The oldest Cython that compiles the twins (``cython.pymutex``, ``cython.critical_section``).
+CYTHON_MIN = (3, 1)
+
+
+def cython_missing() -> str:
+    """Why Cython cannot build the twins here (not installed, or older than `CYTHON_MIN`), or ``""``."""
+    if importlib.util.find_spec("Cython") is None:
+        return "Cython is not installed"
+    import Cython
+
+    found = tuple(int(part) for part in Cython.__version__.split(".")[:2] if part.isdigit())
+    if found < CYTHON_MIN:
+        return f"Cython {Cython.__version__} is older than {'.'.join(map(str, CYTHON_MIN))}"
+    return ""
+
+
 class BuildTwins(build_ext):
     """setuptools' build_ext (Cython's, where Cython is installed), with the twins' directives, and one line
     instead of a failure where they cannot be compiled."""
@@ -48,8 +64,9 @@ class BuildTwins(build_ext):
         self.cython_c_in_temp = True
 
     def run(self) -> None:
-        if importlib.util.find_spec("Cython") is None:
-            print(PURE.format(why="Cython is not installed"), file=sys.stderr)
+        why = cython_missing()
+        if why:
+            print(PURE.format(why=why), file=sys.stderr)
             return
         super().run()
         if self.failed:

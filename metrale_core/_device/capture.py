@@ -46,6 +46,7 @@ __all__ = [
     "captured_event_error",
     "forbid_during_capture",
     "invalidated_error",
+    "judge_under_capture",
     "may_wait",
 ]
 
@@ -207,6 +208,15 @@ def forbid_during_capture(what: str) -> None:
     flag.inside = True
     if not _ACTIVE and not _STARTING.count:
         return
+    judge_under_capture(flag, was, what)
+
+
+def judge_under_capture(flag: _Flag, was: bool, what: str) -> None:
+    """The locked half of `forbid_during_capture`, for a check that found a capture in progress or starting
+    with its thread's ``flag`` already set (``was``: the flag before). The flag stays set throughout: a capture
+    that starts meanwhile waits for this call, or this call raises (and puts the flag back).
+
+    Its compiled twin's fast half (``_capture.pyx``) calls it too: the rule's locked half is written once."""
     with _LOCK:
         if not _ACTIVE:  # a capture is starting: it waits for this call
             return

@@ -407,3 +407,63 @@ def test_the_lane_twin_refuses_parts_of_the_pure_build() -> None:
         allocator = gpu._memory
         with pytest.raises(TypeError, match="the compiled lane needs the compiled gate"):
             twin(allocator, allocator.lane_parts())
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_a_capture_starting_during_the_locked_check_waits_for_the_call(pure: bool) -> None:
+    """A barred call whose check saw a capture starting keeps its flag set while it judges under the lock, on
+    both builds: the capture waits for it, and the call succeeds (found by review: the compiled check put the
+    flag down first, and a capture that began in that gap was invalidated by the alloc)."""
+    import sys
+    import time
+
+    from metrale_core._device import capture
+
+    with open_backend("fake", settings=SETTINGS.updated(pure=pure)) as gpu, \
+            open_backend("fake", settings=SETTINGS.updated(pure=pure)) as other:
+        stream = gpu.create_stream()
+        inside = threading.Event()
+        real = other._ctx.plugin.alloc
+
+        def slow_alloc(n: int, kind: str) -> int:  # keeps a barred call of another thread inside for a while
+            inside.set()
+            time.sleep(0.3)
+            return real(n, kind)  # type: ignore[arg-type]
+
+        other._ctx.plugin.alloc = slow_alloc  # type: ignore[method-assign]
+        out: dict[str, object] = {}
+
+        def judged(frame: Any, event: str, arg: object) -> Any:
+            if event == "call" and frame.f_code is capture.judge_under_capture.__code__ and "slept" not in out:
+                out["slept"] = True  # the gap: the check saw the capture starting, the lock not yet taken
+                time.sleep(0.5)
+            return None
+
+        def allocate() -> None:
+            sys.settrace(judged)
+            try:
+                out["buf"] = gpu.alloc(256)
+            finally:
+                sys.settrace(None)
+                out["returned"] = time.monotonic()
+
+        def begin() -> None:
+            gpu.begin_capture(stream)
+            out["began"] = time.monotonic()
+
+        held = threading.Thread(target=lambda: other.free(other.alloc(256)))
+        held.start()
+        inside.wait(5)
+        starter = threading.Thread(target=begin)
+        starter.start()
+        while not capture._STARTING.count and "began" not in out:
+            time.sleep(0.001)
+        allocating = threading.Thread(target=allocate)
+        allocating.start()
+        for thread in (allocating, starter, held):
+            thread.join()
+        graph = gpu.end_capture(stream)
+        assert out.get("slept") and isinstance(out["buf"], DeviceBuffer)
+        assert out["began"] >= out["returned"]  # type: ignore[operator]
+        graph.close()
+        gpu.free(out["buf"])  # type: ignore[arg-type]
