@@ -2,3 +2,6 @@
 # `forbid_during_capture` with the calling thread's flag at hand.
 
 cdef int forbid_c(object flag, str what) except -1
+
+# `leave_call` with the flag at hand: the calling thread left a metrale call (the gate's twin calls it).
+cdef int leave_c(object flag) except -1

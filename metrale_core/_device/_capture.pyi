@@ -1,3 +1,6 @@
 """Stub of the compiled twin of the capture rule's check (``_capture.pyx``): the same interface."""
 
+from .capture import _Flag
+
 def forbid_during_capture(what: str) -> None: ...
+def leave_call(flag: _Flag) -> None: ...

@@ -15,7 +15,9 @@ import sys
 import threading
 import weakref
 
-from .capture import leave_call, resume_calls, suspend_calls, thread_calls
+from ._capture cimport leave_c as _leave_call
+
+from .capture import resume_calls, suspend_calls, thread_calls
 
 #: As in ``gate.py``: the counts without a lock under the GIL; a free-threaded build takes the lock.
 cdef bint LOCK_FREE = getattr(sys, "_is_gil_enabled", lambda: True)()
@@ -87,7 +89,7 @@ cdef class Gate:
         if calls > 1:
             flag.calls = calls - 1
         elif flag.inside:
-            leave_call(flag)
+            _leave_call(flag)
         else:
             flag.calls = 0
         if LOCK_FREE:

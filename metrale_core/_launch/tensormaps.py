@@ -101,13 +101,16 @@ def _image(value: object, what: str) -> bytes:
 class TensorMapFront:
     """One backend's tensor maps and tile choice."""
 
-    __slots__ = ("_holdings", "_limits", "_lock", "_maps", "ctx")
+    __slots__ = ("_holdings", "_limits", "_lock", "_mapped", "_maps", "ctx")
 
     def __init__(self, ctx: DeviceContext, holdings: Holdings) -> None:
         self.ctx = ctx
         self._holdings = holdings
         self._lock = threading.Lock()
         self._maps: weakref.WeakSet[TensorMap] = weakref.WeakSet()
+        #: Whether a map was made since `_maps` was last found empty (a free's check without the WeakSet's
+        #: ``__len__``, which is Python; true while maps die unseen costs only the slower check).
+        self._mapped = False
         self._limits: tuple[tuple[int, int], int, int] | None = None
 
     def _device(self) -> tuple[tuple[int, int], int, int]:
@@ -154,11 +157,17 @@ class TensorMapFront:
         tmap = TensorMap(self, spec, buf, off, image)
         with self._lock:
             self._maps.add(tmap)
+            self._mapped = True
         return tmap
 
     def warn_if_mapped(self, buf: DeviceBuffer) -> None:
         """An allocator release observer: warn when live tensor maps still point into ``buf``."""
-        if not self._maps:  # read without the lock: a map made meanwhile cannot point at a buffer being freed
+        if not self._mapped:  # read without the lock: a map made meanwhile cannot point at a buffer being freed
+            return
+        if not self._maps:  # every map is gone: forget them, under the lock a new map's add takes
+            with self._lock:
+                if not self._maps:
+                    self._mapped = False
             return
         with self._lock:
             users = [m for m in self._maps if m.buffer == buf]  # (the same allocation: equal values)

@@ -8,6 +8,7 @@ these tests skip, saying so.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import threading
 from collections.abc import Callable
@@ -467,3 +468,22 @@ def test_a_capture_starting_during_the_locked_check_waits_for_the_call(pure: boo
         assert out["began"] >= out["returned"]  # type: ignore[operator]
         graph.close()
         gpu.free(out["buf"])  # type: ignore[arg-type]
+
+
+@settings(max_examples=100, deadline=None)
+@given(calls=st.integers(-2, 4), inside=st.booleans(), leaves=st.integers(1, 4))
+def test_the_capture_twin_leaves_a_call_as_the_pure_rule(calls: int, inside: bool, leaves: int) -> None:
+    """``leave_call``'s twin (which the compiled gate calls) leaves a thread's flag as the pure one does."""
+    from metrale_core._device import capture
+
+    twin = compiled_twin("gate") and importlib.import_module("metrale_core._device._capture")
+    states = []
+    for leave in (twin.leave_call, capture.leave_call):
+        flag = capture._Flag()
+        flag.calls, flag.inside = calls, inside
+        seen = []
+        for _ in range(leaves):
+            leave(flag)
+            seen.append((flag.calls, flag.inside))
+        states.append(seen)
+    assert states[0] == states[1]
