@@ -146,7 +146,7 @@ cdef class Gate:
             with self._cond:
                 cell.depth = depth
 
-    def shut(self, double timeout):
+    def shut(self, timeout):
         """Refuse every later call and wait for those of other threads inside (see the pure class)."""
         own = self._depth.cell
         with self._cond:

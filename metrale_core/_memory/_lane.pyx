@@ -66,14 +66,14 @@ cdef class DeviceLane:
         """``GpuBackend.alloc``."""
         cdef _Cell cell = self._gate.enter_c(False)
         try:
+            forbid_c(cell.flag, "alloc")  # first, as the allocator checks it (which, handed the call, checks again)
             if self._zoned or type(nbytes) is not int or not (0 < nbytes < _WORD_LIMIT):
                 return self._allocator.alloc(nbytes, "device", "alloc")
-            return self._alloc(nbytes, cell.flag)
+            return self._alloc(nbytes)
         finally:
             self._gate.leave_c(cell)
 
-    cdef object _alloc(self, object n, object flag):
-        forbid_c(flag, "alloc")
+    cdef object _alloc(self, object n):
         ctx = self._ctx
         index = _next_index()
         site = _call_site(self._internal)
@@ -103,15 +103,15 @@ cdef class DeviceLane:
         """``GpuBackend.free``."""
         cdef _Cell cell = self._gate.enter_c(False)
         try:
+            forbid_c(cell.flag, "free")  # first, as the allocator checks it: before anything of ``buf`` is read
             if self._zoned or type(buf) is not _DeviceBuffer or buf.kind != "device" or buf._owner is not self._ref:
                 self._allocator.free(buf)
             else:
-                self._free(buf, cell.flag)
+                self._free(buf)
         finally:
             self._gate.leave_c(cell)
 
-    cdef int _free(self, object buf, object flag) except -1:
-        forbid_c(flag, "free")
+    cdef int _free(self, object buf) except -1:
         record = self._ledger.take(buf.index, buf.ptr, buf.nbytes)
         if record is None:  # not on the ledger: the allocator's error
             self._allocator.free(buf)

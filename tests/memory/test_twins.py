@@ -487,3 +487,17 @@ def test_the_capture_twin_leaves_a_call_as_the_pure_rule(calls: int, inside: boo
             seen.append((flag.calls, flag.inside))
         states.append(seen)
     assert states[0] == states[1]
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_a_half_built_buffer_freed_during_a_capture_meets_the_capture_rule_first(pure: bool) -> None:
+    """The capture rule comes before anything of the argument is read, on both builds (found by review: the
+    compiled lane read ``buf.kind`` first, and a bare ``DeviceBuffer`` got an ``AttributeError``)."""
+    with open_backend("fake", settings=SETTINGS.updated(pure=pure)) as gpu:
+        stream = gpu.create_stream()
+        gpu.begin_capture(stream)
+        with pytest.raises(Exception, match="not allowed while a stream is capturing") as caught:
+            gpu.free(DeviceBuffer.__new__(DeviceBuffer))
+        assert type(caught.value).__name__ == "CaptureError"
+        with pytest.raises(Exception, match="invalidated"):
+            gpu.end_capture(stream)
