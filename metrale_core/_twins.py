@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Final, TypeVar
 
-__all__ = ["DOORS", "TWINS", "built", "describe", "older_than_source", "pick"]
+__all__ = ["TWINS", "built", "describe", "older_than_source", "pick"]
 
 #: Each twin: its name, and the module and the class or function that hold it (the pure one is its owner's to pass).
 TWINS: Final = {
@@ -31,10 +31,6 @@ TWINS: Final = {
     "arena": ("metrale_core._memory._arena", "Arena"),
     "site": ("metrale_core._memory._site", "call_site"),
 }
-
-#: Compiled modules no owner picks: the C-level doors the twins ``cimport`` (a twin that cannot load one does not
-#: load, and its pure class runs).
-DOORS: Final = ("metrale_core._device._capture",)
 
 _T = TypeVar("_T")
 _log = logging.getLogger("metrale")

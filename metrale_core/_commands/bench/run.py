@@ -98,11 +98,9 @@ def compiled_modules() -> list[str]:
 
 def _code(names: list[str], pure: bool) -> str:
     """The compiled twins the bench's backend runs (or why pure), and the modules ``dev.py accelerate`` compiled."""
-    from ..._twins import DOORS, TWINS, describe, older_than_source
+    from ..._twins import describe, older_than_source
 
-    twins = {module for module, _ in TWINS.values()} | set(DOORS)
-    names = [name for name in names if name not in twins]
-    if not names:
+    if not names:  # (`compiled_modules` leaves the twins out: they have no .py of their own name)
         return describe(pure)
     stale = [name for name in names if older_than_source(name, ".py")]
     note = f"; STALE, older than their source: {', '.join(stale)} (run dev.py accelerate again)" if stale else ""
