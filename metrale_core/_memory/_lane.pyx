@@ -25,7 +25,6 @@ from ._site import call_site as _call_site
 from .ledger import next_index as _next_index
 
 
-
 @cython.final
 cdef class DeviceLane:
     """``GpuBackend.alloc`` and ``free``: inside the gate, the common case here (compiled twin)."""
