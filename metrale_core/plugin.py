@@ -40,12 +40,14 @@ from metrale_core import (
     hookimpl,
 )
 
+from ._device.raw import DEVICE_CALLS
 from ._errors import is_sticky
 from ._settings.parsing import Size
 from ._settings.plugins import PluginSettings
 from ._types import as_index, format_bytes
 
 __all__ = [
+    "DEVICE_CALLS",
     "BackendRegistration",
     "Baseline",
     "ForeignMemory",

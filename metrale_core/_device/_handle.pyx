@@ -12,6 +12,7 @@
 """
 
 cimport cython
+from cpython.object cimport PyObject
 
 import dataclasses
 import logging
@@ -57,6 +58,11 @@ cdef extern from *:
         return 0;
     }
 
+    /* Field ``i`` of DeviceBuffer ``buf`` (a borrowed reference; NULL where the slot is empty). */
+    static PyObject *metrale_buffer_get(PyObject *buf, int i) {
+        return *(PyObject **)((char *)buf + metrale_buffer_slot[i]);
+    }
+
     /* A new DeviceBuffer of these fields (new references in its slots), or NULL with an exception set. */
     static PyObject *metrale_build_buffer(PyObject *ptr, PyObject *nbytes, PyObject *kind, PyObject *index,
                                           PyObject *site, PyObject *owner) {
@@ -78,6 +84,7 @@ cdef extern from *:
     Py_ssize_t metrale_slot_offset(object descr, object type)
     int metrale_use_layout(object type, Py_ssize_t *offsets)
     object metrale_build_buffer(object ptr, object nbytes, object kind, object index, object site, object owner)
+    PyObject* metrale_buffer_get(object buf, int i)
 
 _log = logging.getLogger("metrale")
 
@@ -150,3 +157,13 @@ def make(ptr, nbytes, kind, index, site, owner=None):
     if _direct:
         return metrale_build_buffer(ptr, nbytes, kind, index, site, owner)
     return _pure_make(ptr, nbytes, kind, index, site, owner)
+
+
+cdef object buffer_field(object buf, int i):
+    """Field ``i`` (``FIELD_PTR`` ... ``FIELD_OWNER``) of ``buf``, a `DeviceBuffer` (its exact type: the caller checks)."""
+    cdef PyObject* value
+    if _direct:
+        value = metrale_buffer_get(buf, i)
+        if value is not NULL:
+            return <object>value
+    return getattr(buf, _FIELDS[i])  # (an unset slot: its AttributeError)

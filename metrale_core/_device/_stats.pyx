@@ -12,11 +12,8 @@ cimport cython
 from .stats import KINDS as _KINDS
 from .stats import MemoryStats
 
-# the kinds, in KINDS's order: an allocation's kind is one of them (the allocator checks it before)
-cdef enum:
-    N_KINDS = 3
-if len(_KINDS) != N_KINDS:  # the C arrays' size: the loader falls back to the pure class, saying why
-    raise ImportError(f"the stats twin counts {N_KINDS} kinds of memory, KINDS has {len(_KINDS)}")
+if len(_KINDS) != N_KINDS or _KINDS[KIND_DEVICE] != "device":  # the C arrays: the loader falls back, saying why
+    raise ImportError(f"the stats twin counts {N_KINDS} kinds of memory, device first; KINDS is {_KINDS}")
 
 
 cdef dict _INDEX = {name: i for i, name in enumerate(_KINDS)}
@@ -29,25 +26,6 @@ cdef inline int _kind(str kind) except -1:
 @cython.final
 cdef class StatsCounter:
     """The mutable counters behind `MemoryStats`; thread-safe (compiled twin)."""
-
-    cdef cython.pymutex _lock
-    cdef long long _current[N_KINDS]
-    cdef long long _peak[N_KINDS]
-    cdef long long _allocated[N_KINDS]
-    cdef long long _peak_total
-    cdef long long _total
-    cdef public long long allocs
-    cdef public long long frees
-    cdef public long long arena_allocs
-    cdef public long long oom_count
-    cdef public long long oom_retries
-    cdef public long long redzone_scans
-    cdef public long long graph_launches
-    cdef public long long quarantined_count
-    cdef public long long quarantined_bytes
-    cdef public long long reusable_count
-    cdef public long long reusable_bytes
-    cdef public long long redzone_sample
 
     def __init__(self):
         cdef int i
@@ -83,7 +61,9 @@ cdef class StatsCounter:
             self.reusable_bytes += nbytes
 
     def allocated(self, str kind, long long nbytes):
-        cdef int k = _kind(kind)
+        self.allocated_c(_kind(kind), nbytes)
+
+    cdef void allocated_c(self, int k, long long nbytes) noexcept:
         cdef long long now
         with self._lock:
             self.allocs += 1
@@ -97,7 +77,9 @@ cdef class StatsCounter:
                 self._peak_total = self._total
 
     def released(self, str kind, long long nbytes):
-        cdef int k = _kind(kind)
+        self.released_c(_kind(kind), nbytes)
+
+    cdef void released_c(self, int k, long long nbytes) noexcept:
         with self._lock:
             self.frees += 1
             self._current[k] -= nbytes

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from .._errors import error_for_code
 from .._types import AllocKind, ForeignMemory
@@ -37,7 +37,11 @@ if TYPE_CHECKING:
     from .._types import KernelImplementation, LaunchArg
     from ..kernels._tensormap import TensorMapEncoding
 
-__all__ = ["AllocKind", "Baseline", "CopyDirection", "ForeignMemory", "RawDevice"]
+__all__ = ["DEVICE_CALLS", "AllocKind", "Baseline", "CopyDirection", "ForeignMemory", "RawDevice"]
+
+#: The name of the capsule [`RawDevice.device_calls`][metrale_core.RawDevice.device_calls] returns: its struct's
+#: version is in it.
+DEVICE_CALLS: Final = "metrale_core.device_calls.v1"
 
 #: The directions of [`Baseline.copy`][metrale_core.Baseline.copy]: device to device, pinned host to device, device to
 #: pinned host.
@@ -139,6 +143,27 @@ class RawDevice(abc.ABC):
     @abc.abstractmethod
     def free(self, ptr: int, kind: AllocKind) -> None:
         """Release memory [`alloc`][metrale_core.RawDevice.alloc] returned."""
+
+    def device_calls(self) -> object | None:
+        """Optional: [`alloc`][metrale_core.RawDevice.alloc] and [`free`][metrale_core.RawDevice.free] of
+        ``"device"`` memory as C functions, for the core's compiled lane (default ``None``: it calls the methods).
+
+        A ``PyCapsule`` named ``DEVICE_CALLS`` (``"metrale_core.device_calls.v1"``) whose pointer is this struct,
+        valid as long as the capsule lives::
+
+            typedef struct {
+                size_t size;  /* sizeof this struct: the core refuses a smaller one */
+                void *state;  /* the backend's own, handed back to each call */
+                int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
+                int (*free)(void *state, uintptr_t ptr);
+            } metrale_device_calls_v1;
+
+        - Both are called with the GIL held (they may let go of it while the driver works) and never raise.
+        - ``0``: done, as the method would have done it (``alloc`` wrote a 256-byte-aligned address to ``*ptr``).
+        - Anything else: nothing was done. The core then calls the method itself, which does the work or raises
+          the typed error (a closed device, out of memory, a context not current: the C function need not know).
+        """
+        return None
 
     @abc.abstractmethod
     def alloc_host(self, nbytes: int) -> tuple[int, memoryview]:

@@ -9,20 +9,71 @@ the common case done here at C level.
   plugin are called as the allocator calls them, in the same order, under the same lock.
 - Everything else goes to the allocator, as the pure lane sends every call: a bad size, red zones, a
   capture in progress, an out-of-memory error (reclaim-and-retry), a buffer not on the ledger (its error).
+- The ledger, the stats and the call site are called through their twins' C-level doors (``.pxd``); the plugin
+  through its C functions where it offers them (``RawDevice.device_calls``), else through its methods. A C call
+  that did not do the work (its nonzero answer) is made again through the method, which does it or raises.
 """
 
 cimport cython
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.stdint cimport uintptr_t
 
 from .._device._capture cimport forbid_c
 from .._device._gate cimport Gate, _Cell
-from .._device._handle cimport make_buffer
+from .._device._handle cimport (
+    FIELD_INDEX, FIELD_KIND, FIELD_NBYTES, FIELD_OWNER, FIELD_PTR, buffer_field, make_buffer,
+)
+from .._device._stats cimport KIND_DEVICE, StatsCounter
+from ._ledger cimport Ledger
+from ._site cimport call_site_c
+
+import logging
 
 from .._device.buffer import DeviceBuffer as _DeviceBuffer
 from .._device.guarded import raise_raw as _raise_raw
 from .._errors import OutOfMemoryError as _OutOfMemoryError
 from .._types import WORD_LIMIT as _WORD_LIMIT
-from ._site import call_site as _call_site
+from .._device.raw import DEVICE_CALLS as _DEVICE_CALLS
 from .ledger import next_index as _next_index
+
+_log = logging.getLogger("metrale")
+
+cdef extern from *:
+    """
+    #include <stddef.h>
+    #include <stdint.h>
+    /* RawDevice.device_calls: the struct of the capsule named "metrale_core.device_calls.v1" (raw.py's docstring). */
+    typedef struct {
+        size_t size;
+        void *state;
+        int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
+        int (*free)(void *state, uintptr_t ptr);
+    } metrale_device_calls_v1;
+    """
+    ctypedef struct metrale_device_calls_v1:
+        size_t size
+        void* state
+        int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) noexcept
+        int (*free)(void* state, uintptr_t ptr) noexcept
+
+cdef bytes _CAPSULE_NAME = _DEVICE_CALLS.encode()
+
+
+cdef metrale_device_calls_v1* _door_of(object plugin, object capsule):
+    """The struct in ``capsule`` (``plugin.device_calls()``'s), or NULL where it is not one (logged)."""
+    cdef metrale_device_calls_v1* table
+    if capsule is None:
+        return NULL
+    if not PyCapsule_IsValid(capsule, _CAPSULE_NAME):
+        _log.warning("%s.device_calls() gave %r, not a capsule named %s: its methods are called",
+                     type(plugin).__name__, capsule, _DEVICE_CALLS)
+        return NULL
+    table = <metrale_device_calls_v1*>PyCapsule_GetPointer(capsule, _CAPSULE_NAME)
+    if table.size < sizeof(metrale_device_calls_v1) or table.alloc is NULL or table.free is NULL:
+        _log.warning("%s.device_calls(): a struct of %d bytes or without its functions: its methods are called",
+                     type(plugin).__name__, table.size)
+        return NULL
+    return table
 
 
 @cython.final
@@ -32,8 +83,8 @@ cdef class DeviceLane:
     cdef object _allocator
     cdef object _ctx
     cdef Gate _gate
-    cdef object _ledger
-    cdef object _stats
+    cdef Ledger _ledger
+    cdef StatsCounter _stats
     cdef list _observers
     cdef bint _zoned
     cdef object _trace_idx
@@ -41,6 +92,8 @@ cdef class DeviceLane:
     cdef object _acquire
     cdef object _release
     cdef object _ref
+    cdef object _capsule  # (keeps the plugin's struct alive)
+    cdef metrale_device_calls_v1* _door
 
     def __init__(self, allocator, parts):
         ctx = parts.ctx
@@ -48,6 +101,20 @@ cdef class DeviceLane:
             raise TypeError(
                 f"the compiled lane needs the compiled gate, got {type(ctx.gate)!r}: one `pure` setting picks both"
             )
+        if not isinstance(parts.ledger, Ledger) or not isinstance(parts.stats, StatsCounter):
+            raise TypeError(
+                f"the compiled lane needs the compiled ledger and stats, got {type(parts.ledger)!r} and "
+                f"{type(parts.stats)!r}: one `pure` setting picks them all"
+            )
+        plugin = ctx.plugin
+        try:
+            capsule = plugin.device_calls()
+        except Exception as exc:  # a plugin whose door fails: its methods are called
+            _log.warning("%s.device_calls() failed, its methods are called: %s: %s",
+                         type(plugin).__name__, type(exc).__name__, exc)
+            capsule = None
+        self._door = _door_of(plugin, capsule)
+        self._capsule = capsule if self._door is not NULL else None
         self._allocator = allocator
         self._ctx = ctx
         self._gate = ctx.gate
@@ -73,22 +140,21 @@ cdef class DeviceLane:
             self._gate.leave_c(cell)
 
     cdef object _alloc(self, object n):
+        cdef uintptr_t ptr = 0
         ctx = self._ctx
         index = _next_index()
-        site = _call_site(self._internal)
-        try:
-            raw_ptr = ctx.plugin.alloc(n, "device")
-        except _OutOfMemoryError as exc:
-            raw_ptr = self._allocator.retry_alloc(n, "device", "alloc", exc)
-        except Exception as exc:
-            _raise_raw(ctx, ctx.name, "alloc", exc)
+        site = call_site_c(self._internal, 0)
+        if self._door is not NULL and self._door.alloc(self._door.state, <size_t>n, &ptr) == 0:
+            raw_ptr = ptr
+        else:
+            raw_ptr = self._plugin_alloc(n)
         buf = make_buffer(raw_ptr, n, "device", index, site, self._ref)
         self._acquire()  # the commit: the backend is open now, or nothing of this allocation remains
         try:
             committed = not self._gate.closed_c()
             if committed:
-                self._ledger.add(buf)
-                self._stats.allocated("device", n)
+                self._ledger.add_c(index, buf)
+                self._stats.allocated_c(KIND_DEVICE, n)
         finally:
             self._release()
         if not committed:
@@ -98,12 +164,23 @@ cdef class DeviceLane:
             self._allocator.trace(index, "alloc", n, site)
         return buf
 
+    cdef object _plugin_alloc(self, object n):
+        """The plugin's ``alloc`` method: the address, or the typed error (reclaim-and-retry on out of memory)."""
+        ctx = self._ctx
+        try:
+            return ctx.plugin.alloc(n, "device")
+        except _OutOfMemoryError as exc:
+            return self._allocator.retry_alloc(n, "device", "alloc", exc)
+        except Exception as exc:
+            _raise_raw(ctx, ctx.name, "alloc", exc)
+
     def free(self, buf):
         """``GpuBackend.free``."""
         cdef _Cell cell = self._gate.enter_c(False)
         try:
             forbid_c(cell.flag, "free")  # first, as the allocator checks it: before anything of ``buf`` is read
-            if self._zoned or type(buf) is not _DeviceBuffer or buf.kind != "device" or buf._owner is not self._ref:
+            if (self._zoned or type(buf) is not _DeviceBuffer or buffer_field(buf, FIELD_KIND) != "device"
+                    or buffer_field(buf, FIELD_OWNER) is not self._ref):
                 self._allocator.free(buf)
             else:
                 self._free(buf)
@@ -111,16 +188,22 @@ cdef class DeviceLane:
             self._gate.leave_c(cell)
 
     cdef int _free(self, object buf) except -1:
-        record = self._ledger.take(buf.index, buf.ptr, buf.nbytes)
+        ptr = buffer_field(buf, FIELD_PTR)
+        record = self._ledger.take_c(buffer_field(buf, FIELD_INDEX), ptr, buffer_field(buf, FIELD_NBYTES))
         if record is None:  # not on the ledger: the allocator's error
             self._allocator.free(buf)
             return 0
-        self._stats.released(record.kind, record.nbytes)
+        if record is buf:  # (the handle handed out: a device allocation of its recorded size)
+            self._stats.released_c(KIND_DEVICE, buffer_field(buf, FIELD_NBYTES))
+        else:  # an equal handle: its record says what it was
+            self._stats.released(record.kind, record.nbytes)
         for observer in self._observers:
             observer(buf)
+        if self._door is not NULL and self._door.free(self._door.state, <uintptr_t>ptr) == 0:
+            return 0
         ctx = self._ctx
         try:
-            ctx.plugin.free(buf.ptr, "device")
+            ctx.plugin.free(ptr, "device")
         except Exception as exc:
             _raise_raw(ctx, ctx.name, "free", exc)
         return 0

@@ -21,15 +21,6 @@ from .ledger import LedgerEvent, _record
 cdef class Ledger:
     """The live allocations of one backend, keyed by creation index; thread-safe (compiled twin)."""
 
-    cdef cython.pymutex _lock
-    cdef dict _records
-    cdef object _events
-    cdef double _start
-    cdef public Py_ssize_t dropped
-    cdef public Py_ssize_t taken
-    cdef public Py_ssize_t history
-    cdef public object origin
-
     def __init__(self, Py_ssize_t history=0):
         self._records = {}
         self.history = history
@@ -47,14 +38,21 @@ cdef class Ledger:
 
     def add(self, buf):
         """Put the allocation ``buf`` handed out on the ledger."""
+        self.add_c(buf.index, buf)
+
+    cdef int add_c(self, object index, object buf) except -1:
         with self._lock:
-            self._records[buf.index] = buf
+            self._records[index] = buf
             if self._events is not None:
                 self._log("alloc", _record(buf, self.origin))
+        return 0
 
     def take(self, index, ptr, nbytes):
         """Take allocation ``index`` off, if it is on the ledger at ``ptr`` with ``nbytes``; the buffer it
         handed out (its record's fields)."""
+        return self.take_c(index, ptr, nbytes)
+
+    cdef object take_c(self, object index, object ptr, object nbytes):
         with self._lock:
             rec = self._records.get(index)
             if rec is None or rec.ptr != ptr or rec.nbytes != nbytes:

@@ -165,6 +165,11 @@ def call_site(internal, Py_ssize_t skip=0):
     The walk starts at the caller's frame, ``skip`` frames out (a negative ``skip`` counts as 0; where there
     are fewer frames, at the caller's own), as the pure function's does past its own frame.
     """
+    return call_site_c(internal, skip)
+
+
+cdef object call_site_c(object internal, Py_ssize_t skip):
+    """`call_site` for the compiled callers (the lane): no Python call (a C function makes no frame of its own)."""
     known = _dict_get(_INTERNAL_MODULES, internal, None)
     if known is None:
         known = _INTERNAL_MODULES.setdefault(internal, {})

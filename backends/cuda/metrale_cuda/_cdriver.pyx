@@ -21,6 +21,8 @@ The calls that may wait, or take the driver's locks, run without the GIL (as ``c
 cimport cython
 from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
+from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetContext, PyCapsule_New, PyCapsule_SetContext
+from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
@@ -230,3 +232,103 @@ def ctx_current():
 def ctx_set(uintptr_t ctx):
     """``cuCtxSetCurrent``: the ``CUresult``."""
     return <int>cydriver.cuCtxSetCurrent(<cydriver.CUcontext><void*>ctx)
+
+
+# -- the core's C-level door (``RawDevice.device_calls``) ----------------------------------------------------------
+
+
+#: The capsule's name, as ``metrale_core.plugin.DEVICE_CALLS`` has it (the struct's version is in it).
+DEVICE_CALLS = "metrale_core.device_calls.v1"
+
+cdef extern from *:
+    """
+    #include <stddef.h>
+    #include <stdint.h>
+    /* metrale_core.plugin's RawDevice.device_calls: the struct of the capsule named "metrale_core.device_calls.v1". */
+    typedef struct {
+        size_t size;
+        void *state;
+        int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
+        int (*free)(void *state, uintptr_t ptr);
+    } metrale_device_calls_v1;
+    """
+    ctypedef struct metrale_device_calls_v1:
+        size_t size
+        void* state
+        int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) noexcept
+        int (*free)(void* state, uintptr_t ptr) noexcept
+
+cdef enum:
+    _ASK_THE_METHOD = -1  # not done here: the core calls the method, which binds, does the work or raises
+
+
+cdef struct _DoorState:
+    cydriver.CUcontext ctx
+    bint closed
+
+
+cdef int _door_alloc(void* state, size_t nbytes, uintptr_t* ptr) noexcept:
+    """``cuMemAlloc`` where the device's context is current on this thread (else the method binds it first)."""
+    cdef _DoorState* door = <_DoorState*>state
+    cdef cydriver.CUcontext current = NULL
+    cdef cydriver.CUdeviceptr out = 0
+    cdef cydriver.CUresult err
+    if door.closed or cydriver.cuCtxGetCurrent(&current) != cydriver.CUDA_SUCCESS or current != door.ctx:
+        return _ASK_THE_METHOD
+    with nogil:
+        err = cydriver.cuMemAlloc(&out, nbytes)
+    if err != cydriver.CUDA_SUCCESS:
+        return <int>err
+    ptr[0] = <uintptr_t>out
+    return 0
+
+
+cdef int _door_free(void* state, uintptr_t ptr) noexcept:
+    """``cuMemFree`` where the device's context is current on this thread (else the method binds it first)."""
+    cdef _DoorState* door = <_DoorState*>state
+    cdef cydriver.CUcontext current = NULL
+    cdef cydriver.CUresult err
+    if door.closed or cydriver.cuCtxGetCurrent(&current) != cydriver.CUDA_SUCCESS or current != door.ctx:
+        return _ASK_THE_METHOD
+    with nogil:
+        err = cydriver.cuMemFree(<cydriver.CUdeviceptr>ptr)
+    return <int>err
+
+
+cdef void _drop_owner(object capsule) noexcept:
+    """The capsule's destructor: it let go of the `DeviceCalls` it kept alive."""
+    cdef void* owner = PyCapsule_GetContext(capsule)
+    if owner is not NULL:
+        Py_DECREF(<object>owner)
+
+
+@cython.final
+cdef class DeviceCalls:
+    """One device's door for the core's compiled lane: ``alloc`` and ``free`` of device memory as C functions over
+    its context (``RawDevice.device_calls``). `close` shuts it: each call then asks the method (which raises)."""
+
+    cdef _DoorState _state
+    cdef metrale_device_calls_v1 _table
+
+    def __init__(self, uintptr_t ctx):
+        self._state.ctx = <cydriver.CUcontext><void*>ctx
+        self._state.closed = False
+        self._table.size = sizeof(metrale_device_calls_v1)
+        self._table.state = &self._state
+        self._table.alloc = _door_alloc
+        self._table.free = _door_free
+
+    def close(self):
+        """No call goes through the door any more (the device closes)."""
+        self._state.closed = True
+
+    @property
+    def closed(self):
+        return bool(self._state.closed)
+
+    def capsule(self):
+        """The capsule of the table, named `DEVICE_CALLS`; it keeps this object alive."""
+        cap = PyCapsule_New(&self._table, "metrale_core.device_calls.v1", <PyCapsule_Destructor>_drop_owner)
+        PyCapsule_SetContext(cap, <void*>self)
+        Py_INCREF(self)
+        return cap

@@ -113,6 +113,8 @@ class CompiledCudaDevice(CudaDevice):
         super().__init__(ordinal, device, context)
         self._c: Any = load()  # the module of the calls (a test may stand one in)
         self._slots = _Slots()
+        door = getattr(self._c, "DeviceCalls", None)
+        self._door: Any = None if door is None else door(self._key)  # (shut as the device closes)
 
     @classmethod
     def open(cls, ordinal: int) -> CudaDevice:
@@ -187,6 +189,18 @@ class CompiledCudaDevice(CudaDevice):
         else:
             raise InvalidArgumentError(f"alloc: unknown allocation kind {kind!r}")
         return ptr
+
+    def device_calls(self) -> object | None:
+        """``alloc`` and ``free`` of device memory as C functions (``_cdriver.DeviceCalls``), for the core's compiled
+        lane: each works where this device's context is current on the calling thread and it is open, and leaves
+        every other case to the method (which binds the context, or raises)."""
+        return None if self._door is None else self._door.capsule()
+
+    def close(self) -> None:
+        """As [`CudaDevice.close`][metrale_cuda.CudaDevice.close]; the C door is shut first."""
+        if self._door is not None:
+            self._door.close()
+        super().close()
 
     def free(self, ptr: int, kind: AllocKind) -> None:
         """``cuMemFree`` (every kind), as [`CudaDevice.free`][metrale_cuda.CudaDevice.free]."""

@@ -78,10 +78,12 @@ def _stub() -> dict[str, list[str]]:
 def test_the_module_exposes_its_stub() -> None:
     module, stub = _module(), _stub()
     assert {"launch", "graph_launch", "mem_alloc", "mem_free", "memset_d8", "copy_htod", "copy_dtoh", "copy_dtod",
-            "ctx_current", "ctx_set", "ArgSlots.fill", "ArgSlots.image"} <= set(stub)
+            "ctx_current", "ctx_set", "ArgSlots.fill", "ArgSlots.image", "DeviceCalls.capsule"} <= set(stub)
     # (a compiled class's __init__ is a slot that takes *args at runtime; Cython writes its signature in the docstring)
     assert module.ArgSlots.__doc__.startswith("ArgSlots(tuple sizes)")
+    assert module.DeviceCalls.__doc__.startswith("DeviceCalls(uintptr_t ctx)")
     stub.pop("ArgSlots.__init__")
+    stub.pop("DeviceCalls.__init__")
     for name, params in stub.items():
         owner, _, attr = name.rpartition(".")
         function = getattr(getattr(module, owner) if owner else module, attr)

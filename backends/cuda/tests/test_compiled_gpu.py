@@ -167,3 +167,79 @@ def test_a_driver_error_raises_the_same_error_on_both_paths(attempt: str) -> Non
         assert str(compiled[1]).startswith(f"cuMemAlloc of {1 << 60} bytes failed")
     else:
         assert compiled[0] is InvalidArgumentError, compiled
+
+
+# -- the core's C door (``RawDevice.device_calls``) -------------------------------------------------------------------
+
+
+def test_the_door_allocates_where_its_context_is_current_and_declines_elsewhere() -> None:
+    """``DeviceCalls``'s C functions, called through ``ctypes``: a pair where the context is current; declined
+    (nonzero, nothing done) on a thread where none is current, and once shut."""
+    import ctypes
+    import threading
+
+    from metrale_core.plugin import DEVICE_CALLS
+
+    if load() is None:
+        pytest.skip(f"no compiled driver calls here: {describe(False)}")
+    alloc_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))
+    free_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
+
+    class Table(ctypes.Structure):
+        _fields_ = (("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", alloc_fn), ("free", free_fn))
+
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, (ctypes.py_object, ctypes.c_char_p)
+    with open_backend("cuda", settings=SETTINGS.updated(pure=False)) as backend:
+        device = backend.raw
+        assert isinstance(device, CompiledCudaDevice)
+        capsule = device.device_calls()
+        table = Table.from_address(get_pointer(capsule, DEVICE_CALLS.encode()))
+        assert table.size == ctypes.sizeof(Table)
+
+        def pair() -> tuple[int, int, int]:
+            out = ctypes.c_uint64(0)
+            got = table.alloc(table.state, 1 << 20, ctypes.byref(out))
+            freed = table.free(table.state, out.value) if got == 0 else -99
+            return got, out.value, freed
+
+        backend.bind_to_thread()
+        got, ptr, freed = pair()
+        assert (got, freed) == (0, 0) and ptr > 0 and ptr % 256 == 0
+        elsewhere: list[tuple[int, int, int]] = []
+        worker = threading.Thread(target=lambda: elsewhere.append(pair()))  # no context current there
+        worker.start()
+        worker.join()
+        assert elsewhere == [(-1, 0, -99)]
+        made: list[object] = []  # there, the backend's alloc still works: the lane asks the method, which binds
+        worker = threading.Thread(target=lambda: made.append(backend.alloc(1 << 20)))
+        worker.start()
+        worker.join()
+        backend.free(made[0])  # type: ignore[arg-type]
+    assert pair()[0] == -1  # shut as the device closed (the capsule kept the struct alive)
+
+
+def test_the_lane_over_the_door_keeps_the_ledger_stats_and_errors() -> None:
+    """Through the compiled lane and the CUDA door: a thousand pairs leave the ledger and the stats exact, a too-large
+    allocation raises the typed out-of-memory error, and a closed backend refuses the next call."""
+    if load() is None:
+        pytest.skip(f"no compiled driver calls here: {describe(False)}")
+    backend = open_backend("cuda", settings=SETTINGS.updated(pure=False))
+    try:
+        live, before = backend.live_alloc_len(), backend.stats()
+        for size in (256, 4096, 1 << 20, (1 << 20) + 1):
+            bufs = [backend.alloc(size) for _ in range(250)]
+            assert len({b.ptr for b in bufs}) == 250
+            for buf in bufs:
+                backend.free(buf)
+        after = backend.stats()
+        assert backend.live_alloc_len() == live
+        assert (after.alloc_count - before.alloc_count, after.free_count - before.free_count) == (1000, 1000)
+        assert after.current_bytes["device"] == before.current_bytes["device"]
+        with pytest.raises(OutOfMemoryError):
+            backend.alloc(1 << 50)
+        buf = backend.alloc(4096)
+    finally:
+        backend.close()
+    with pytest.raises(MetraleError):
+        backend.free(buf)

@@ -1,0 +1,33 @@
+# The compiled stats counter's C-level door, for the compiled lane: `allocated_c` and `released_c` are
+# `allocated` and `released` with the kind's index at hand (``KIND_DEVICE``: ``"device"``).
+
+cimport cython
+
+# the kinds, in KINDS's order (``stats.KINDS``; the twin checks it as it loads): an allocation's kind is one of them
+cdef enum:
+    N_KINDS = 3
+    KIND_DEVICE = 0
+
+
+cdef class StatsCounter:
+    cdef cython.pymutex _lock
+    cdef long long _current[N_KINDS]
+    cdef long long _peak[N_KINDS]
+    cdef long long _allocated[N_KINDS]
+    cdef long long _peak_total
+    cdef long long _total
+    cdef public long long allocs
+    cdef public long long frees
+    cdef public long long arena_allocs
+    cdef public long long oom_count
+    cdef public long long oom_retries
+    cdef public long long redzone_scans
+    cdef public long long graph_launches
+    cdef public long long quarantined_count
+    cdef public long long quarantined_bytes
+    cdef public long long reusable_count
+    cdef public long long reusable_bytes
+    cdef public long long redzone_sample
+
+    cdef void allocated_c(self, int k, long long nbytes) noexcept
+    cdef void released_c(self, int k, long long nbytes) noexcept

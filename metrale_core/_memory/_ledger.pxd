@@ -1,0 +1,19 @@
+# The compiled ledger's C-level door, for the compiled lane: `add_c` and `take_c` are `add` and `take` without a
+# Python call (the caller has the buffer's index at hand).
+
+cimport cython
+
+
+cdef class Ledger:
+    cdef cython.pymutex _lock
+    cdef dict _records
+    cdef object _events
+    cdef double _start
+    cdef public Py_ssize_t dropped
+    cdef public Py_ssize_t taken
+    cdef public Py_ssize_t history
+    cdef public object origin
+
+    cdef void _log(self, str op, object record) except *
+    cdef int add_c(self, object index, object buf) except -1
+    cdef object take_c(self, object index, object ptr, object nbytes)

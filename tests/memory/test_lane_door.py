@@ -1,0 +1,159 @@
+"""The compiled lane's door into a plugin's C functions (``RawDevice.device_calls``, issue 38), on the CPU.
+
+The fake offers no C functions of its own; here each test gives its devices a door built with ``ctypes``: a real
+``metrale_core.device_calls.v1`` capsule whose C function pointers call the fake device's own methods. So the lane
+runs the same C code it runs over the CUDA plugin's door (``_cdriver.DeviceCalls``, tested on the GPU in
+``backends/cuda/tests/test_compiled_gpu.py``): a call done through the door, a call the door declines (the method
+then does it or raises), and a door the lane refuses (a wrong name, a short struct, a method that raises).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from metrale_core import GpuBackend, InvalidBufferError, OutOfMemoryError, open_backend
+from metrale_core.plugin import DEVICE_CALLS, RawDevice
+from tests._support import MIB, SETTINGS, TEST_CAPACITY, compiled_twin
+
+ALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))
+FREE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
+
+
+class Table(ctypes.Structure):
+    """``metrale_device_calls_v1``, as ``RawDevice.device_calls``'s docstring writes it."""
+
+    _fields_ = (("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", ALLOC), ("free", FREE))
+
+
+_new_capsule = ctypes.pythonapi.PyCapsule_New
+_new_capsule.restype = ctypes.py_object
+_new_capsule.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+
+#: A capsule's name is a C string the capsule points at: these live as long as the module.
+NAMES = {name: name.encode() for name in (DEVICE_CALLS, "metrale_core.device_calls.v0")}
+
+#: A CUDA error code a door answers where it declines (out of memory: the method then raises it, or does the work).
+DECLINED = 2
+
+
+@dataclass
+class Door:
+    """The C functions of one fake device: what they were asked, and whether they decline."""
+
+    device: RawDevice
+    decline: bool = False
+    allocs: list[int] = field(default_factory=list)
+    frees: list[int] = field(default_factory=list)
+    keep: list[object] = field(default_factory=list)  # the struct and the callbacks the capsule points at
+
+    def capsule(self, name: str = DEVICE_CALLS, size: int | None = None) -> object:
+        def alloc(_state: int | None, nbytes: int, out: ctypes._Pointer[ctypes.c_uint64]) -> int:
+            if self.decline:
+                return DECLINED
+            out[0] = self.device.alloc(nbytes, "device")
+            self.allocs.append(out[0])
+            return 0
+
+        def free(_state: int | None, ptr: int) -> int:
+            if self.decline:
+                return DECLINED
+            self.device.free(ptr, "device")
+            self.frees.append(ptr)
+            return 0
+
+        table = Table(ctypes.sizeof(Table) if size is None else size, None, ALLOC(alloc), FREE(free))
+        self.keep.append(table)
+        return _new_capsule(ctypes.addressof(table), NAMES[name], None)
+
+
+@pytest.fixture
+def doors(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[GpuBackend, Door]]]:
+    """Open a compiled fake backend whose device offers a ctypes door: ``doors(**capsule_args)``."""
+    compiled_twin("lane")
+    opened: list[GpuBackend] = []
+
+    def open_with(*, raises: bool = False, **capsule_args: object) -> tuple[GpuBackend, Door]:
+        made: list[Door] = []
+
+        def device_calls(device: RawDevice) -> object:
+            if raises:
+                raise RuntimeError("no door today")
+            door = Door(device)
+            made.append(door)
+            return door.capsule(**capsule_args)  # type: ignore[arg-type]
+
+        from metrale_fake._device import FakeDevice
+
+        monkeypatch.setattr(FakeDevice, "device_calls", device_calls)
+        gpu = open_backend("fake", settings=SETTINGS.updated(pure=False, fake_memory_bytes=TEST_CAPACITY))
+        opened.append(gpu)
+        return gpu, (made[0] if made else Door(gpu.raw))
+
+    yield open_with
+    for gpu in opened:
+        gpu.close()
+
+
+def test_a_plain_pair_goes_through_the_door(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    gpu, door = doors()
+    buf = gpu.alloc(MIB)
+    assert door.allocs == [buf.ptr]
+    assert gpu.live_alloc_len() == 1
+    gpu.memset(buf, 7)
+    host = bytearray(4)
+    gpu.copy_to_host(host, buf)
+    assert host == b"\x07" * 4
+    gpu.free(buf)
+    assert door.frees == [buf.ptr]
+    stats = gpu.stats()
+    assert (stats.alloc_count, stats.free_count, stats.current_bytes["device"]) == (1, 1, 0)
+
+
+def test_a_declined_call_is_made_through_the_method(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    gpu, door = doors()
+    door.decline = True
+    buf = gpu.alloc(MIB)
+    gpu.free(buf)
+    assert (door.allocs, door.frees) == ([], [])
+    assert gpu.live_alloc_len() == 0
+    with pytest.raises(OutOfMemoryError):  # the method's own error, with its report
+        gpu.alloc(2 * TEST_CAPACITY)
+    with pytest.raises(InvalidBufferError):  # a second free is the allocator's error: the door is never asked
+        gpu.free(buf)
+    stats = gpu.stats()
+    assert (stats.alloc_count, stats.free_count, stats.current_bytes["device"]) == (1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"name": "metrale_core.device_calls.v0"}, "not a capsule named metrale_core.device_calls.v1"),
+        ({"size": 8}, "a struct of 8 bytes"),
+        ({"raises": True}, "device_calls() failed, its methods are called: RuntimeError: no door today"),
+    ],
+)
+def test_a_door_the_lane_cannot_use_is_said_and_left(
+    doors: Callable[..., tuple[GpuBackend, Door]], caplog: pytest.LogCaptureFixture, kwargs: dict[str, object],
+    said: str,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="metrale"):
+        gpu, door = doors(**kwargs)
+    assert said in caplog.text
+    gpu.free(gpu.alloc(MIB))
+    assert (door.allocs, door.frees) == ([], [])
+
+
+def test_the_pure_lane_never_asks_for_a_door(monkeypatch: pytest.MonkeyPatch) -> None:
+    from metrale_fake._device import FakeDevice
+
+    def device_calls(device: RawDevice) -> object:
+        raise AssertionError("the pure lane calls the methods")
+
+    monkeypatch.setattr(FakeDevice, "device_calls", device_calls)
+    with open_backend("fake", settings=SETTINGS.updated(pure=True)) as gpu:
+        gpu.free(gpu.alloc(MIB))
