@@ -81,8 +81,6 @@ class GpuBackend:
         self._exports = ExportTable(ctx, self._holdings, self._guard)
         self._kernels = KernelFront(ctx, self._holdings, self._streams)
         self._maps = TensorMapFront(ctx, self._holdings)
-        for observer in parts(self).release_observers:
-            self._memory.on_release(observer)
         origin = self._holdings.ledger.origin = origin_of(ctx)
         ctx.bind(self, origin, self._exports)
 

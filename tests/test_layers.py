@@ -45,7 +45,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_redzones": (("layout",), ("scanner",), ("ingraph", "queued"), ("guard",)),
     "_memory": (
         ("meminfo", "ledger"),
-        ("arena", "_ledger", "_site"),
+        ("arena", "_ledger", "_site", "watch"),
         ("pressure", "_arena"),
         ("snapshot", "holdings"),
         ("monitor", "exports", "quarantine", "lane", "_lane"),

@@ -158,16 +158,19 @@ class TensorMapFront:
         with self._lock:
             self._maps.add(tmap)
             self._mapped = True
+            self._holdings.releases.watch(self.warn_if_mapped, True)
         return tmap
 
     def warn_if_mapped(self, buf: DeviceBuffer) -> None:
-        """An allocator release observer: warn when live tensor maps still point into ``buf``."""
+        """An allocator release observer, switched on while maps may live: warn when live tensor maps still point
+        into ``buf``."""
         if not self._mapped:  # read without the lock: a map made meanwhile cannot point at a buffer being freed
             return
         if not self._maps:  # every map is gone: forget them, under the lock a new map's add takes
             with self._lock:
                 if not self._maps:
                     self._mapped = False
+                    self._holdings.releases.watch(self.warn_if_mapped, False)
             return
         with self._lock:
             users = [m for m in self._maps if m.buffer == buf]  # (the same allocation: equal values)

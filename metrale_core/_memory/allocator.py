@@ -99,7 +99,8 @@ class Allocator:
         self._quarantine = Quarantine(ctx, stats, guard)
         self._monitor = monitor
         self._callbacks: list[Callable[[int], object]] = []
-        self._observers: list[Callable[[DeviceBuffer], None]] = []
+        #: The release observers switched on (the fronts' own switches: `ReleaseWatch`), one list changed in place.
+        self._observers = holdings.releases.active
         #: What sweeps took since the backend opened (the leaks), the last `SWEPT_KEPT` of them.
         self.swept: collections.deque[AllocRecord] = collections.deque(maxlen=SWEPT_KEPT)
         self._reclaiming = _Reclaiming()
@@ -118,10 +119,6 @@ class Allocator:
     def lane_parts(self) -> LaneParts:
         """What the backend's lane (``GpuBackend.alloc`` and ``free``) uses of this allocator's parts."""
         return LaneParts(self.ctx, self._holdings.ledger, self._stats, self._observers, self._zoned, self._trace_idx)
-
-    def on_release(self, observer: Callable[[DeviceBuffer], None]) -> None:
-        """Call ``observer(buf)`` as a buffer is released (to warn of graphs and exports still using it)."""
-        self._observers.append(observer)
 
     def _released(self, buf: DeviceBuffer) -> None:
         for observer in self._observers:

@@ -80,6 +80,7 @@ class ExportTable:
             if wait and buf.kind in ("device", "managed"):  # exported (not only asked where): free() warns
                 with ctx.lock:
                     self._viewed.setdefault(buf.index, weakref.WeakSet()).add(view)
+                    self._holdings.releases.watch(self.warn_if_exported, True)
             return memory
         finally:
             ctx.leave()
@@ -128,14 +129,19 @@ class ExportTable:
             held = self._exported.get(index, 0) + delta
             if held > 0:
                 self._exported[index] = held
+                self._holdings.releases.watch(self.warn_if_exported, True)
             else:
                 self._exported.pop(index, None)
 
     def warn_if_exported(self, buf: DeviceBuffer) -> None:
-        """An allocator release observer: warn when other libraries still hold views of ``buf``."""
+        """An allocator release observer, switched on while something is exported: warn when other libraries still
+        hold views of ``buf``."""
         if buf.kind not in ("device", "managed"):
             return
-        if not self._exported and not self._viewed:  # nothing exported: no lock (a free's common case)
+        if not self._exported and not self._viewed:  # nothing exported: switched off, under the lock exports take
+            with self.ctx.lock:
+                if not self._exported and not self._viewed:
+                    self._holdings.releases.watch(self.warn_if_exported, False)
             return
         if self._exported:
             reap()  # tensors whose deleter ran, or whose capsule died unconsumed, are counted off first

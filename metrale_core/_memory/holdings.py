@@ -27,6 +27,7 @@ from .._errors import InvalidArgumentError, InvalidBufferError
 from .._twins import pick
 from .._types import as_index
 from .ledger import Ledger
+from .watch import ReleaseWatch
 
 if TYPE_CHECKING:
     from .arena import Arena
@@ -44,7 +45,7 @@ class Holdings:
     """The live handles of one backend. Thread-safe; its own state only (the allocator and the
     export table mutate it through these methods)."""
 
-    __slots__ = ("_ctx", "_lock", "arena_blocks", "arenas", "external", "host", "ledger", "raw_base")
+    __slots__ = ("_ctx", "_lock", "arena_blocks", "arenas", "external", "host", "ledger", "raw_base", "releases")
 
     def __init__(self, ctx: DeviceContext) -> None:
         self._ctx = ctx
@@ -61,6 +62,8 @@ class Holdings:
         self.host: dict[int, HostBuffer] = {}
         #: Zoned allocations: creation index -> the raw pointer (the user's pointer is past the leading zone).
         self.raw_base: dict[int, int] = {}
+        #: The release observers with something to watch (the fronts switch theirs; the allocator calls them).
+        self.releases = ReleaseWatch()
 
     @property
     def lock(self) -> threading.Lock:

@@ -46,7 +46,8 @@ class LaneParts(NamedTuple):
 
     - ``ctx``: the device context (its gate, its lock, the plugin, the internal packages of call sites).
     - ``ledger``, ``stats``: the allocator's holdings' ledger and the backend's counters.
-    - ``observers``: the allocator's release observers (its own list: one added later is seen).
+    - ``observers``: the release observers switched on now (`ReleaseWatch.active`, one list changed in place:
+      empty while no graph, export or tensor map lives).
     - ``zoned``: whether device allocations may get red zones (then every call goes to the allocator).
     - ``trace_idx``: the ``redzone_trace_idx`` setting (its allocation goes to the allocator's log).
     """

@@ -82,6 +82,8 @@ class StreamFront:
             self._handles[id(handle)] = handle
             if isinstance(handle, GraphExec):
                 self._execs += 1
+                if self._execs == 1:  # a free now looks for its buffer in the executable graphs
+                    self._holdings.releases.watch(self.warn_if_graphed, True)
         return handle
 
     def release(self, handle: _Handle) -> None:
@@ -97,6 +99,8 @@ class StreamFront:
             with ctx.lock:
                 if self._handles.pop(id(handle), None) is not None and isinstance(handle, GraphExec):
                     self._execs -= 1
+                    if not self._execs:
+                        self._holdings.releases.watch(self.warn_if_graphed, False)
             check = getattr(handle, "check", None)
             if check is not None:
                 self._guard.drop_check(check)
@@ -116,7 +120,8 @@ class StreamFront:
         self.graphs.launch_graph(graph, stream)
 
     def warn_if_graphed(self, buf: DeviceBuffer) -> None:
-        """An allocator release observer: warn when live executable graphs still use ``buf``."""
+        """An allocator release observer, switched on while executable graphs live: warn when some still use
+        ``buf``."""
         if not self._execs:  # read without the lock: an executable graph made meanwhile cannot hold buf yet
             return
         with self.ctx.lock:
@@ -304,6 +309,7 @@ class StreamFront:
             handles = list(self._handles.values())
             self._handles.clear()
             self._execs = 0
+            self._holdings.releases.watch(self.warn_if_graphed, False)
         for kind in (GraphExec, Graph, Event, Stream):
             for handle in handles:
                 if isinstance(handle, kind) and handle._mark_closed():

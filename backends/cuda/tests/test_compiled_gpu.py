@@ -182,8 +182,9 @@ def test_the_door_allocates_where_its_context_is_current_and_declines_elsewhere(
 
     if load() is None:
         pytest.skip(f"no compiled driver calls here: {describe(False)}")
-    alloc_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))
-    free_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
+    # PYFUNCTYPE: called with the GIL held, as the contract has it (the functions let go of it around the driver)
+    alloc_fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))
+    free_fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
 
     class Table(ctypes.Structure):
         _fields_ = (("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", alloc_fn), ("free", free_fn))
