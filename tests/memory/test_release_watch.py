@@ -1,0 +1,51 @@
+"""Release observers switched on by their fronts (`ReleaseWatch`): a free with no executable graph, export or tensor
+map alive calls none, and each front switches its own on while it holds such a thing (white-box: ``_holdings``).
+The warnings themselves are tested where each front is (``test_capture.py``, ``test_interop.py``,
+``test_tensor_maps.py``)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import numpy as np
+import pytest
+
+from metrale_core import GpuBackend
+from metrale_core._memory.watch import ReleaseWatch
+
+
+def _active(gpu: GpuBackend) -> list[str]:
+    return [observer.__name__ for observer in gpu._holdings.releases.active]
+
+
+def test_the_switch_keeps_each_observer_once_and_in_order() -> None:
+    watch, seen = ReleaseWatch(), []
+    first, second = seen.append, lambda buf: None
+    for observer, on in [(first, True), (second, True), (first, True), (first, False), (first, False), (first, True)]:
+        watch.watch(observer, on)  # type: ignore[arg-type]
+    assert watch.active == [second, first]
+
+
+def test_a_front_switches_its_observer_while_it_holds_something(
+    fake: GpuBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpu = fake
+    assert _active(gpu) == []
+    buf, other = gpu.alloc(128), gpu.alloc(128)
+    stream = gpu.create_stream()
+    gpu.begin_capture(stream)
+    gpu.memset(buf, 1, stream=stream)
+    exe = gpu.end_capture(stream).instantiate()
+    assert _active(gpu) == ["warn_if_graphed"]
+    with caplog.at_level(logging.WARNING, logger="metrale"):
+        gpu.free(buf)
+    assert "executable graph" in caplog.text
+    exe.close()
+    assert _active(gpu) == []
+    held = np.from_dlpack(other)
+    assert _active(gpu) == ["warn_if_exported"]
+    del held
+    gc.collect()
+    gpu.free(other)  # the last exported buffer: its observer switches itself off
+    assert _active(gpu) == []
