@@ -3,6 +3,8 @@
 
 cimport cython
 
+from metrale_core._device._lock cimport lock_t
+
 # the kinds, in KINDS's order (``stats.KINDS``; the twin checks it as it loads): an allocation's kind is one of them
 cdef enum:
     N_KINDS = 3
@@ -10,7 +12,7 @@ cdef enum:
 
 
 cdef class StatsCounter:
-    cdef cython.pymutex _lock
+    cdef lock_t _lock
     cdef long long _current[N_KINDS]
     cdef long long _peak[N_KINDS]
     cdef long long _allocated[N_KINDS]

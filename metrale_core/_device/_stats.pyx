@@ -9,6 +9,8 @@ behaviour, its counters C integers (one per kind of memory in ``KINDS``) under a
 
 cimport cython
 
+from metrale_core._device._lock cimport acquire, lock_t, release
+
 from .stats import KINDS as _KINDS
 from .stats import MemoryStats
 
@@ -50,22 +52,29 @@ cdef class StatsCounter:
 
     def quarantined(self, long long count, long long nbytes):
         """Buffers entered (positive) or left (negative) the red-zone quarantine."""
-        with self._lock:
+        acquire(&self._lock)
+        try:
             self.quarantined_count += count
             self.quarantined_bytes += nbytes
+        finally:
+            release(&self._lock)
 
     def reusable(self, long long count, long long nbytes):
         """Checked zoned blocks entered (positive) or left (negative) the red zones' reuse lists."""
-        with self._lock:
+        acquire(&self._lock)
+        try:
             self.reusable_count += count
             self.reusable_bytes += nbytes
+        finally:
+            release(&self._lock)
 
     def allocated(self, str kind, long long nbytes):
         self.allocated_c(_kind(kind), nbytes)
 
     cdef void allocated_c(self, int k, long long nbytes) noexcept:
         cdef long long now
-        with self._lock:
+        acquire(&self._lock)
+        try:
             self.allocs += 1
             now = self._current[k] + nbytes
             self._current[k] = now
@@ -75,35 +84,46 @@ cdef class StatsCounter:
             self._total += nbytes
             if self._total > self._peak_total:
                 self._peak_total = self._total
+        finally:
+            release(&self._lock)
 
     def released(self, str kind, long long nbytes):
         self.released_c(_kind(kind), nbytes)
 
     cdef void released_c(self, int k, long long nbytes) noexcept:
-        with self._lock:
+        acquire(&self._lock)
+        try:
             self.frees += 1
             self._current[k] -= nbytes
             self._total -= nbytes
+        finally:
+            release(&self._lock)
 
     def reset_peak(self):
         cdef int i
         cdef long long total = 0
-        with self._lock:
+        acquire(&self._lock)
+        try:
             for i in range(N_KINDS):
                 self._peak[i] = self._current[i]
                 total += self._current[i]
             self._peak_total = total
+        finally:
+            release(&self._lock)
 
     def freeze(self, arena_capacity, arena_used, arena_allocs):
         """The counters now, with what the open arenas hold (closed ones were counted as they closed)."""
         cdef int i
-        with self._lock:
+        acquire(&self._lock)
+        try:
             current = {_KINDS[i]: self._current[i] for i in range(N_KINDS)}
             peak = {_KINDS[i]: self._peak[i] for i in range(N_KINDS)}
             allocated = {_KINDS[i]: self._allocated[i] for i in range(N_KINDS)}
             counts = (self.allocs, self.frees, self._peak_total, self.arena_allocs, self.oom_count,
                       self.oom_retries, self.redzone_scans, self.graph_launches, self.quarantined_count,
                       self.quarantined_bytes, self.redzone_sample, self.reusable_count, self.reusable_bytes)
+        finally:
+            release(&self._lock)
         return MemoryStats(
             alloc_count=counts[0],
             free_count=counts[1],

@@ -1,6 +1,6 @@
 # cython: language_level=3, binding=True, embedsignature=True
 """The compiled twin of [`Arena`][metrale_core.Arena] (``arena.py``): the same interface and behaviour, the bump
-allocation in C integers under a C-level lock (``cython.pymutex``).
+allocation in C integers under a C-level lock (``_device/_lock.pxd``).
 
 - The pure class is the reference and the public class: this one registers itself as its virtual subclass
   (``Arena.register``), so ``isinstance(x, metrale_core.Arena)`` holds, and is named ``Arena`` too.
@@ -16,6 +16,8 @@ allocation in C integers under a C-level lock (``cython.pymutex``).
 """
 
 cimport cython
+
+from metrale_core._device._lock cimport acquire, lock_t, release
 from cpython.mem cimport PyMem_Free, PyMem_RawFree, PyMem_RawMalloc, PyMem_Realloc
 from libc.string cimport memcpy
 from metrale_core._device._handle cimport make_buffer
@@ -103,7 +105,7 @@ cdef class Arena:
     """A sub-allocator over one block of device memory; thread-safe (compiled twin of
     [`Arena`][metrale_core.Arena], registered as its subclass)."""
 
-    cdef cython.pymutex _lock
+    cdef lock_t _lock
     cdef metrale_pieces_lock _pieces_lock
     cdef object _block
     cdef object _base_object
@@ -182,7 +184,8 @@ cdef class Arena:
         cdef long long c_index
         cdef Piece *grown
         cdef Py_ssize_t room
-        with self._lock:
+        acquire(&self._lock)
+        try:
             if self._block is None:
                 raise InvalidBufferError(
                     f"Arena.alloc({nbytes}): this arena (from {self.site}) is closed; create another"
@@ -214,6 +217,8 @@ cdef class Arena:
                 self._in_order = False
             self._count += 1
             METRALE_PIECES_UNLOCK(self._pieces_lock)
+        finally:
+            release(&self._lock)
         if start <= WORD_MAX - self._base:
             return make_buffer(self._base + start, nbytes, "arena", index, self.site, self._owner)
         return make_buffer(self._base_object + start, nbytes, "arena", index, self.site, self._owner)
@@ -300,18 +305,22 @@ cdef class Arena:
 
     def reset(self):
         """Take every piece back; buffers handed out so far are no longer live."""
-        with self._lock:
+        acquire(&self._lock)
+        try:
             if self._block is None:
                 raise InvalidBufferError(f"Arena.reset: this arena (from {self.site}) is closed")
             self._top = 0
             self._forget_pieces()
+        finally:
+            release(&self._lock)
 
     def close(self):
         """Release the block; idempotent. Its pieces are no longer live.
 
         Refused (during a capture, say) it changes nothing: the arena stays open and usable.
         """
-        with self._lock:
+        acquire(&self._lock)
+        try:
             block = self._block
             if block is None:
                 return
@@ -319,14 +328,19 @@ cdef class Arena:
             self._block = None
             self._top = 0
             self._forget_pieces()
+        finally:
+            release(&self._lock)
 
     def _take_block(self):
         """For the backend's close: forget the block (the backend releases it)."""
-        with self._lock:
+        acquire(&self._lock)
+        try:
             block, self._block = self._block, None
             self._top = 0
             self._forget_pieces()
             return block
+        finally:
+            release(&self._lock)
 
     def __enter__(self):
         return self

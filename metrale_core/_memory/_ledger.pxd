@@ -3,9 +3,11 @@
 
 cimport cython
 
+from metrale_core._device._lock cimport lock_t
+
 
 cdef class Ledger:
-    cdef cython.pymutex _lock
+    cdef lock_t _lock
     cdef dict _records
     cdef object _events
     cdef double _start

@@ -1,6 +1,6 @@
 # cython: language_level=3, binding=True, embedsignature=True
 """The compiled twin of [`Ledger`][metrale_core._memory.ledger.Ledger]: the same interface and behaviour, its
-records under a C-level lock (``cython.pymutex``, which lets go of the GIL while it waits) and its counters
+records under a C-level lock (``_device/_lock.pxd``: a waiter lets go of the GIL) and its counters
 as C integers.
 
 - The pure class in ``ledger.py`` is the reference: `_twins.pick` picks this one where it was built
@@ -10,6 +10,8 @@ as C integers.
 """
 
 cimport cython
+
+from metrale_core._device._lock cimport acquire, lock_t, release
 
 import collections
 import time
@@ -41,10 +43,13 @@ cdef class Ledger:
         self.add_c(buf.index, buf)
 
     cdef int add_c(self, object index, object buf) except -1:
-        with self._lock:
+        acquire(&self._lock)
+        try:
             self._records[index] = buf
             if self._events is not None:
                 self._log("alloc", _record(buf, self.origin))
+        finally:
+            release(&self._lock)
         return 0
 
     def take(self, index, ptr, nbytes):
@@ -53,7 +58,8 @@ cdef class Ledger:
         return self.take_c(index, ptr, nbytes)
 
     cdef object take_c(self, object index, object ptr, object nbytes):
-        with self._lock:
+        acquire(&self._lock)
+        try:
             rec = self._records.get(index)
             if rec is None or rec.ptr != ptr or rec.nbytes != nbytes:
                 return None
@@ -62,6 +68,8 @@ cdef class Ledger:
             if self._events is not None:
                 self._log("free", _record(rec, self.origin))
             return rec
+        finally:
+            release(&self._lock)
 
     def holds(self, index, ptr, nbytes):
         """Whether allocation ``index`` is on the ledger, at ``ptr`` with the ``nbytes`` recorded."""
@@ -90,7 +98,8 @@ cdef class Ledger:
 
     def drain(self):
         """Take every record off (a sweep)."""
-        with self._lock:
+        acquire(&self._lock)
+        try:
             origin = self.origin
             records = [_record(buf, origin) for buf in self._records.values()]
             self._records.clear()
@@ -99,17 +108,25 @@ cdef class Ledger:
                 for rec in records:
                     self._log("sweep", rec)
             return records
+        finally:
+            release(&self._lock)
 
     def snapshot(self):
-        with self._lock:
+        acquire(&self._lock)
+        try:
             bufs = sorted(self._records.values(), key=_by_index)
+        finally:
+            release(&self._lock)
         origin = self.origin
         return [_record(buf, origin) for buf in bufs]
 
     def events(self):
         """The kept history, oldest first (empty when history is off)."""
-        with self._lock:
+        acquire(&self._lock)
+        try:
             return list(self._events or ())
+        finally:
+            release(&self._lock)
 
     def elapsed(self):
         """Seconds since the ledger was created, on the clock of `LedgerEvent.t`."""
@@ -119,8 +136,11 @@ cdef class Ledger:
         return len(self._records)
 
     def live_bytes(self):
-        with self._lock:
+        acquire(&self._lock)
+        try:
             return sum([r.nbytes for r in self._records.values()])
+        finally:
+            release(&self._lock)
 
 
 def _by_index(buf):

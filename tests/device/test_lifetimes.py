@@ -18,8 +18,23 @@ from metrale_core import (
     InvalidBufferError,
     open_backend,
 )
+from metrale_core.plugin import RawDevice
 from metrale_core.testing import FaultInjecting
 from tests._support import MIB, SETTINGS
+
+
+def _open_spied(backend_name: str, monkeypatch: pytest.MonkeyPatch) -> GpuBackend:
+    """The backend, opened with no C door into its raw layer (``RawDevice.device_calls``): every alloc and free then
+    calls the raw methods, where `_RawSpy` sees them (a door's C calls pass no spy)."""
+    classes, seen = [RawDevice], set()
+    while classes:
+        cls = classes.pop()
+        if cls not in seen:
+            seen.add(cls)
+            classes.extend(cls.__subclasses__())
+            if "device_calls" in vars(cls) and cls is not RawDevice:
+                monkeypatch.setattr(cls, "device_calls", RawDevice.device_calls)
+    return open_backend(backend_name, settings=SETTINGS)
 
 
 class _RawSpy:
@@ -38,10 +53,12 @@ class _RawSpy:
         return result
 
 
-def test_close_from_another_thread_during_an_alloc_leaves_nothing(backend_name: str) -> None:
+def test_close_from_another_thread_during_an_alloc_leaves_nothing(
+    backend_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Bug 1: close() while another thread's alloc is inside the raw call. After close() returns nothing
     of that alloc is on the ledger or in device memory, and the alloc raises BackendClosedError."""
-    gpu = open_backend(backend_name, settings=SETTINGS)
+    gpu = _open_spied(backend_name, monkeypatch)
     probe = gpu.ledger_probe()
     inside, go_on = threading.Event(), threading.Event()
 
@@ -193,10 +210,10 @@ def test_a_copy_of_a_handle_with_a_larger_size_is_not_live(gpu: GpuBackend) -> N
     arena.close()
 
 
-def test_close_under_load_from_four_threads(backend_name: str) -> None:
+def test_close_under_load_from_four_threads(backend_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bug 1 under load: four threads allocate, memset and free until close() from a fifth refuses them;
     every call either works or raises BackendClosedError, and nothing outlives close()."""
-    gpu = open_backend(backend_name, settings=SETTINGS)
+    gpu = _open_spied(backend_name, monkeypatch)
     probe = gpu.ledger_probe()
     allocs, frees = _RawSpy(gpu, "alloc"), _RawSpy(gpu, "free")
     started = threading.Barrier(5)
