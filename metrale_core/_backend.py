@@ -492,6 +492,6 @@ class Parts(NamedTuple):
 
 
 def parts(backend: GpuBackend) -> Parts:
-    """The one door into ``backend``'s parts from outside it (``_commands/bench/breakdown.py``)."""
-    observers = (backend._streams.warn_if_graphed, backend._exports.warn_if_exported, backend._maps.warn_if_mapped)
-    return Parts(backend._ctx, observers)
+    """The one door into ``backend``'s parts from outside it (``_commands/bench/breakdown.py``): the release
+    observers are those a free calls now (switched on by their fronts: none while no graph, export or map lives)."""
+    return Parts(backend._ctx, backend._holdings.releases.active)

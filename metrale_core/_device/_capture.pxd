@@ -5,3 +5,6 @@ cdef int forbid_c(object flag, str what) except -1
 
 # `leave_call` with the flag at hand: the calling thread left a metrale call (the gate's twin calls it).
 cdef int leave_c(object flag) except -1
+
+# `call_entered` with the flag at hand: the calling thread entered a metrale call (the gate's twin calls it).
+cdef int enter_c(object flag) except -1

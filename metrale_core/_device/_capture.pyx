@@ -13,7 +13,46 @@
 
 import sys
 
+from cpython.object cimport PyObject
+
 from . import capture as _pure
+
+cdef extern from *:
+    """
+    #include "structmember.h"
+
+    /* The offset of the object slot behind member descriptor ``descr`` of ``type_object`` (a __slots__ entry,
+       read-write), or -1 where it is no such slot (as the handle twin reads DeviceBuffer's). */
+    static Py_ssize_t metrale_capture_slot(PyObject *descr, PyObject *type_object) {
+        PyTypeObject *type = (PyTypeObject *)type_object;
+        PyMemberDef *member;
+        if (Py_TYPE(descr) != &PyMemberDescr_Type) return -1;
+        if (((PyDescrObject *)descr)->d_type != type) return -1;
+        member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return -1;
+        if (member->offset < (Py_ssize_t)sizeof(PyObject)
+                || member->offset + (Py_ssize_t)sizeof(PyObject *) > type->tp_basicsize
+                || member->offset % (Py_ssize_t)sizeof(PyObject *) != 0) return -1;
+        return member->offset;
+    }
+
+    /* The slot at ``offset`` of ``obj`` (borrowed; NULL where unset). */
+    static inline PyObject *metrale_slot_get(PyObject *obj, Py_ssize_t offset) {
+        return *(PyObject **)((char *)obj + offset);
+    }
+
+    /* Store ``value`` into the slot at ``offset`` of ``obj`` (its old value released after). */
+    static inline void metrale_slot_set(PyObject *obj, Py_ssize_t offset, PyObject *value) {
+        PyObject **at = (PyObject **)((char *)obj + offset);
+        PyObject *old = *at;
+        Py_INCREF(value);
+        *at = value;
+        Py_XDECREF(old);
+    }
+    """
+    Py_ssize_t metrale_capture_slot(object descr, object type_object) except? -2
+    PyObject* metrale_slot_get(object obj, Py_ssize_t offset)
+    void metrale_slot_set(object obj, Py_ssize_t offset, object value)
 
 cdef object _ACTIVE = _pure._ACTIVE
 cdef object _STARTING = _pure._STARTING
@@ -25,16 +64,86 @@ cdef object _leave_serialized = _pure.leave_call
 cdef object _serialized = _pure.forbid_during_capture
 cdef bint _GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
 
+# The flag's slots (``_Flag.calls``, ``_Flag.inside``) and ``_STARTING.count``, read and written in place where
+# their layout was checked at import (GIL builds; a flag of another type, or a layout not found: attributes).
+cdef object _FLAG_TYPE = _pure._Flag
+cdef Py_ssize_t _CALLS = -1
+cdef Py_ssize_t _INSIDE = -1
+cdef Py_ssize_t _COUNT = -1
+
+
+def _offsets():
+    """The three slots' offsets, each -1 where it is not a plain object slot of its class."""
+    def of(cls, name):
+        if type(cls) is not type or not isinstance(cls.__dict__.get("__slots__"), tuple):
+            return -1
+        return metrale_capture_slot(cls.__dict__.get(name), cls)
+    return of(_pure._Flag, "calls"), of(_pure._Flag, "inside"), of(type(_STARTING), "count")
+
+
+if _GIL:
+    _CALLS, _INSIDE, _COUNT = _offsets()
+    if min(_CALLS, _INSIDE, _COUNT) < 0:
+        _CALLS = _INSIDE = _COUNT = -1
+
+
+cdef inline object _calls(object flag):
+    cdef PyObject* value
+    if _CALLS >= 0 and type(flag) is _FLAG_TYPE:
+        value = metrale_slot_get(flag, _CALLS)
+        if value is not NULL:
+            return <object>value
+    return flag.calls
+
+
+cdef inline int _set_calls(object flag, object calls) except -1:
+    if _CALLS >= 0 and type(flag) is _FLAG_TYPE:
+        metrale_slot_set(flag, _CALLS, calls)
+    else:
+        flag.calls = calls
+    return 0
+
+
+cdef inline bint _inside(object flag) except -1:
+    cdef PyObject* value
+    if _INSIDE >= 0 and type(flag) is _FLAG_TYPE:
+        value = metrale_slot_get(flag, _INSIDE)
+        if value is not NULL:
+            return value == <PyObject*>True or (value != <PyObject*>False and bool(<object>value))
+    return bool(flag.inside)
+
+
+cdef inline int _set_inside(object flag, bint inside) except -1:
+    if _INSIDE >= 0 and type(flag) is _FLAG_TYPE:
+        metrale_slot_set(flag, _INSIDE, True if inside else False)
+    else:
+        flag.inside = inside
+    return 0
+
+
+cdef inline bint _starting() except -1:
+    cdef PyObject* value
+    if _COUNT >= 0:
+        value = metrale_slot_get(_STARTING, _COUNT)
+        if value is not NULL:
+            return bool(<object>value)
+    return bool(_STARTING.count)
+
 
 cdef int forbid_c(object flag, str what) except -1:
     if not _GIL:  # the pure check, serialized under the record's lock
         _serialized(what)
         return 0
-    was = flag.inside
-    flag.inside = True
-    if not _ACTIVE and not _STARTING.count:
+    was = _inside(flag)
+    _set_inside(flag, True)
+    if not _ACTIVE and not _starting():
         return 0
     _judge(flag, was, what)
+    return 0
+
+
+cdef int enter_c(object flag) except -1:
+    _set_calls(flag, _calls(flag) + 1)
     return 0
 
 
@@ -42,14 +151,14 @@ cdef int leave_c(object flag) except -1:
     if not _GIL:  # the pure leave, serialized under the record's lock
         _leave_serialized(flag)
         return 0
-    calls = flag.calls - 1
+    calls = _calls(flag) - 1
     if calls > 0:
-        flag.calls = calls
+        _set_calls(flag, calls)
         return 0
-    flag.calls = 0
-    if flag.inside:  # its barred call is over: cleared first, then a starting capture told (it may wait for it)
-        flag.inside = False
-        if _STARTING.count:
+    _set_calls(flag, 0)
+    if _inside(flag):  # its barred call is over: cleared first, then a starting capture told (it may wait for it)
+        _set_inside(flag, False)
+        if _starting():
             with _LOCK:
                 _IDLE.notify_all()
     return 0

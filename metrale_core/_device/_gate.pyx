@@ -15,6 +15,7 @@ import sys
 import threading
 import weakref
 
+from ._capture cimport enter_c as _enter_call
 from ._capture cimport leave_c as _leave_call
 
 from .capture import resume_calls, suspend_calls, thread_calls
@@ -76,22 +77,14 @@ cdef class Gate:
         if closed:
             self._count_out(cell)
             raise self._refusal()
-        flag = cell.flag
-        flag.calls += 1
+        _enter_call(cell.flag)
         if self._faulted and not faulted_ok:
             self.leave_c(cell)
             raise self._refusal()
         return cell
 
     cdef int leave_c(self, _Cell cell) except -1:
-        flag = cell.flag
-        calls = flag.calls
-        if calls > 1:
-            flag.calls = calls - 1
-        elif flag.inside:
-            _leave_call(flag)
-        else:
-            flag.calls = 0
+        _leave_call(cell.flag)  # (`leave_call`: the outermost call ends the thread's barred call)
         if LOCK_FREE:
             cell.depth -= 1
             if self._closed:

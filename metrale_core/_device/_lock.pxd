@@ -8,7 +8,11 @@
 #   half the cost of a ledger update. Taking the flag needs no atomic: only the thread holding the GIL runs. A
 #   holder may lose the GIL inside its section (a collection runs a finalizer); a waiter then lets go of the GIL
 #   until the flag is down. Not reentrant, as ``cython.pymutex`` is not.
-# - A section must not block on anything the GIL's holder needs (as with any lock taken with the GIL held).
+#   A waiter then gets the GIL back at the holder's next switch (``sys.getswitchinterval()``, 5 ms by default), as
+#   a blocked waiter of any lock does under the GIL.
+# - A section must not block on anything the GIL's holder needs (as with any lock taken with the GIL held); a
+#   thread that takes the lock again inside its own section (a finalizer freeing a buffer) spins, where a
+#   ``cython.pymutex`` would block: both hang.
 
 cdef extern from *:
     """
@@ -17,7 +21,7 @@ cdef extern from *:
     static inline void metrale_acquire(metrale_lock_t *lock) { PyMutex_Lock(lock); }
     static inline void metrale_release(metrale_lock_t *lock) { PyMutex_Unlock(lock); }
     #else
-    typedef struct { int held; } metrale_lock_t;
+    typedef struct { volatile int held; } metrale_lock_t;
     static inline void metrale_acquire(metrale_lock_t *lock) {
         while (lock->held) {
             Py_BEGIN_ALLOW_THREADS

@@ -158,10 +158,13 @@ class RawDevice(abc.ABC):
                 int (*free)(void *state, uintptr_t ptr);
             } metrale_device_calls_v1;
 
-        - Both are called with the GIL held (they may let go of it while the driver works) and never raise.
+        - Both are called with the GIL held (they may let go of it while the driver works).
         - ``0``: done, as the method would have done it (``alloc`` wrote a 256-byte-aligned address to ``*ptr``).
-        - Anything else: nothing was done. The core then calls the method itself, which does the work or raises
-          the typed error (a closed device, out of memory, a context not current: the C function need not know).
+        - ``1``: declined, nothing done: the core calls the method, which does the work or raises (a closed device,
+          a context not current: the C function need not handle them).
+        - ``-1``, with a Python exception set: the driver failed; the exception is the typed error the method would
+          raise (``OutOfMemoryError`` for an allocation: the core then reclaims and retries, through the method).
+          The call is not made again.
         """
         return None
 

@@ -11,7 +11,7 @@ the common case done here at C level.
   capture in progress, an out-of-memory error (reclaim-and-retry), a buffer not on the ledger (its error).
 - The ledger, the stats and the call site are called through their twins' C-level doors (``.pxd``); the plugin
   through its C functions where it offers them (``RawDevice.device_calls``), else through its methods. A C call
-  that did not do the work (its nonzero answer) is made again through the method, which does it or raises.
+  that declined (``1``) is made through the method, which does it or raises; one that failed raised its error.
 """
 
 cimport cython
@@ -53,8 +53,8 @@ cdef extern from *:
     ctypedef struct metrale_device_calls_v1:
         size_t size
         void* state
-        int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) noexcept
-        int (*free)(void* state, uintptr_t ptr) noexcept
+        int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) except -1
+        int (*free)(void* state, uintptr_t ptr) except -1
 
 cdef bytes _CAPSULE_NAME = _DEVICE_CALLS.encode()
 
@@ -85,7 +85,7 @@ cdef class DeviceLane:
     cdef Gate _gate
     cdef Ledger _ledger
     cdef StatsCounter _stats
-    cdef list _observers
+    cdef object _releases
     cdef bint _zoned
     cdef object _trace_idx
     cdef object _internal
@@ -120,7 +120,7 @@ cdef class DeviceLane:
         self._gate = ctx.gate
         self._ledger = parts.ledger
         self._stats = parts.stats
-        self._observers = parts.observers
+        self._releases = parts.releases
         self._zoned = parts.zoned
         self._trace_idx = parts.trace_idx
         self._internal = ctx.internal
@@ -140,13 +140,11 @@ cdef class DeviceLane:
             self._gate.leave_c(cell)
 
     cdef object _alloc(self, object n):
-        cdef uintptr_t ptr = 0
         ctx = self._ctx
         index = _next_index()
         site = call_site_c(self._internal, 0)
-        if self._door is not NULL and self._door.alloc(self._door.state, <size_t>n, &ptr) == 0:
-            raw_ptr = ptr
-        else:
+        raw_ptr = None if self._door is NULL else self._door_alloc(n)
+        if raw_ptr is None:  # no door, or it declined
             raw_ptr = self._plugin_alloc(n)
         buf = make_buffer(raw_ptr, n, "device", index, site, self._ref)
         self._acquire()  # the commit: the backend is open now, or nothing of this allocation remains
@@ -163,6 +161,20 @@ cdef class DeviceLane:
         if self._trace_idx is not None and self._trace_idx == index:
             self._allocator.trace(index, "alloc", n, site)
         return buf
+
+    cdef object _door_alloc(self, object n):
+        """The plugin's C ``alloc``: the address, ``None`` where it declined, or the typed error it raised
+        (reclaim-and-retry on out of memory)."""
+        cdef uintptr_t ptr = 0
+        try:
+            if self._door.alloc(self._door.state, <size_t>n, &ptr) == 0:
+                return ptr
+            return None
+        except _OutOfMemoryError as exc:
+            return self._allocator.retry_alloc(n, "device", "alloc", exc)
+        except Exception as exc:
+            ctx = self._ctx
+            _raise_raw(ctx, ctx.name, "alloc", exc)
 
     cdef object _plugin_alloc(self, object n):
         """The plugin's ``alloc`` method: the address, or the typed error (reclaim-and-retry on out of memory)."""
@@ -197,13 +209,14 @@ cdef class DeviceLane:
             self._stats.released_c(KIND_DEVICE, buffer_field(buf, FIELD_NBYTES))
         else:  # an equal handle: its record says what it was
             self._stats.released(record.kind, record.nbytes)
-        for observer in self._observers:
-            observer(buf)
-        if self._door is not NULL and self._door.free(self._door.state, <uintptr_t>ptr) == 0:
-            return 0
+        observers = self._releases.active
+        if observers:
+            for observer in <tuple>observers:
+                observer(buf)
         ctx = self._ctx
         try:
-            ctx.plugin.free(ptr, "device")
+            if self._door is NULL or self._door.free(self._door.state, <uintptr_t>ptr) != 0:  # no door, or declined
+                ctx.plugin.free(ptr, "device")
         except Exception as exc:
             _raise_raw(ctx, ctx.name, "free", exc)
         return 0

@@ -84,8 +84,23 @@ class Allocator:
     """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
 
     __slots__ = (
-        "_arena_class", "_call_site", "_callbacks", "_guard", "_holdings", "_make", "_monitor", "_observers",
-        "_quarantine", "_raw", "_reclaiming", "_stats", "_trace_idx", "_zeroes", "_zoned", "ctx", "swept",
+        "_arena_class",
+        "_call_site",
+        "_callbacks",
+        "_guard",
+        "_holdings",
+        "_make",
+        "_monitor",
+        "_quarantine",
+        "_raw",
+        "_reclaiming",
+        "_releases",
+        "_stats",
+        "_trace_idx",
+        "_zeroes",
+        "_zoned",
+        "ctx",
+        "swept",
     )
 
     def __init__(
@@ -99,8 +114,8 @@ class Allocator:
         self._quarantine = Quarantine(ctx, stats, guard)
         self._monitor = monitor
         self._callbacks: list[Callable[[int], object]] = []
-        #: The release observers switched on (the fronts' own switches: `ReleaseWatch`), one list changed in place.
-        self._observers = holdings.releases.active
+        #: The release observers switched on (the fronts' own switches), read at each release.
+        self._releases = holdings.releases
         #: What sweeps took since the backend opened (the leaks), the last `SWEPT_KEPT` of them.
         self.swept: collections.deque[AllocRecord] = collections.deque(maxlen=SWEPT_KEPT)
         self._reclaiming = _Reclaiming()
@@ -118,10 +133,10 @@ class Allocator:
 
     def lane_parts(self) -> LaneParts:
         """What the backend's lane (``GpuBackend.alloc`` and ``free``) uses of this allocator's parts."""
-        return LaneParts(self.ctx, self._holdings.ledger, self._stats, self._observers, self._zoned, self._trace_idx)
+        return LaneParts(self.ctx, self._holdings.ledger, self._stats, self._releases, self._zoned, self._trace_idx)
 
     def _released(self, buf: DeviceBuffer) -> None:
-        for observer in self._observers:
+        for observer in self._releases.active:
             observer(buf)
 
     # -- allocation ---------------------------------------------------------------------------
@@ -356,7 +371,7 @@ class Allocator:
                 f"from this backend. Free each buffer once"
             )
         self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever the release says
-        for observer in self._observers:  # (_released, written out: a hot path)
+        for observer in self._releases.active:  # (_released, written out: a hot path)
             observer(buf)
         kind: AllocKind = "managed" if record.kind == "managed" else "device"
         if buf.index in holdings.raw_base:  # zoned (a racing free of the same buffer found no record above)

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple, Protocol, final
 
 from .._device.buffer import DeviceBuffer
@@ -18,6 +17,7 @@ from .._device.stats import StatsCounter
 from .._errors import OutOfMemoryError
 from .._types import AllocKind
 from .ledger import Ledger
+from .watch import ReleaseWatch
 
 __all__ = ["DeviceLane", "LaneParts", "LaneWork"]
 
@@ -46,8 +46,8 @@ class LaneParts(NamedTuple):
 
     - ``ctx``: the device context (its gate, its lock, the plugin, the internal packages of call sites).
     - ``ledger``, ``stats``: the allocator's holdings' ledger and the backend's counters.
-    - ``observers``: the release observers switched on now (`ReleaseWatch.active`, one list changed in place:
-      empty while no graph, export or tensor map lives).
+    - ``releases``: the holdings' `ReleaseWatch`, whose ``active`` observers a free calls (read at each free: empty
+      while no graph, export or tensor map lives).
     - ``zoned``: whether device allocations may get red zones (then every call goes to the allocator).
     - ``trace_idx``: the ``redzone_trace_idx`` setting (its allocation goes to the allocator's log).
     """
@@ -55,7 +55,7 @@ class LaneParts(NamedTuple):
     ctx: DeviceContext
     ledger: Ledger
     stats: StatsCounter
-    observers: list[Callable[[DeviceBuffer], None]]
+    releases: ReleaseWatch
     zoned: bool
     trace_idx: int | None
 

@@ -37,8 +37,8 @@ _new_capsule.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
 #: A capsule's name is a C string the capsule points at: these live as long as the module.
 NAMES = {name: name.encode() for name in (DEVICE_CALLS, "metrale_core.device_calls.v0")}
 
-#: A CUDA error code a door answers where it declines (out of memory: the method then raises it, or does the work).
-DECLINED = 2
+#: What a door answers where it declines: nothing done, the method then does the work or raises.
+DECLINED = 1
 
 
 @dataclass
@@ -144,8 +144,9 @@ def test_a_door_the_lane_cannot_use_is_said_and_left(
     with caplog.at_level(logging.WARNING, logger="metrale"):
         gpu, door = doors(**kwargs)
     assert said in caplog.text
-    gpu.free(gpu.alloc(MIB))
-    assert (door.allocs, door.frees) == ([], [])
+    gpu.free(gpu.alloc(MIB))  # through the methods
+    assert (door.allocs, door.frees) == ([], [])  # (a door made and refused was never called)
+    assert gpu.live_alloc_len() == 0
 
 
 def test_the_pure_lane_never_asks_for_a_door(monkeypatch: pytest.MonkeyPatch) -> None:

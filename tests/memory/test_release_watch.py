@@ -24,7 +24,7 @@ def test_the_switch_keeps_each_observer_once_and_in_order() -> None:
     first, second = seen.append, lambda buf: None
     for observer, on in [(first, True), (second, True), (first, True), (first, False), (first, False), (first, True)]:
         watch.watch(observer, on)  # type: ignore[arg-type]
-    assert watch.active == [second, first]
+    assert watch.active == (second, first)
 
 
 def test_a_front_switches_its_observer_while_it_holds_something(
@@ -49,3 +49,29 @@ def test_a_front_switches_its_observer_while_it_holds_something(
     gc.collect()
     gpu.free(other)  # the last exported buffer: its observer switches itself off
     assert _active(gpu) == []
+
+
+@pytest.mark.parametrize("pure", [True, False], ids=["pure", "compiled"])
+def test_an_observer_switching_itself_off_leaves_the_next_one_called(
+    pure: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The review's case: an export seen and gone, then a graph of the same buffer: the export table's observer
+    switches itself off during the free, and the graph's observer, after it, still warns."""
+    from metrale_core import open_backend
+    from tests._support import SETTINGS
+
+    with open_backend("fake", settings=SETTINGS.updated(pure=pure)) as gpu:
+        buf = gpu.alloc(128)
+        held = np.from_dlpack(buf)
+        del held
+        gc.collect()
+        stream = gpu.create_stream()
+        gpu.begin_capture(stream)
+        gpu.memset(buf, 1, stream=stream)
+        exe = gpu.end_capture(stream).instantiate()
+        assert _active(gpu) == ["warn_if_exported", "warn_if_graphed"]
+        with caplog.at_level(logging.WARNING, logger="metrale"):
+            gpu.free(buf)
+        assert "1 live executable graph(s) still use it" in caplog.text
+        assert _active(gpu) == ["warn_if_graphed"]
+        exe.close()

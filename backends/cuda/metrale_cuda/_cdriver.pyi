@@ -1,7 +1,7 @@
 """The stub of ``_cdriver.pyx``: the hot path's driver calls through ``cuda.bindings.cydriver`` (its docstring gives the
 return convention: a ``CUresult``, or a value ``>= 0`` and ``-CUresult`` on a failure)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, final
 
 #: What `launch` returns where the arguments' sizes differ from its slots' (nothing launched).
@@ -45,7 +45,13 @@ DEVICE_CALLS: Final[str]
 
 @final
 class DeviceCalls:
-    def __init__(self, ctx: int) -> None: ...
+    @property
+    def alloc_failed(self) -> Callable[[int, int], None]: ...
+    @property
+    def free_failed(self) -> Callable[[int], None]: ...
+    def __init__(
+        self, ctx: int, alloc_failed: Callable[[int, int], None], free_failed: Callable[[int], None]
+    ) -> None: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...

@@ -255,48 +255,69 @@ cdef extern from *:
     ctypedef struct metrale_device_calls_v1:
         size_t size
         void* state
-        int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) noexcept
-        int (*free)(void* state, uintptr_t ptr) noexcept
+        int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) except -1
+        int (*free)(void* state, uintptr_t ptr) except -1
 
 cdef enum:
-    _ASK_THE_METHOD = -1  # not done here: the core calls the method, which binds, does the work or raises
+    _DECLINED = 1  # nothing done here: the core calls the method, which binds the context, does the work or raises
 
 
 cdef struct _DoorState:
     cydriver.CUcontext ctx
     bint closed
+    void* owner  # the DeviceCalls (borrowed: it owns this struct): its Python callables map a driver error
 
 
-cdef int _door_alloc(void* state, size_t nbytes, uintptr_t* ptr) noexcept:
-    """``cuMemAlloc`` where the device's context is current on this thread (else the method binds it first)."""
-    cdef _DoorState* door = <_DoorState*>state
+cdef bint _current(_DoorState* door) noexcept:
+    """Whether the door is open and its context current on this thread (a driver that cannot answer: no)."""
     cdef cydriver.CUcontext current = NULL
+    if door.closed:
+        return False
+    try:
+        return cydriver.cuCtxGetCurrent(&current) == cydriver.CUDA_SUCCESS and current == door.ctx
+    except BaseException:  # (the driver library could not be loaded: the method says so)
+        return False
+
+
+cdef int _door_alloc(void* state, size_t nbytes, uintptr_t* ptr) except -1:
+    """``cuMemAlloc`` where the device's context is current on this thread; a driver error raised as the method
+    raises it (``check``), once."""
+    cdef _DoorState* door = <_DoorState*>state
     cdef cydriver.CUdeviceptr out = 0
     cdef cydriver.CUresult err
-    if door.closed or cydriver.cuCtxGetCurrent(&current) != cydriver.CUDA_SUCCESS or current != door.ctx:
-        return _ASK_THE_METHOD
-    with nogil:
-        err = cydriver.cuMemAlloc(&out, nbytes)
+    if not _current(door):
+        return _DECLINED
+    try:
+        with nogil:
+            err = cydriver.cuMemAlloc(&out, nbytes)
+    except BaseException:
+        return _DECLINED
     if err != cydriver.CUDA_SUCCESS:
-        return <int>err
+        (<DeviceCalls>door.owner).alloc_failed(<int>err, nbytes)  # raises
+        return _DECLINED  # (a mapping that did not raise: the method asks again)
     ptr[0] = <uintptr_t>out
     return 0
 
 
-cdef int _door_free(void* state, uintptr_t ptr) noexcept:
-    """``cuMemFree`` where the device's context is current on this thread (else the method binds it first)."""
+cdef int _door_free(void* state, uintptr_t ptr) except -1:
+    """``cuMemFree`` where the device's context is current on this thread; a driver error handled as the method
+    handles it (``teardown_failed``: raised, or logged where nothing was left to release), never retried."""
     cdef _DoorState* door = <_DoorState*>state
-    cdef cydriver.CUcontext current = NULL
     cdef cydriver.CUresult err
-    if door.closed or cydriver.cuCtxGetCurrent(&current) != cydriver.CUDA_SUCCESS or current != door.ctx:
-        return _ASK_THE_METHOD
-    with nogil:
-        err = cydriver.cuMemFree(<cydriver.CUdeviceptr>ptr)
-    return <int>err
+    if not _current(door):
+        return _DECLINED
+    try:
+        with nogil:
+            err = cydriver.cuMemFree(<cydriver.CUdeviceptr>ptr)
+    except BaseException:
+        return _DECLINED
+    if err != cydriver.CUDA_SUCCESS:
+        (<DeviceCalls>door.owner).free_failed(<int>err)  # raises, or returns (nothing left to release)
+    return 0
 
 
 cdef void _drop_owner(object capsule) noexcept:
-    """The capsule's destructor: it let go of the `DeviceCalls` it kept alive."""
+    """The capsule's destructor: it lets go of the `DeviceCalls` it kept alive."""
     cdef void* owner = PyCapsule_GetContext(capsule)
     if owner is not NULL:
         Py_DECREF(<object>owner)
@@ -305,14 +326,21 @@ cdef void _drop_owner(object capsule) noexcept:
 @cython.final
 cdef class DeviceCalls:
     """One device's door for the core's compiled lane: ``alloc`` and ``free`` of device memory as C functions over
-    its context (``RawDevice.device_calls``). `close` shuts it: each call then asks the method (which raises)."""
+    its context (``RawDevice.device_calls``). Each answers ``0`` (done), ``1`` (declined: another context or none
+    current, or shut) or ``-1`` with the error raised: ``alloc_failed(code, nbytes)`` and ``free_failed(code)`` map
+    a driver error as the device's methods do. `close` shuts it."""
 
     cdef _DoorState _state
     cdef metrale_device_calls_v1 _table
+    cdef readonly object alloc_failed
+    cdef readonly object free_failed
 
-    def __init__(self, uintptr_t ctx):
+    def __init__(self, uintptr_t ctx, alloc_failed, free_failed):
+        self.alloc_failed = alloc_failed
+        self.free_failed = free_failed
         self._state.ctx = <cydriver.CUcontext><void*>ctx
         self._state.closed = False
+        self._state.owner = <void*>self
         self._table.size = sizeof(metrale_device_calls_v1)
         self._table.state = &self._state
         self._table.alloc = _door_alloc

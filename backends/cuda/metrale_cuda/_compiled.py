@@ -92,6 +92,16 @@ def describe(pure: bool) -> str:
     return f"{CompiledCudaDevice.DRIVER_CALLS}{note}"
 
 
+def _alloc_failed(err: int, nbytes: int) -> None:
+    """The door's ``cuMemAlloc`` failed with ``err``: the error `alloc` raises."""
+    check(err, f"cuMemAlloc of {nbytes} bytes", requested=nbytes)
+
+
+def _free_failed(err: int) -> None:
+    """The door's ``cuMemFree`` failed with ``err``: what `free` does (raise, or log where nothing was left)."""
+    teardown_failed(err, "cuMemFree")
+
+
 class _Slots(threading.local):
     """Per thread, of one device: the compiled argument slots of each kernel it launched, by the `CuFunction`'s
     identity (as the pure launch keeps its own: a slot's sizes are checked at every launch)."""
@@ -114,7 +124,7 @@ class CompiledCudaDevice(CudaDevice):
         self._c: Any = load()  # the module of the calls (a test may stand one in)
         self._slots = _Slots()
         door = getattr(self._c, "DeviceCalls", None)
-        self._door: Any = None if door is None else door(self._key)  # (shut as the device closes)
+        self._door: Any = None if door is None else door(self._key, _alloc_failed, _free_failed)  # (shut at close)
 
     @classmethod
     def open(cls, ordinal: int) -> CudaDevice:

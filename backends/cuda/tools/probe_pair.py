@@ -18,6 +18,7 @@ from collections.abc import Callable
 from cuda.bindings import driver as drv
 
 from metrale_core import open_backend
+from metrale_core._memory.watch import ReleaseWatch
 
 NBYTES = 1 << 20
 ROUNDS = 15
@@ -58,7 +59,7 @@ def main() -> None:
         def lane_pair() -> None:
             lane.free(lane.alloc(NBYTES))
 
-        quiet = type(lane)(gpu._memory, gpu._memory.lane_parts()._replace(observers=[]))
+        quiet = type(lane)(gpu._memory, gpu._memory.lane_parts()._replace(releases=ReleaseWatch()))
 
         def quiet_pair() -> None:
             quiet.free(quiet.alloc(NBYTES))
