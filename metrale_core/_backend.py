@@ -41,6 +41,7 @@ from ._redzones.guard import ZoneGuard
 from ._reports.merge import LedgerReport, ledger_report
 from ._settings.model import MetraleSettings
 from ._streams.front import StreamFront
+from ._streams.lane import StreamLane
 from ._twins import pick
 from ._types import KernelImplementation, MemoryInfo, Origin, RedZoneChecks, RedZoneViolation
 from .kernels._ntile import NTile
@@ -78,6 +79,7 @@ class GpuBackend:
         self._monitor = MemoryMonitor(ctx, self._holdings, self._stats)
         self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor)
         self._lane = pick("lane", DeviceLane, settings.pure)(self._memory, self._memory.lane_parts())
+        self._stream_lane = pick("stream_lane", StreamLane, settings.pure)(self._streams, self._holdings.ledger)
         self._exports = ExportTable(ctx, self._holdings, self._guard)
         self._kernels = KernelFront(ctx, self._holdings, self._streams)
         self._maps = TensorMapFront(ctx, self._holdings)
@@ -212,12 +214,7 @@ class GpuBackend:
         :raises InvalidBufferError: ``dst`` is not live, or the range runs past it.
         :raises InvalidArgumentError: ``value`` is not a byte, or ``offset`` or ``nbytes`` is not a count.
         """
-        ctx = self._ctx
-        ctx.enter()  # what @gated does, written out: a hot path
-        try:
-            self._streams.memset(dst, value, offset, nbytes, stream)
-        finally:
-            ctx.leave()
+        self._stream_lane.memset(dst, value, offset, nbytes, stream)  # the gate and the front's work
 
     @gated
     def copy_to_device(

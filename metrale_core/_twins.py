@@ -27,6 +27,7 @@ TWINS: Final = {
     "stats": ("metrale_core._device._stats", "StatsCounter"),
     "gate": ("metrale_core._device._gate", "Gate"),
     "lane": ("metrale_core._memory._lane", "DeviceLane"),
+    "stream_lane": ("metrale_core._streams._lane", "StreamLane"),
     "handle": ("metrale_core._device._handle", "make"),  # DeviceBuffer._make's; other twins cimport make_buffer
     "arena": ("metrale_core._memory._arena", "Arena"),
     "site": ("metrale_core._memory._site", "call_site"),

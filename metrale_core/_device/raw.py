@@ -146,7 +146,8 @@ class RawDevice(abc.ABC):
 
     def device_calls(self) -> object | None:
         """Optional: [`alloc`][metrale_core.RawDevice.alloc] and [`free`][metrale_core.RawDevice.free] of
-        ``"device"`` memory as C functions, for the core's compiled lane (default ``None``: it calls the methods).
+        ``"device"`` memory, and [`memset`][metrale_core.RawDevice.memset], as C functions, for the core's compiled
+        lanes (default ``None``: they call the methods).
 
         A ``PyCapsule`` named ``DEVICE_CALLS`` (``"metrale_core.device_calls.v1"``) whose pointer is this struct,
         valid as long as the capsule lives::
@@ -156,6 +157,9 @@ class RawDevice(abc.ABC):
                 void *state;  /* the backend's own, handed back to each call */
                 int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
                 int (*free)(void *state, uintptr_t ptr);
+                /* optional (NULL: the method): set nbytes bytes at ptr to value, on stream (a PyObject *,
+                   borrowed: what this device's stream_create returned) */
+                int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
             } metrale_device_calls_v1;
 
         - Both are called with the GIL held (they may let go of it while the driver works).

@@ -48,6 +48,7 @@ cdef extern from *:
         void *state;
         int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
         int (*free)(void *state, uintptr_t ptr);
+        int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
     } metrale_device_calls_v1;
     """
     ctypedef struct metrale_device_calls_v1:

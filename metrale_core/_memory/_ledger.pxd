@@ -1,5 +1,5 @@
 # The compiled ledger's C-level door, for the compiled lane: `add_c` and `take_c` are `add` and `take` without a
-# Python call (the caller has the buffer's index at hand).
+# Python call (the caller has the buffer's index at hand); `has_c` is `has` likewise.
 
 cimport cython
 
@@ -19,3 +19,4 @@ cdef class Ledger:
     cdef void _log(self, str op, object record) except *
     cdef int add_c(self, object index, object buf) except -1
     cdef object take_c(self, object index, object ptr, object nbytes)
+    cdef bint has_c(self, object index, object buf)

@@ -80,6 +80,9 @@ cdef class Ledger:
         """Whether ``buf`` is the very buffer the ledger handed out for its allocation, still on it."""
         return self._records.get(buf.index) is buf
 
+    cdef bint has_c(self, object index, object buf):
+        return self._records.get(index) is buf
+
     def holds_all(self, bufs, owner):
         """Whether every one of ``bufs`` is ``owner``'s and on the ledger; ``None`` where some are not of a
         kind the ledger holds (arena, external memory), which it cannot say."""

@@ -16,18 +16,23 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from metrale_core import GpuBackend, InvalidBufferError, OutOfMemoryError, open_backend
+from metrale_core import GpuBackend, InvalidBufferError, MetraleError, OutOfMemoryError, open_backend
 from metrale_core.plugin import DEVICE_CALLS, RawDevice
 from tests._support import MIB, SETTINGS, TEST_CAPACITY, compiled_twin
 
 ALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))
 FREE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
+MEMSET = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.py_object
+)
 
 
 class Table(ctypes.Structure):
     """``metrale_device_calls_v1``, as ``RawDevice.device_calls``'s docstring writes it."""
 
-    _fields_ = (("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", ALLOC), ("free", FREE))
+    _fields_ = (
+        ("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", ALLOC), ("free", FREE), ("memset", MEMSET)
+    )
 
 
 _new_capsule = ctypes.pythonapi.PyCapsule_New
@@ -49,9 +54,10 @@ class Door:
     decline: bool = False
     allocs: list[int] = field(default_factory=list)
     frees: list[int] = field(default_factory=list)
+    memsets: list[tuple[int, int, int]] = field(default_factory=list)
     keep: list[object] = field(default_factory=list)  # the struct and the callbacks the capsule points at
 
-    def capsule(self, name: str = DEVICE_CALLS, size: int | None = None) -> object:
+    def capsule(self, name: str = DEVICE_CALLS, size: int | None = None, memset: bool = True) -> object:
         def alloc(_state: int | None, nbytes: int, out: ctypes._Pointer[ctypes.c_uint64]) -> int:
             if self.decline:
                 return DECLINED
@@ -66,7 +72,16 @@ class Door:
             self.frees.append(ptr)
             return 0
 
+        def fill(_state: int | None, ptr: int, value: int, nbytes: int, stream: object) -> int:
+            if self.decline:
+                return DECLINED
+            self.device.memset(ptr, value, nbytes, stream)
+            self.memsets.append((ptr, value, nbytes))
+            return 0
+
         table = Table(ctypes.sizeof(Table) if size is None else size, None, ALLOC(alloc), FREE(free))
+        if memset:
+            table.memset = MEMSET(fill)
         self.keep.append(table)
         return _new_capsule(ctypes.addressof(table), NAMES[name], None)
 
@@ -80,12 +95,15 @@ def doors(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[GpuBa
     def open_with(*, raises: bool = False, **capsule_args: object) -> tuple[GpuBackend, Door]:
         made: list[Door] = []
 
-        def device_calls(device: RawDevice) -> object:
+        capsules: list[object] = []
+
+        def device_calls(device: RawDevice) -> object:  # (each lane asks: the same door for both)
             if raises:
                 raise RuntimeError("no door today")
-            door = Door(device)
-            made.append(door)
-            return door.capsule(**capsule_args)  # type: ignore[arg-type]
+            if not made:
+                made.append(Door(device))
+                capsules.append(made[0].capsule(**capsule_args))  # type: ignore[arg-type]
+            return capsules[0]
 
         from metrale_fake._device import FakeDevice
 
@@ -114,12 +132,48 @@ def test_a_plain_pair_goes_through_the_door(doors: Callable[..., tuple[GpuBacken
     assert (stats.alloc_count, stats.free_count, stats.current_bytes["device"]) == (1, 1, 0)
 
 
+def test_a_plain_memset_goes_through_the_door(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    gpu, door = doors()
+    buf = gpu.alloc(4096)
+    gpu.memset(buf, 7)
+    gpu.memset(buf, 9, offset=100, nbytes=8)
+    assert door.memsets == [(buf.ptr, 7, 4096), (buf.ptr + 100, 9, 8)]
+    stream = gpu.create_stream()
+    gpu.memset(buf, 1, nbytes=4, stream=stream)  # another stream: the front's path
+    stream.synchronize()
+    host = bytearray(4096)
+    gpu.copy_to_host(host, buf)
+    assert host[:4] == b"\x01" * 4 and host[4:100] == b"\x07" * 96 and host[100:108] == b"\x09" * 8
+    assert len(door.memsets) == 2
+    gpu.memset(buf, 1, offset=4096)  # nothing to set: the front's (a no-op there too)
+    for bad in [lambda: gpu.memset(buf, 256), lambda: gpu.memset(buf, 1, offset=4097),
+                lambda: gpu.memset(buf, 1, nbytes=4097), lambda: gpu.memset(buf, 1, nbytes=0)]:
+        with pytest.raises(MetraleError):  # the front's errors, the door never asked
+            bad()
+    gpu.free(buf)
+    with pytest.raises(InvalidBufferError):
+        gpu.memset(buf, 1)
+    assert len(door.memsets) == 2
+
+
+def test_a_door_without_memset_leaves_it_to_the_front(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    gpu, door = doors(memset=False)
+    buf = gpu.alloc(4096)
+    gpu.memset(buf, 7)
+    assert door.memsets == [] and door.allocs == [buf.ptr]
+    gpu.free(buf)
+
+
 def test_a_declined_call_is_made_through_the_method(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
     gpu, door = doors()
     door.decline = True
     buf = gpu.alloc(MIB)
+    gpu.memset(buf, 5)
+    host = bytearray(4)
+    gpu.copy_to_host(host, buf)
+    assert host == b"\x05" * 4
     gpu.free(buf)
-    assert (door.allocs, door.frees) == ([], [])
+    assert (door.allocs, door.frees, door.memsets) == ([], [], [])
     assert gpu.live_alloc_len() == 0
     with pytest.raises(OutOfMemoryError):  # the method's own error, with its report
         gpu.alloc(2 * TEST_CAPACITY)

@@ -26,6 +26,7 @@ from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._memory.lane import DeviceLane as PureLane
 from metrale_core._memory.ledger import Ledger as PureLedger
 from metrale_core._memory.ledger import call_site
+from metrale_core._streams.lane import StreamLane as PureStreamLane
 from metrale_core._twins import TWINS, built, describe, pick
 from tests._support import SETTINGS, compiled_twin, in_threads
 
@@ -33,7 +34,7 @@ from tests._support import SETTINGS, compiled_twin, in_threads
 #: ``tests/memory/test_site_twin.py``).
 PURE: dict[str, Any] = {
     "ledger": PureLedger, "stats": PureStats, "handle": DeviceBuffer._make, "arena": PureArena, "gate": PureGate,
-    "lane": PureLane, "site": call_site,
+    "lane": PureLane, "site": call_site, "stream_lane": PureStreamLane,
 }
 PURE_CLASSES: dict[str, type] = {name: ref for name, ref in PURE.items() if isinstance(ref, type)}
 
@@ -41,7 +42,8 @@ _BLOCK = DeviceBuffer._make(0x10000, 1 << 20, "arena", 0, "app.py:1", None)
 
 #: An allocator for the lane's parity test to make lanes of (its backend stays open for the module). Compiled, as
 #: a backend that runs the compiled lane is: its gate is the compiled one too (one ``pure`` picks both).
-_ALLOCATOR = open_backend("fake", settings=SETTINGS.updated(pure=False))._memory
+_BACKEND = open_backend("fake", settings=SETTINGS.updated(pure=False))
+_ALLOCATOR = _BACKEND._memory
 
 #: How to make one of each twin's class (as its owner does).
 _MAKE: dict[str, Callable[[type], object]] = {
@@ -50,6 +52,7 @@ _MAKE: dict[str, Callable[[type], object]] = {
     "arena": lambda cls: cls(_BLOCK, lambda arena, block: None),
     "gate": lambda cls: cls(lambda: BackendClosedError("closed")),
     "lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
+    "stream_lane": lambda cls: cls(_BACKEND._streams, _BACKEND._holdings.ledger),
 }
 
 

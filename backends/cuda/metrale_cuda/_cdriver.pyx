@@ -22,6 +22,7 @@ cimport cython
 from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetContext, PyCapsule_New, PyCapsule_SetContext
+from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport calloc, free
@@ -250,6 +251,7 @@ cdef extern from *:
         void *state;
         int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
         int (*free)(void *state, uintptr_t ptr);
+        int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
     } metrale_device_calls_v1;
     """
     ctypedef struct metrale_device_calls_v1:
@@ -257,6 +259,7 @@ cdef extern from *:
         void* state
         int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) except -1
         int (*free)(void* state, uintptr_t ptr) except -1
+        int (*memset)(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1
 
 cdef enum:
     _DECLINED = 1  # nothing done here: the core calls the method, which binds the context, does the work or raises
@@ -316,6 +319,27 @@ cdef int _door_free(void* state, uintptr_t ptr) except -1:
     return 0
 
 
+cdef int _door_memset(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1:
+    """``cuMemsetD8Async`` on ``stream`` (a `CuStream`: its ``raw`` handle) where the device's context is current on
+    this thread; a driver error raised as the method raises it (``check``), once."""
+    cdef _DoorState* door = <_DoorState*>state
+    cdef cydriver.CUresult err
+    cdef uintptr_t handle
+    if not _current(door):
+        return _DECLINED
+    handle = (<object>stream).raw
+    try:
+        with nogil:
+            err = cydriver.cuMemsetD8Async(<cydriver.CUdeviceptr>ptr, <unsigned char>value, nbytes,
+                                           <cydriver.CUstream><void*>handle)
+    except BaseException:
+        return _DECLINED
+    if err != cydriver.CUDA_SUCCESS:
+        (<DeviceCalls>door.owner).memset_failed(<int>err)  # raises
+        return _DECLINED
+    return 0
+
+
 cdef void _drop_owner(object capsule) noexcept:
     """The capsule's destructor: it lets go of the `DeviceCalls` it kept alive."""
     cdef void* owner = PyCapsule_GetContext(capsule)
@@ -326,18 +350,21 @@ cdef void _drop_owner(object capsule) noexcept:
 @cython.final
 cdef class DeviceCalls:
     """One device's door for the core's compiled lane: ``alloc`` and ``free`` of device memory as C functions over
-    its context (``RawDevice.device_calls``). Each answers ``0`` (done), ``1`` (declined: another context or none
-    current, or shut) or ``-1`` with the error raised: ``alloc_failed(code, nbytes)`` and ``free_failed(code)`` map
-    a driver error as the device's methods do. `close` shuts it."""
+    its context (``RawDevice.device_calls``), and ``memset`` on a stream of it. Each answers ``0`` (done), ``1``
+    (declined: another context or none current, or shut) or ``-1`` with the error raised: ``alloc_failed(code,
+    nbytes)``, ``free_failed(code)`` and ``memset_failed(code)`` map a driver error as the device's methods do.
+    `close` shuts it."""
 
     cdef _DoorState _state
     cdef metrale_device_calls_v1 _table
     cdef readonly object alloc_failed
     cdef readonly object free_failed
+    cdef readonly object memset_failed
 
-    def __init__(self, uintptr_t ctx, alloc_failed, free_failed):
+    def __init__(self, uintptr_t ctx, alloc_failed, free_failed, memset_failed):
         self.alloc_failed = alloc_failed
         self.free_failed = free_failed
+        self.memset_failed = memset_failed
         self._state.ctx = <cydriver.CUcontext><void*>ctx
         self._state.closed = False
         self._state.owner = <void*>self
@@ -345,6 +372,7 @@ cdef class DeviceCalls:
         self._table.state = &self._state
         self._table.alloc = _door_alloc
         self._table.free = _door_free
+        self._table.memset = _door_memset
 
     def close(self):
         """No call goes through the door any more (the device closes)."""

@@ -97,6 +97,11 @@ def _alloc_failed(err: int, nbytes: int) -> None:
     check(err, f"cuMemAlloc of {nbytes} bytes", requested=nbytes)
 
 
+def _memset_failed(err: int) -> None:
+    """The door's ``cuMemsetD8Async`` failed with ``err``: the error `memset` raises."""
+    check(err, "cuMemsetD8Async")
+
+
 def _free_failed(err: int) -> None:
     """The door's ``cuMemFree`` failed with ``err``: what `free` does (raise, or log where nothing was left)."""
     teardown_failed(err, "cuMemFree")
@@ -124,7 +129,8 @@ class CompiledCudaDevice(CudaDevice):
         self._c: Any = load()  # the module of the calls (a test may stand one in)
         self._slots = _Slots()
         door = getattr(self._c, "DeviceCalls", None)
-        self._door: Any = None if door is None else door(self._key, _alloc_failed, _free_failed)  # (shut at close)
+        #: The C door of the core's lanes (``device_calls``), shut as the device closes.
+        self._door: Any = None if door is None else door(self._key, _alloc_failed, _free_failed, _memset_failed)
 
     @classmethod
     def open(cls, ordinal: int) -> CudaDevice:
@@ -201,9 +207,9 @@ class CompiledCudaDevice(CudaDevice):
         return ptr
 
     def device_calls(self) -> object | None:
-        """``alloc`` and ``free`` of device memory as C functions (``_cdriver.DeviceCalls``), for the core's compiled
-        lane: each works where this device's context is current on the calling thread and it is open, and leaves
-        every other case to the method (which binds the context, or raises)."""
+        """``alloc``, ``free`` and ``memset`` as C functions (``_cdriver.DeviceCalls``), for the core's compiled lanes:
+        each works where this device's context is current on the calling thread and it is open, and leaves every
+        other case to the method (which binds the context, or raises)."""
         return None if self._door is None else self._door.capsule()
 
     def close(self) -> None:

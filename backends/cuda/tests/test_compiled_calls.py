@@ -81,7 +81,7 @@ def test_the_module_exposes_its_stub() -> None:
             "ctx_current", "ctx_set", "ArgSlots.fill", "ArgSlots.image", "DeviceCalls.capsule"} <= set(stub)
     # (a compiled class's __init__ is a slot that takes *args at runtime; Cython writes its signature in the docstring)
     assert module.ArgSlots.__doc__.startswith("ArgSlots(tuple sizes)")
-    assert module.DeviceCalls.__doc__.startswith("DeviceCalls(uintptr_t ctx, alloc_failed, free_failed)")
+    assert module.DeviceCalls.__doc__.startswith("DeviceCalls(uintptr_t ctx, alloc_failed, free_failed, memset_failed)")
     stub.pop("ArgSlots.__init__")
     stub.pop("DeviceCalls.__init__")
     for name, params in stub.items():
@@ -425,12 +425,17 @@ def test_the_door_declines_where_the_driver_cannot_answer() -> None:
 
     module = _module()
     seen: list[object] = []
-    door = module.DeviceCalls(0x1234, lambda err, n: seen.append((err, n)), seen.append)
+    door = module.DeviceCalls(0x1234, lambda err, n: seen.append((err, n)), seen.append, seen.append)
     alloc_fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))
     free_fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
 
+    memset_fn = ctypes.PYFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.py_object
+    )
+
     class Table(ctypes.Structure):
-        _fields_ = (("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", alloc_fn), ("free", free_fn))
+        _fields_ = (("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", alloc_fn), ("free", free_fn),
+                    ("memset", memset_fn))
 
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, (ctypes.py_object, ctypes.c_char_p)
@@ -439,6 +444,7 @@ def test_the_door_declines_where_the_driver_cannot_answer() -> None:
     out = ctypes.c_uint64(77)
     assert (table.alloc(table.state, 4096, ctypes.byref(out)), out.value) == (1, 77)
     assert table.free(table.state, 4096) == 1
+    assert table.memset(table.state, 4096, 7, 256, object()) == 1  # (declined before the stream is read)
     door.close()
     assert door.closed and table.alloc(table.state, 4096, ctypes.byref(out)) == 1
     assert seen == []

@@ -186,8 +186,13 @@ def test_the_door_allocates_where_its_context_is_current_and_declines_elsewhere(
     alloc_fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))
     free_fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
 
+    memset_fn = ctypes.PYFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.py_object
+    )
+
     class Table(ctypes.Structure):
-        _fields_ = (("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", alloc_fn), ("free", free_fn))
+        _fields_ = (("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", alloc_fn), ("free", free_fn),
+                    ("memset", memset_fn))
 
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, (ctypes.py_object, ctypes.c_char_p)

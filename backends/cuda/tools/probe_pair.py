@@ -18,7 +18,6 @@ from collections.abc import Callable
 from cuda.bindings import driver as drv
 
 from metrale_core import open_backend
-from metrale_core._memory.watch import ReleaseWatch
 
 NBYTES = 1 << 20
 ROUNDS = 15
@@ -59,11 +58,6 @@ def main() -> None:
         def lane_pair() -> None:
             lane.free(lane.alloc(NBYTES))
 
-        quiet = type(lane)(gpu._memory, gpu._memory.lane_parts()._replace(releases=ReleaseWatch()))
-
-        def quiet_pair() -> None:
-            quiet.free(quiet.alloc(NBYTES))
-
         def facade_pair() -> None:
             gpu.free(gpu.alloc(NBYTES))
 
@@ -71,8 +65,7 @@ def main() -> None:
             ("raw cuda.bindings pair", raw_pair),
             ("compiled driver calls from Python (_cdriver)", cdriver_pair if c is not None else None),
             ("the plugin's alloc + free", plugin_pair),
-            ("the lane without its release observers", quiet_pair),
-            ("the lane (gate, capture rule, site, handle, ledger, stats, observers)", lane_pair),
+            ("the lane (gate, capture rule, site, handle, ledger, stats, switched-on observers)", lane_pair),
             ("the facade (GpuBackend.alloc + free)", facade_pair),
         ]
         print(f"{type(plugin).__name__}, lane {type(lane).__module__}; {NBYTES} bytes; best of {ROUNDS} rounds")
