@@ -50,7 +50,10 @@ cdef extern from *:
         int (*free)(void *state, uintptr_t ptr);
         int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
     } metrale_device_calls_v1;
+    /* The least a struct holds for this lane: up to its free (memset is optional, the stream lane's). */
+    #define METRALE_DEVICE_CALLS_ALLOC_FREE (offsetof(metrale_device_calls_v1, free) + sizeof(void *))
     """
+    size_t METRALE_DEVICE_CALLS_ALLOC_FREE
     ctypedef struct metrale_device_calls_v1:
         size_t size
         void* state
@@ -70,7 +73,7 @@ cdef metrale_device_calls_v1* _door_of(object plugin, object capsule):
                      type(plugin).__name__, capsule, _DEVICE_CALLS)
         return NULL
     table = <metrale_device_calls_v1*>PyCapsule_GetPointer(capsule, _CAPSULE_NAME)
-    if table.size < sizeof(metrale_device_calls_v1) or table.alloc is NULL or table.free is NULL:
+    if table.size < METRALE_DEVICE_CALLS_ALLOC_FREE or table.alloc is NULL or table.free is NULL:
         _log.warning("%s.device_calls(): a struct of %d bytes or without its functions: its methods are called",
                      type(plugin).__name__, table.size)
         return NULL

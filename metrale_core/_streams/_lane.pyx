@@ -103,17 +103,13 @@ cdef class StreamLane:
             return False
         if buffer_field(dst, FIELD_OWNER) is not self._ref or not self._ledger.has_c(buffer_field(dst, FIELD_INDEX), dst):
             return False
-        if not (0 <= value <= 255 and 0 <= offset and (nbytes is None or nbytes > 0)):
-            return False
-        size = buffer_field(dst, FIELD_NBYTES)
+        recorded = buffer_field(dst, FIELD_NBYTES)
+        if not (0 <= value <= 255 and 0 <= offset <= recorded and (nbytes is None or 0 < nbytes <= recorded)):
+            return False  # (compared as Python ints: nothing converted that might not fit)
+        size = recorded
         off = offset
-        if nbytes is None:
-            count = size - off
-        elif nbytes <= size:
-            count = nbytes
-        else:
-            return False
-        if count <= 0 or off + count > size:
+        count = size - off if nbytes is None else nbytes
+        if count <= 0 or off > size - count:  # (no sum that could overflow)
             return False
         target = self._default
         if target.capture is not None:

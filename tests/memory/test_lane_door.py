@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from metrale_core import GpuBackend, InvalidBufferError, MetraleError, OutOfMemoryError, open_backend
+from metrale_core import (
+    GpuBackend,
+    InvalidArgumentError,
+    InvalidBufferError,
+    MetraleError,
+    OutOfMemoryError,
+    open_backend,
+)
 from metrale_core.plugin import DEVICE_CALLS, RawDevice
 from tests._support import MIB, SETTINGS, TEST_CAPACITY, compiled_twin
 
@@ -154,6 +161,31 @@ def test_a_plain_memset_goes_through_the_door(doors: Callable[..., tuple[GpuBack
     with pytest.raises(InvalidBufferError):
         gpu.memset(buf, 1)
     assert len(door.memsets) == 2
+
+
+@pytest.mark.parametrize(
+    ("offset", "nbytes"),
+    [(2**63 - 1, 1), (2**63, None), (2**64 + 5, 1), (4000, 2**63 - 1), (1, 2**64), (-1, 4), (4097, None)],
+)
+def test_a_memset_past_the_buffer_is_the_front_s_error_whatever_the_numbers(
+    doors: Callable[..., tuple[GpuBackend, Door]], offset: int, nbytes: int | None
+) -> None:
+    """The review's case: an offset near 2**63 must not wrap past the bounds check (the door is never asked)."""
+    gpu, door = doors()
+    buf = gpu.alloc(4096)
+    with pytest.raises((InvalidBufferError, InvalidArgumentError)):
+        gpu.memset(buf, 1, offset=offset, nbytes=nbytes)
+    assert door.memsets == []
+    gpu.free(buf)
+
+
+def test_an_alloc_and_free_door_of_the_short_struct_is_used(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    """A struct up to ``free`` (no ``memset``: it is optional) serves alloc and free; memset goes to the front."""
+    gpu, door = doors(size=3 * 8 + 8)  # size, state, alloc, free (64-bit)
+    buf = gpu.alloc(4096)
+    gpu.memset(buf, 3)
+    gpu.free(buf)
+    assert (door.allocs, door.frees, door.memsets) == ([buf.ptr], [buf.ptr], [])
 
 
 def test_a_door_without_memset_leaves_it_to_the_front(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:

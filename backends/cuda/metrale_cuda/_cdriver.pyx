@@ -327,7 +327,10 @@ cdef int _door_memset(void* state, uintptr_t ptr, int value, size_t nbytes, PyOb
     cdef uintptr_t handle
     if not _current(door):
         return _DECLINED
-    handle = (<object>stream).raw
+    try:
+        handle = (<object>stream).raw
+    except BaseException:  # (not a stream of this device: the method says what it is)
+        return _DECLINED
     try:
         with nogil:
             err = cydriver.cuMemsetD8Async(<cydriver.CUdeviceptr>ptr, <unsigned char>value, nbytes,
