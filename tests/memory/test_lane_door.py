@@ -115,7 +115,7 @@ def doors(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[GpuBa
         from metrale_fake._device import FakeDevice
 
         monkeypatch.setattr(FakeDevice, "device_calls", device_calls)
-        gpu = open_backend("fake", settings=SETTINGS.updated(pure=False, fake_memory_bytes=TEST_CAPACITY))
+        gpu = open_backend("fake", settings=SETTINGS.updated(pure=False, fake_memory_bytes=TEST_CAPACITY, redzone=0))
         opened.append(gpu)
         return gpu, (made[0] if made else Door(gpu.raw))
 
