@@ -15,44 +15,9 @@ import sys
 
 from cpython.object cimport PyObject
 
+from ._slots cimport slot_get, slot_offset, slot_set
+
 from . import capture as _pure
-
-cdef extern from *:
-    """
-    #include "structmember.h"
-
-    /* The offset of the object slot behind member descriptor ``descr`` of ``type_object`` (a __slots__ entry,
-       read-write), or -1 where it is no such slot (as the handle twin reads DeviceBuffer's). */
-    static Py_ssize_t metrale_capture_slot(PyObject *descr, PyObject *type_object) {
-        PyTypeObject *type = (PyTypeObject *)type_object;
-        PyMemberDef *member;
-        if (Py_TYPE(descr) != &PyMemberDescr_Type) return -1;
-        if (((PyDescrObject *)descr)->d_type != type) return -1;
-        member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return -1;
-        if (member->offset < (Py_ssize_t)sizeof(PyObject)
-                || member->offset + (Py_ssize_t)sizeof(PyObject *) > type->tp_basicsize
-                || member->offset % (Py_ssize_t)sizeof(PyObject *) != 0) return -1;
-        return member->offset;
-    }
-
-    /* The slot at ``offset`` of ``obj`` (borrowed; NULL where unset). */
-    static inline PyObject *metrale_slot_get(PyObject *obj, Py_ssize_t offset) {
-        return *(PyObject **)((char *)obj + offset);
-    }
-
-    /* Store ``value`` into the slot at ``offset`` of ``obj`` (its old value released after). */
-    static inline void metrale_slot_set(PyObject *obj, Py_ssize_t offset, PyObject *value) {
-        PyObject **at = (PyObject **)((char *)obj + offset);
-        PyObject *old = *at;
-        Py_INCREF(value);
-        *at = value;
-        Py_XDECREF(old);
-    }
-    """
-    Py_ssize_t metrale_capture_slot(object descr, object type_object) except? -2
-    PyObject* metrale_slot_get(object obj, Py_ssize_t offset)
-    void metrale_slot_set(object obj, Py_ssize_t offset, object value)
 
 cdef object _ACTIVE = _pure._ACTIVE
 cdef object _STARTING = _pure._STARTING
@@ -77,7 +42,7 @@ def _offsets():
     def of(cls, name):
         if type(cls) is not type or not isinstance(cls.__dict__.get("__slots__"), tuple):
             return -1
-        return metrale_capture_slot(cls.__dict__.get(name), cls)
+        return slot_offset(cls.__dict__.get(name), cls)
     return of(_pure._Flag, "calls"), of(_pure._Flag, "inside"), of(type(_STARTING), "count")
 
 
@@ -86,11 +51,14 @@ if _GIL:
     if min(_CALLS, _INSIDE, _COUNT) < 0:
         _CALLS = _INSIDE = _COUNT = -1
 
+#: Whether the flag's slots are read and written in place (else through their attributes, as the pure module does).
+SLOTS = _CALLS >= 0
+
 
 cdef inline object _calls(object flag):
     cdef PyObject* value
     if _CALLS >= 0 and type(flag) is _FLAG_TYPE:
-        value = metrale_slot_get(flag, _CALLS)
+        value = slot_get(flag, _CALLS)
         if value is not NULL:
             return <object>value
     return flag.calls
@@ -98,7 +66,7 @@ cdef inline object _calls(object flag):
 
 cdef inline int _set_calls(object flag, object calls) except -1:
     if _CALLS >= 0 and type(flag) is _FLAG_TYPE:
-        metrale_slot_set(flag, _CALLS, calls)
+        slot_set(flag, _CALLS, calls)
     else:
         flag.calls = calls
     return 0
@@ -107,7 +75,7 @@ cdef inline int _set_calls(object flag, object calls) except -1:
 cdef inline bint _inside(object flag) except -1:
     cdef PyObject* value
     if _INSIDE >= 0 and type(flag) is _FLAG_TYPE:
-        value = metrale_slot_get(flag, _INSIDE)
+        value = slot_get(flag, _INSIDE)
         if value is not NULL:
             return value == <PyObject*>True or (value != <PyObject*>False and bool(<object>value))
     return bool(flag.inside)
@@ -115,7 +83,7 @@ cdef inline bint _inside(object flag) except -1:
 
 cdef inline int _set_inside(object flag, bint inside) except -1:
     if _INSIDE >= 0 and type(flag) is _FLAG_TYPE:
-        metrale_slot_set(flag, _INSIDE, True if inside else False)
+        slot_set(flag, _INSIDE, True if inside else False)
     else:
         flag.inside = inside
     return 0
@@ -124,7 +92,7 @@ cdef inline int _set_inside(object flag, bint inside) except -1:
 cdef inline bint _starting() except -1:
     cdef PyObject* value
     if _COUNT >= 0:
-        value = metrale_slot_get(_STARTING, _COUNT)
+        value = slot_get(_STARTING, _COUNT)
         if value is not NULL:
             return bool(<object>value)
     return bool(_STARTING.count)

@@ -14,6 +14,8 @@
 cimport cython
 from cpython.object cimport PyObject
 
+from ._slots cimport slot_offset
+
 import dataclasses
 import logging
 
@@ -21,26 +23,10 @@ from .buffer import DeviceBuffer
 
 cdef extern from *:
     """
-    #include "structmember.h"
-
-    /* DeviceBuffer's six slots, in its fields' order: their offsets, and the type (NULL until checked). */
+    /* DeviceBuffer's six slots, in its fields' order: their offsets, and the type (NULL until checked); each
+       offset found by metrale_slot_offset (_slots.pxd). */
     static PyTypeObject *metrale_buffer_type = NULL;
     static Py_ssize_t metrale_buffer_slot[6];
-
-    /* The offset of the object slot behind member descriptor ``descr`` (a __slots__ entry); -1 where it is no
-       such descriptor, or its slot lies outside the object or overlaps its header. */
-    static Py_ssize_t metrale_slot_offset(PyObject *descr, PyObject *type_object) {
-        PyTypeObject *type = (PyTypeObject *)type_object;
-        PyMemberDef *member;
-        if (Py_TYPE(descr) != &PyMemberDescr_Type) return -1;
-        if (((PyDescrObject *)descr)->d_type != type) return -1;
-        member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return -1;
-        if (member->offset < (Py_ssize_t)sizeof(PyObject)
-                || member->offset + (Py_ssize_t)sizeof(PyObject *) > type->tp_basicsize
-                || member->offset % (Py_ssize_t)sizeof(PyObject *) != 0) return -1;
-        return member->offset;
-    }
 
     /* Whether this is a free-threaded build: there the pure path runs (as DeviceBuffer._make's own rule has it). */
     #ifdef Py_GIL_DISABLED
@@ -81,7 +67,6 @@ cdef extern from *:
     }
     """
     int METRALE_FREE_THREADED
-    Py_ssize_t metrale_slot_offset(object descr, object type)
     int metrale_use_layout(object type, Py_ssize_t *offsets)
     object metrale_build_buffer(object ptr, object nbytes, object kind, object index, object site, object owner)
     PyObject* metrale_buffer_get(object buf, int i)
@@ -109,7 +94,7 @@ def _layout_problem():
     if hasattr(DeviceBuffer, "__post_init__") or DeviceBuffer.__new__ is not object.__new__:
         return "DeviceBuffer's construction does more than store its fields"
     for i, name in enumerate(_FIELDS):
-        offsets[i] = metrale_slot_offset(DeviceBuffer.__dict__[name], DeviceBuffer)
+        offsets[i] = slot_offset(DeviceBuffer.__dict__[name], DeviceBuffer)
         if offsets[i] < 0:
             return f"DeviceBuffer.{name} is not an object slot of the expected layout"
     seen = set()

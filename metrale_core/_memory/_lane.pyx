@@ -15,10 +15,10 @@ the common case done here at C level.
 """
 
 cimport cython
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport uintptr_t
 
 from .._device._capture cimport forbid_c
+from .._device._door cimport ask_door, door_of, metrale_device_calls_v1
 from .._device._gate cimport Gate, _Cell
 from .._device._handle cimport (
     FIELD_INDEX, FIELD_KIND, FIELD_NBYTES, FIELD_OWNER, FIELD_PTR, buffer_field, make_buffer,
@@ -38,46 +38,7 @@ from .ledger import next_index as _next_index
 
 _log = logging.getLogger("metrale")
 
-cdef extern from *:
-    """
-    #include <stddef.h>
-    #include <stdint.h>
-    /* RawDevice.device_calls: the struct of the capsule named "metrale_core.device_calls.v1" (raw.py's docstring). */
-    typedef struct {
-        size_t size;
-        void *state;
-        int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
-        int (*free)(void *state, uintptr_t ptr);
-        int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
-    } metrale_device_calls_v1;
-    /* The least a struct holds for this lane: up to its free (memset is optional, the stream lane's). */
-    #define METRALE_DEVICE_CALLS_ALLOC_FREE (offsetof(metrale_device_calls_v1, free) + sizeof(void *))
-    """
-    size_t METRALE_DEVICE_CALLS_ALLOC_FREE
-    ctypedef struct metrale_device_calls_v1:
-        size_t size
-        void* state
-        int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) except -1
-        int (*free)(void* state, uintptr_t ptr) except -1
-
 cdef bytes _CAPSULE_NAME = _DEVICE_CALLS.encode()
-
-
-cdef metrale_device_calls_v1* _door_of(object plugin, object capsule):
-    """The struct in ``capsule`` (``plugin.device_calls()``'s), or NULL where it is not one (logged)."""
-    cdef metrale_device_calls_v1* table
-    if capsule is None:
-        return NULL
-    if not PyCapsule_IsValid(capsule, _CAPSULE_NAME):
-        _log.warning("%s.device_calls() gave %r, not a capsule named %s: its methods are called",
-                     type(plugin).__name__, capsule, _DEVICE_CALLS)
-        return NULL
-    table = <metrale_device_calls_v1*>PyCapsule_GetPointer(capsule, _CAPSULE_NAME)
-    if table.size < METRALE_DEVICE_CALLS_ALLOC_FREE or table.alloc is NULL or table.free is NULL:
-        _log.warning("%s.device_calls(): a struct of %d bytes or without its functions: its methods are called",
-                     type(plugin).__name__, table.size)
-        return NULL
-    return table
 
 
 @cython.final
@@ -111,13 +72,8 @@ cdef class DeviceLane:
                 f"{type(parts.stats)!r}: one `pure` setting picks them all"
             )
         plugin = ctx.plugin
-        try:
-            capsule = plugin.device_calls()
-        except Exception as exc:  # a plugin whose door fails: its methods are called
-            _log.warning("%s.device_calls() failed, its methods are called: %s: %s",
-                         type(plugin).__name__, type(exc).__name__, exc)
-            capsule = None
-        self._door = _door_of(plugin, capsule)
+        capsule = ask_door(plugin, _log)
+        self._door = door_of(plugin, capsule, _CAPSULE_NAME, _log)
         self._capsule = capsule if self._door is not NULL else None
         self._allocator = allocator
         self._ctx = ctx

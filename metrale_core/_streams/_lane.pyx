@@ -13,9 +13,9 @@ done here at C level.
 
 cimport cython
 from cpython.object cimport PyObject
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport uintptr_t
 
+from .._device._door cimport ask_door, door_of, metrale_device_calls_v1
 from .._device._gate cimport Gate, _Cell
 from .._device._handle cimport FIELD_INDEX, FIELD_NBYTES, FIELD_OWNER, FIELD_PTR, buffer_field
 from .._memory._ledger cimport Ledger
@@ -23,24 +23,6 @@ from .._memory._ledger cimport Ledger
 from .._device.buffer import DeviceBuffer as _DeviceBuffer
 from .._device.guarded import raise_raw as _raise_raw
 from .._device.raw import DEVICE_CALLS as _DEVICE_CALLS
-
-cdef extern from *:
-    """
-    #include <stddef.h>
-    #include <stdint.h>
-    /* RawDevice.device_calls: the struct of the capsule named "metrale_core.device_calls.v1" (raw.py's docstring). */
-    typedef struct {
-        size_t size;
-        void *state;
-        int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
-        int (*free)(void *state, uintptr_t ptr);
-        int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
-    } metrale_device_calls_v1;
-    """
-    ctypedef struct metrale_device_calls_v1:
-        size_t size
-        void* state
-        int (*memset)(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1
 
 cdef bytes _CAPSULE_NAME = _DEVICE_CALLS.encode()
 
@@ -75,15 +57,11 @@ cdef class StreamLane:
         self._zoned = bool(streams.guard.fills)
         self._door = NULL
         self._capsule = None
-        try:
-            capsule = ctx.plugin.device_calls()
-        except Exception:  # (the device lane said so as the backend opened)
-            capsule = None
-        if capsule is not None and PyCapsule_IsValid(capsule, _CAPSULE_NAME):
-            door = <metrale_device_calls_v1*>PyCapsule_GetPointer(capsule, _CAPSULE_NAME)
-            if door.size >= sizeof(metrale_device_calls_v1) and door.memset is not NULL:
-                self._door = door
-                self._capsule = capsule
+        capsule = ask_door(ctx.plugin, None)  # (quiet: the device lane said what is wrong as the backend opened)
+        door = door_of(ctx.plugin, capsule, _CAPSULE_NAME, None)
+        if door is not NULL and door.size >= sizeof(metrale_device_calls_v1) and door.memset is not NULL:
+            self._door = door
+            self._capsule = capsule
 
     def memset(self, dst, value, offset, nbytes, stream):
         """``GpuBackend.memset``."""

@@ -473,6 +473,14 @@ def test_a_capture_starting_during_the_locked_check_waits_for_the_call(pure: boo
         gpu.free(out["buf"])  # type: ignore[arg-type]
 
 
+def test_the_capture_twin_reads_the_flag_in_place_where_the_gil_is_on() -> None:
+    """Its flag's slots found at import (a changed ``_Flag`` would fall back to attributes, slower: said here)."""
+    import sys
+
+    twin = compiled_twin("gate") and importlib.import_module("metrale_core._device._capture")
+    assert twin.SLOTS is getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
 @settings(max_examples=100, deadline=None)
 @given(calls=st.integers(-2, 4), inside=st.booleans(), leaves=st.integers(1, 4))
 def test_the_capture_twin_leaves_a_call_as_the_pure_rule(calls: int, inside: bool, leaves: int) -> None:

@@ -1,0 +1,62 @@
+# The plugin's C door (``RawDevice.device_calls``) as the compiled lanes see it: the struct of a capsule named
+# ``metrale_core.device_calls.v1`` (raw.py's docstring; the CUDA plugin's ``_cdriver.pyx`` writes the same struct,
+# a C contract it cannot cimport); `ask_door` asks the plugin for its capsule, `door_of` checks it.
+
+
+from cpython.object cimport PyObject
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.stdint cimport uintptr_t
+
+cdef extern from *:
+    """
+    #include <stddef.h>
+    #include <stdint.h>
+    typedef struct {
+        size_t size;
+        void *state;
+        int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
+        int (*free)(void *state, uintptr_t ptr);
+        int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
+    } metrale_device_calls_v1;
+    /* The least a struct holds: up to its free (memset is optional). */
+    #define METRALE_DEVICE_CALLS_ALLOC_FREE (offsetof(metrale_device_calls_v1, free) + sizeof(void *))
+    """
+    size_t METRALE_DEVICE_CALLS_ALLOC_FREE
+    ctypedef struct metrale_device_calls_v1:
+        size_t size
+        void* state
+        int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) except -1
+        int (*free)(void* state, uintptr_t ptr) except -1
+        int (*memset)(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1
+
+
+cdef inline object ask_door(object plugin, object log):
+    """``plugin.device_calls()``: its capsule, or ``None`` where it offers none or fails (logged where ``log`` is
+    not ``None``: the device lane says it once per backend)."""
+    try:
+        return plugin.device_calls()
+    except Exception as exc:  # a plugin whose door fails: its methods are called
+        if log is not None:
+            log.warning("%s.device_calls() failed, its methods are called: %s: %s", type(plugin).__name__,
+                        type(exc).__name__, exc)
+        return None
+
+
+cdef inline metrale_device_calls_v1* door_of(object plugin, object capsule, bytes name, object log):
+    """The struct in ``capsule`` (named ``name``: ``DEVICE_CALLS``), or NULL where it is none that can be used
+    (logged where ``log`` is not ``None``). The caller keeps the capsule alive as long as it calls the struct."""
+    cdef metrale_device_calls_v1* table
+    if capsule is None:
+        return NULL
+    if not PyCapsule_IsValid(capsule, name):
+        if log is not None:
+            log.warning("%s.device_calls() gave %r, not a capsule named %s: its methods are called",
+                        type(plugin).__name__, capsule, name.decode())
+        return NULL
+    table = <metrale_device_calls_v1*>PyCapsule_GetPointer(capsule, name)
+    if table.size < METRALE_DEVICE_CALLS_ALLOC_FREE or table.alloc is NULL or table.free is NULL:
+        if log is not None:
+            log.warning("%s.device_calls(): a struct of %d bytes or without its functions: its methods are called",
+                        type(plugin).__name__, table.size)
+        return NULL
+    return table
