@@ -6,8 +6,10 @@
 # - Python 3.11 and 3.12, where the GIL is always on: a flag the GIL guards. ``cython.pymutex`` is a
 #   ``PyThread_type_lock`` there, whose every acquire reads the monotonic clock (sem_clockwait's deadline): about
 #   half the cost of a ledger update. Taking the flag needs no atomic: only the thread holding the GIL runs. A
-#   holder may lose the GIL inside its section (a collection runs a finalizer); a waiter then lets go of the GIL
-#   until the flag is down. Not reentrant, as ``cython.pymutex`` is not.
+#   holder may lose the GIL inside its section where the section runs Python code (a ledger's history record, an
+#   arena's close callback, which may free through the driver) or a collection runs a finalizer; a waiter then
+#   lets go of the GIL, napping longer each time (up to 1 ms), until the flag is down. Not reentrant, as
+#   ``cython.pymutex`` is not.
 #   A waiter then gets the GIL back at the holder's next switch (``sys.getswitchinterval()``, 5 ms by default), as
 #   a blocked waiter of any lock does under the GIL.
 # - A section must not block on anything the GIL's holder needs (as with any lock taken with the GIL held); a
@@ -21,11 +23,21 @@ cdef extern from *:
     static inline void metrale_acquire(metrale_lock_t *lock) { PyMutex_Lock(lock); }
     static inline void metrale_release(metrale_lock_t *lock) { PyMutex_Unlock(lock); }
     #else
+    #ifdef _WIN32
+    #include <windows.h>
+    #define METRALE_NAP(us) Sleep((us) >= 1000 ? 1 : 0)
+    #else
+    #include <time.h>
+    #define METRALE_NAP(us) do { struct timespec t_ = {0, (long)(us) * 1000L}; nanosleep(&t_, NULL); } while (0)
+    #endif
     typedef struct { volatile int held; } metrale_lock_t;
     static inline void metrale_acquire(metrale_lock_t *lock) {
+        unsigned int nap = 0;  /* microseconds: none at first (the holder may only need the GIL), then up to 1 ms */
         while (lock->held) {
             Py_BEGIN_ALLOW_THREADS
+            if (nap) METRALE_NAP(nap);
             Py_END_ALLOW_THREADS
+            nap = nap ? (nap < 1000 ? nap * 2 : 1000) : 1;
         }
         lock->held = 1;
     }

@@ -153,7 +153,7 @@ class RawDevice(abc.ABC):
         valid as long as the capsule lives::
 
             typedef struct {
-                size_t size;  /* sizeof this struct: the core refuses a smaller one */
+                size_t size;  /* sizeof this struct: the core refuses one that ends before free */
                 void *state;  /* the backend's own, handed back to each call */
                 int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
                 int (*free)(void *state, uintptr_t ptr);
@@ -162,7 +162,8 @@ class RawDevice(abc.ABC):
                 int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
             } metrale_device_calls_v1;
 
-        - Both are called with the GIL held (they may let go of it while the driver works).
+        - Each is called with the GIL held (it may let go of it while the driver works), only while the backend
+          is open.
         - ``0``: done, as the method would have done it (``alloc`` wrote a 256-byte-aligned address to ``*ptr``).
         - ``1``: declined, nothing done: the core calls the method, which does the work or raises (a closed device,
           a context not current: the C function need not handle them).

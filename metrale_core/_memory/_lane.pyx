@@ -103,7 +103,7 @@ cdef class DeviceLane:
         ctx = self._ctx
         index = _next_index()
         site = call_site_c(self._internal, 0)
-        raw_ptr = None if self._door is NULL else self._door_alloc(n)
+        raw_ptr = None if self._door is NULL or self._gate.closed_c() else self._door_alloc(n)  # (closed: the method's error)
         if raw_ptr is None:  # no door, or it declined
             raw_ptr = self._plugin_alloc(n)
         buf = make_buffer(raw_ptr, n, "device", index, site, self._ref)
@@ -165,17 +165,25 @@ cdef class DeviceLane:
         if record is None:  # not on the ledger: the allocator's error
             self._allocator.free(buf)
             return 0
-        if record is buf:  # (the handle handed out: a device allocation of its recorded size)
-            self._stats.released_c(KIND_DEVICE, buffer_field(buf, FIELD_NBYTES))
-        else:  # an equal handle: its record says what it was
+        if record is not buf:  # an equal handle: its record says what it was, and the method frees it so
             self._stats.released(record.kind, record.nbytes)
+            for observer in self._releases.active:
+                observer(buf)
+            ctx = self._ctx
+            try:
+                ctx.plugin.free(ptr, "managed" if record.kind == "managed" else "device")  # (as the allocator's)
+            except Exception as exc:
+                _raise_raw(ctx, ctx.name, "free", exc)
+            return 0
+        self._stats.released_c(KIND_DEVICE, buffer_field(buf, FIELD_NBYTES))  # (the handle handed out)
         observers = self._releases.active
         if observers:
             for observer in <tuple>observers:
                 observer(buf)
         ctx = self._ctx
         try:
-            if self._door is NULL or self._door.free(self._door.state, <uintptr_t>ptr) != 0:  # no door, or declined
+            if (self._door is NULL or self._gate.closed_c()
+                    or self._door.free(self._door.state, <uintptr_t>ptr) != 0):  # no door, closed, or declined
                 ctx.plugin.free(ptr, "device")
         except Exception as exc:
             _raise_raw(ctx, ctx.name, "free", exc)

@@ -148,8 +148,11 @@ class ExportTable:
         with self.ctx.lock:
             tensors = self._exported.pop(buf.index, 0)
             views = self._viewed.pop(buf.index, None)
-            if not self._exported and not self._viewed:
-                self._holdings.releases.watch(self.warn_if_exported, False)
+            if not self._exported:  # views all gone (their sets empty) leave nothing to watch either
+                for index in [i for i, seen in self._viewed.items() if not seen]:
+                    del self._viewed[index]
+                if not self._viewed:
+                    self._holdings.releases.watch(self.warn_if_exported, False)
             arrays = len(views) if views is not None else 0
         if tensors or arrays:
             held = " and ".join(f"{n} {what}" for n, what in ((arrays, "view(s)"), (tensors, "DLPack tensor(s)")) if n)

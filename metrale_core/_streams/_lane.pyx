@@ -67,7 +67,7 @@ cdef class StreamLane:
         """``GpuBackend.memset``."""
         cdef _Cell cell = self._gate.enter_c(False)
         try:
-            if self._door is NULL or not self._memset(dst, value, offset, nbytes, stream):
+            if self._door is NULL or self._gate.closed_c() or not self._memset(dst, value, offset, nbytes, stream):
                 self._streams.memset(dst, value, offset, nbytes, stream)
         finally:
             self._gate.leave_c(cell)

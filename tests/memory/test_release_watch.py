@@ -75,3 +75,37 @@ def test_an_observer_switching_itself_off_leaves_the_next_one_called(
         assert "1 live executable graph(s) still use it" in caplog.text
         assert _active(gpu) == ["warn_if_graphed"]
         exe.close()
+
+
+@pytest.mark.parametrize("pure", [True, False], ids=["pure", "compiled"])
+def test_views_gone_switch_the_export_observer_off_at_the_next_free(pure: bool) -> None:
+    """The third review's case: a view handed out once (``np.asarray``) and dropped leaves an empty record of views;
+    the next free clears it, and the observer switches off (it stayed on for good before)."""
+    from metrale_core import open_backend
+    from tests._support import SETTINGS
+
+    with open_backend("fake", settings=SETTINGS.updated(pure=pure)) as gpu:
+        weights, other = gpu.alloc(256), gpu.alloc(256)
+        view = np.asarray(weights)
+        assert _active(gpu) == ["warn_if_exported"]
+        del view
+        gc.collect()
+        gpu.free(other)
+        assert _active(gpu) == []
+        gpu.free(weights)
+
+
+@pytest.mark.parametrize("pure", [True, False], ids=["pure", "compiled"])
+def test_an_equal_handle_of_another_kind_is_freed_as_its_record_says(pure: bool) -> None:
+    """A copy of a managed allocation's handle that says ``device`` is freed as the managed memory it is, on both
+    builds (the compiled lane's fast path takes only the very handle it handed out)."""
+    import dataclasses
+
+    from metrale_core import open_backend
+    from tests._support import SETTINGS
+
+    with open_backend("fake", settings=SETTINGS.updated(pure=pure, redzone=0)) as gpu:
+        managed = gpu.alloc_managed(4096)
+        gpu.free(dataclasses.replace(managed, kind="device"))
+        stats = gpu.stats()
+        assert (gpu.live_alloc_len(), stats.current_bytes["managed"], stats.current_bytes["device"]) == (0, 0, 0)
