@@ -17,6 +17,7 @@ Import it as ``from tests._support import ...``; the fixtures built on it are in
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 import os
@@ -31,7 +32,7 @@ import pytest
 
 from metrale_core import ConfigError, GpuBackend, MetraleSettings, open_backend, testing
 from metrale_core._twins import TWINS, built
-from metrale_core.plugin import format_bytes
+from metrale_core.plugin import DEVICE_CALLS, format_bytes
 
 __all__ = [
     "GIB", "KIB", "LEAST_DEVICE", "MIB", "SETTINGS", "TEST_CAPACITY", "backend_params", "checked_inside",
@@ -149,3 +150,25 @@ def in_threads(work: Callable[[int], None], count: int = 4) -> None:
         th.join()
     if errors:
         raise errors[0]
+
+
+class DoorTable(ctypes.Structure):
+    """A plugin's ``metrale_core.device_calls.v1`` struct (``RawDevice.device_calls``), its functions callable from
+    Python as the core calls them: with the GIL held (``PYFUNCTYPE``)."""
+
+    _fields_ = (
+        ("size", ctypes.c_size_t),
+        ("state", ctypes.c_void_p),
+        ("alloc", ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))),
+        ("free", ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)),
+        ("memset", ctypes.PYFUNCTYPE(
+            ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.py_object
+        )),
+    )
+
+
+def door_table(capsule: object) -> DoorTable:
+    """The struct a ``device_calls()`` capsule points at (valid while the capsule lives)."""
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, (ctypes.py_object, ctypes.c_char_p)
+    return DoorTable.from_address(get_pointer(capsule, DEVICE_CALLS.encode()))

@@ -165,26 +165,21 @@ cdef class DeviceLane:
         if record is None:  # not on the ledger: the allocator's error
             self._allocator.free(buf)
             return 0
-        if record is not buf:  # an equal handle: its record says what it was, and the method frees it so
+        if record is buf:  # the handle handed out: a device allocation of its recorded size
+            self._stats.released_c(KIND_DEVICE, buffer_field(buf, FIELD_NBYTES))
+            kind = "device"
+        else:  # an equal handle: its record says what it was, and the method frees it so (as the allocator's)
             self._stats.released(record.kind, record.nbytes)
-            for observer in self._releases.active:
-                observer(buf)
-            ctx = self._ctx
-            try:
-                ctx.plugin.free(ptr, "managed" if record.kind == "managed" else "device")  # (as the allocator's)
-            except Exception as exc:
-                _raise_raw(ctx, ctx.name, "free", exc)
-            return 0
-        self._stats.released_c(KIND_DEVICE, buffer_field(buf, FIELD_NBYTES))  # (the handle handed out)
+            kind = "managed" if record.kind == "managed" else "device"
         observers = self._releases.active
         if observers:
             for observer in <tuple>observers:
                 observer(buf)
         ctx = self._ctx
         try:
-            if (self._door is NULL or self._gate.closed_c()
-                    or self._door.free(self._door.state, <uintptr_t>ptr) != 0):  # no door, closed, or declined
-                ctx.plugin.free(ptr, "device")
+            if (record is not buf or self._door is NULL or self._gate.closed_c()
+                    or self._door.free(self._door.state, <uintptr_t>ptr) != 0):  # not the door's, or declined
+                ctx.plugin.free(ptr, kind)
         except Exception as exc:
             _raise_raw(ctx, ctx.name, "free", exc)
         return 0

@@ -34,6 +34,7 @@ from metrale_cuda import _compiled, _device, _driver, _launch, _plugin
 from metrale_cuda._compiled import CompiledCudaDevice, describe, device_class
 from metrale_cuda._device import CudaDevice
 from metrale_cuda._launch import ArgSlots, CuFunction, CuGraphExec, CuStream
+from tests._support import door_table
 
 PACKAGE = Path(_compiled.__file__).parent
 KEY = 0x7F00_1000  # the context handle the stand-ins report current
@@ -426,21 +427,8 @@ def test_the_door_declines_where_the_driver_cannot_answer() -> None:
     module = _module()
     seen: list[object] = []
     door = module.DeviceCalls(0x1234, lambda err, n: seen.append((err, n)), seen.append, seen.append)
-    alloc_fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))
-    free_fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
-
-    memset_fn = ctypes.PYFUNCTYPE(
-        ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.py_object
-    )
-
-    class Table(ctypes.Structure):
-        _fields_ = (("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", alloc_fn), ("free", free_fn),
-                    ("memset", memset_fn))
-
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, (ctypes.py_object, ctypes.c_char_p)
     capsule = door.capsule()
-    table = Table.from_address(get_pointer(capsule, module.DEVICE_CALLS.encode()))
+    table = door_table(capsule)
     out = ctypes.c_uint64(77)
     assert (table.alloc(table.state, 4096, ctypes.byref(out)), out.value) == (1, 77)
     assert table.free(table.state, 4096) == 1

@@ -27,6 +27,7 @@ from metrale_core.kernels import shipped_modules
 from metrale_cuda._compiled import CompiledCudaDevice, describe, load
 from metrale_cuda._device import CudaDevice
 from metrale_cuda._plugin import probe
+from tests._support import DoorTable, door_table
 
 SETTINGS = MetraleSettings()
 _REASON = probe(SETTINGS)
@@ -178,30 +179,14 @@ def test_the_door_allocates_where_its_context_is_current_and_declines_elsewhere(
     import ctypes
     import threading
 
-    from metrale_core.plugin import DEVICE_CALLS
-
     if load() is None:
         pytest.skip(f"no compiled driver calls here: {describe(False)}")
-    # PYFUNCTYPE: called with the GIL held, as the contract has it (the functions let go of it around the driver)
-    alloc_fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64))
-    free_fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
-
-    memset_fn = ctypes.PYFUNCTYPE(
-        ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.py_object
-    )
-
-    class Table(ctypes.Structure):
-        _fields_ = (("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", alloc_fn), ("free", free_fn),
-                    ("memset", memset_fn))
-
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, (ctypes.py_object, ctypes.c_char_p)
     with open_backend("cuda", settings=SETTINGS.updated(pure=False)) as backend:
         device = backend.raw
         assert isinstance(device, CompiledCudaDevice)
         capsule = device.device_calls()
-        table = Table.from_address(get_pointer(capsule, DEVICE_CALLS.encode()))
-        assert table.size == ctypes.sizeof(Table)
+        table = door_table(capsule)
+        assert table.size == ctypes.sizeof(DoorTable)
 
         def pair() -> tuple[int, int, int]:
             out = ctypes.c_uint64(0)
