@@ -15,6 +15,10 @@ cdef class Gate:
     cdef object _cond
     cdef object _cells
     cdef object _depth
+    cdef unsigned long long _last_thread  # the thread state whose cell `_last_cell` is (a cache under the GIL)
+    cdef _Cell _last_cell
+
+    cdef _Cell _cell(self)
 
     cdef inline bint closed_c(self):
         return self._closed

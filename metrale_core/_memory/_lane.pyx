@@ -34,6 +34,8 @@ from .._device.guarded import raise_raw as _raise_raw
 from .._errors import OutOfMemoryError as _OutOfMemoryError
 from .._types import WORD_LIMIT as _WORD_LIMIT
 from .._device.raw import DEVICE_CALLS as _DEVICE_CALLS
+from .ledger import INDEXES as _INDEXES
+from .ledger import INDEXES_LOCK_FREE as _INDEXES_LOCK_FREE
 from .ledger import next_index as _next_index
 
 _log = logging.getLogger("metrale")
@@ -54,8 +56,7 @@ cdef class DeviceLane:
     cdef bint _zoned
     cdef object _trace_idx
     cdef object _internal
-    cdef object _acquire
-    cdef object _release
+    cdef object _indexes
     cdef object _ref
     cdef object _capsule  # (keeps the plugin's struct alive)
     cdef metrale_device_calls_v1* _door
@@ -84,8 +85,7 @@ cdef class DeviceLane:
         self._zoned = parts.zoned
         self._trace_idx = parts.trace_idx
         self._internal = ctx.internal
-        self._acquire = ctx.lock.acquire  # the context's lock, taken as `with` takes it (a call less each way)
-        self._release = ctx.lock.release
+        self._indexes = _INDEXES if _INDEXES_LOCK_FREE else None  # (its next item taken at C level)
         self._ref = ctx.ref
 
     def alloc(self, nbytes):
@@ -101,21 +101,18 @@ cdef class DeviceLane:
 
     cdef object _alloc(self, object n):
         ctx = self._ctx
-        index = _next_index()
-        site = call_site_c(self._internal, 0)
+        index = _next_index() if self._indexes is None else next(self._indexes)
+        site = call_site_c(self._internal, 1)  # (from the caller's caller: the caller is `GpuBackend.alloc`'s frame)
         raw_ptr = None if self._door is NULL or self._gate.closed_c() else self._door_alloc(n)  # (closed: the method's error)
         if raw_ptr is None:  # no door, or it declined
             raw_ptr = self._plugin_alloc(n)
         buf = make_buffer(raw_ptr, n, "device", index, site, self._ref)
-        self._acquire()  # the commit: the backend is open now, or nothing of this allocation remains
-        try:
-            committed = not self._gate.closed_c()
-            if committed:
-                self._ledger.add_c(index, buf)
-                self._stats.allocated_c(KIND_DEVICE, n)
-        finally:
-            self._release()
-        if not committed:
+        # the commit: the backend is open now, or nothing of this allocation remains (judged under the ledger's
+        # lock, which the sweep's drain takes: the record is drained at close, or never added)
+        committed = self._ledger.add_open_c(index, buf, self._gate)
+        if committed:
+            self._stats.allocated_c(KIND_DEVICE, n)
+        else:
             self._allocator.release_quietly(raw_ptr, "device")
             raise ctx.closed_error()
         if self._trace_idx is not None and self._trace_idx == index:

@@ -11,11 +11,14 @@ as C integers.
 
 cimport cython
 
+from metrale_core._device._gate cimport Gate
+from metrale_core._device._handle cimport FIELD_NBYTES, FIELD_PTR, buffer_field
 from metrale_core._device._lock cimport acquire, lock_t, release
 
 import collections
 import time
 
+from .._device.buffer import DeviceBuffer as _DeviceBuffer
 from .ledger import LedgerEvent, _record
 
 
@@ -52,6 +55,20 @@ cdef class Ledger:
             release(&self._lock)
         return 0
 
+    cdef int add_open_c(self, object index, object buf, Gate gate) except -1:
+        """`add_c` while ``gate`` is open: ``1``, or ``0`` with nothing added once it is shut. Judged under the
+        ledger's lock, which `drain` takes: a record is added before the sweep drains the ledger, or not at all."""
+        acquire(&self._lock)
+        try:
+            if gate.closed_c():
+                return 0
+            self._records[index] = buf
+            if self._events is not None:
+                self._log("alloc", _record(buf, self.origin))
+        finally:
+            release(&self._lock)
+        return 1
+
     def take(self, index, ptr, nbytes):
         """Take allocation ``index`` off, if it is on the ledger at ``ptr`` with ``nbytes``; the buffer it
         handed out (its record's fields)."""
@@ -61,7 +78,12 @@ cdef class Ledger:
         acquire(&self._lock)
         try:
             rec = self._records.get(index)
-            if rec is None or rec.ptr != ptr or rec.nbytes != nbytes:
+            if rec is None:
+                return None
+            if type(rec) is _DeviceBuffer:  # (its fields read from its slots)
+                if buffer_field(rec, FIELD_PTR) != ptr or buffer_field(rec, FIELD_NBYTES) != nbytes:
+                    return None
+            elif rec.ptr != ptr or rec.nbytes != nbytes:
                 return None
             del self._records[index]
             self.taken += 1

@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Final, Literal, Protocol
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # (the context imports the settings: pydantic, not for a name
 
 __all__ = [
     "CallSite", "Ledger", "LedgerEvent", "LedgerProbe", "call_site", "call_site_for", "format_bytes", "largest_sites",
-    "next_index", "origin_of",
+    "INDEXES", "INDEXES_LOCK_FREE", "next_index", "origin_of",
 ]
 
 _log = logging.getLogger("metrale")
@@ -54,10 +54,14 @@ def _next_index_locked() -> int:
         return next(_SEQUENCE)
 
 
+#: Whether the GIL makes ``next(INDEXES)`` atomic (else `next_index` takes a lock).
+INDEXES_LOCK_FREE: Final = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+#: The sequence itself, for the compiled lane, which takes its next item at C level where `INDEXES_LOCK_FREE`.
+INDEXES: Final[Iterator[int]] = _SEQUENCE
+
 #: The next creation index of this process (lock-free where the GIL makes ``next`` atomic).
-next_index: Callable[[], int] = (
-    _SEQUENCE.__next__ if getattr(sys, "_is_gil_enabled", lambda: True)() else _next_index_locked
-)
+next_index: Callable[[], int] = _SEQUENCE.__next__ if INDEXES_LOCK_FREE else _next_index_locked
 
 
 #: Modules (and packages) of metrale's own that call the API as a user does: their frames are call sites.

@@ -296,6 +296,32 @@ def test_the_gate_twin_waits_for_another_thread_s_call() -> None:
         gate.enter()
 
 
+@pytest.mark.parametrize("build", ["pure", "compiled"])
+def test_each_thread_keeps_its_own_count_when_threads_take_turns(build: str) -> None:
+    """A thread's depth is its own, whichever thread called last (the twin keeps the last thread's cell at hand)."""
+    gate = (PureGate if build == "pure" else _twin("gate"))(lambda: BackendClosedError("closed"))
+    turn = [threading.Event() for _ in range(4)]
+
+    def other() -> None:  # enters while the main thread is inside, then leaves after the main thread has left
+        turn[0].wait(5)
+        gate.enter()
+        turn[1].set()
+        turn[2].wait(5)
+        gate.leave()
+        turn[3].set()
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    gate.enter()
+    turn[0].set()
+    turn[1].wait(5)
+    gate.leave()  # the main thread's count, not the worker's: the worker is still inside
+    assert gate.shut(0.05) == 1
+    turn[2].set()
+    turn[3].wait(5)
+    worker.join()
+    assert gate.shut(1.0) is None
+
 # -- the lane: whole backends, pure and compiled, through the same random programs ---------------------------
 
 _SIZES = st.one_of(st.integers(-2, 5000), st.sampled_from([1 << 64, 1.5, "64", None, True]))
