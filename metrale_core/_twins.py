@@ -28,6 +28,7 @@ TWINS: Final = {
     "gate": ("metrale_core._device._gate", "Gate"),
     "lane": ("metrale_core._memory._lane", "DeviceLane"),
     "stream_lane": ("metrale_core._streams._lane", "StreamLane"),
+    "graph_lane": ("metrale_core._streams._graph_lane", "GraphLane"),
     "handle": ("metrale_core._device._handle", "make"),  # DeviceBuffer._make's; other twins cimport make_buffer
     "arena": ("metrale_core._memory._arena", "Arena"),
     "site": ("metrale_core._memory._site", "call_site"),

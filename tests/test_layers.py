@@ -51,7 +51,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("monitor", "exports", "quarantine", "lane", "_lane"),
         ("allocator",),
     ),
-    "_streams": (("graphs",), ("front",), ("lane", "_lane")),
+    "_streams": (("graph_lane", "_graph_lane"), ("graphs",), ("front",), ("lane", "_lane")),
     "_reports": (("merge", "timeline"), ("summary",)),
     "_launch": (("tensormaps",), ("registry",), ("front",)),
     "_commands": (("progress", "bench"), ("conformance", "selftest"), ("commands",), ("cli",)),

@@ -17,9 +17,17 @@ cdef extern from *:
         int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
         int (*free)(void *state, uintptr_t ptr);
         int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
+        int (*graph_launch)(void *state, PyObject *graph_exec, PyObject *stream);
     } metrale_device_calls_v1;
-    /* The least a struct holds: up to its free (memset is optional). */
+    /* The least a struct holds: up to its free (the functions after it are optional: a shorter struct has none). */
     #define METRALE_DEVICE_CALLS_ALLOC_FREE (offsetof(metrale_device_calls_v1, free) + sizeof(void *))
+    /* Whether a struct holds an optional function: long enough to have it, and it is set. */
+    static int metrale_door_has_memset(const metrale_device_calls_v1 *t) {
+        return t->size >= offsetof(metrale_device_calls_v1, memset) + sizeof(void *) && t->memset != NULL;
+    }
+    static int metrale_door_has_graph_launch(const metrale_device_calls_v1 *t) {
+        return t->size >= offsetof(metrale_device_calls_v1, graph_launch) + sizeof(void *) && t->graph_launch != NULL;
+    }
     """
     size_t METRALE_DEVICE_CALLS_ALLOC_FREE
     ctypedef struct metrale_device_calls_v1:
@@ -28,6 +36,9 @@ cdef extern from *:
         int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) except -1
         int (*free)(void* state, uintptr_t ptr) except -1
         int (*memset)(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1
+        int (*graph_launch)(void* state, PyObject* graph_exec, PyObject* stream) except -1
+    bint door_has_memset "metrale_door_has_memset"(const metrale_device_calls_v1* table)
+    bint door_has_graph_launch "metrale_door_has_graph_launch"(const metrale_device_calls_v1* table)
 
 
 cdef inline object ask_door(object plugin, object log):

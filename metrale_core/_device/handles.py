@@ -43,7 +43,7 @@ class HandleOwner(Protocol):
         """A user's wait has returned: report what finished work found (queued red-zone scans)."""
 
     def launch_graph(self, graph: GraphExec, stream: Stream | None) -> None:
-        """Replay ``graph`` on ``stream`` (its ``launch()``)."""
+        """Replay ``graph`` on ``stream``: the whole of its ``launch()``, the gate and the graph's liveness included."""
 
 
 class HostOwner(Protocol):
@@ -368,14 +368,7 @@ class GraphExec(_Handle):
 
     def launch(self, stream: Stream | None = None) -> None:
         """Replay the graph on ``stream`` (the default stream when ``None``)."""
-        ctx = self._ctx
-        ctx.enter()  # what @gated does, written out: a hot path (the gate also checked the backend open)
-        try:
-            if self._closed:
-                self._live()  # raises, naming the handle
-            self._owner.launch_graph(self, stream)
-        finally:
-            ctx.leave()
+        self._owner.launch_graph(self, stream)  # the gate, this handle's liveness and the launch: its owner's lane
 
     def close(self) -> None:
         """Release the executable graph."""

@@ -146,8 +146,9 @@ class RawDevice(abc.ABC):
 
     def device_calls(self) -> object | None:
         """Optional: [`alloc`][metrale_core.RawDevice.alloc] and [`free`][metrale_core.RawDevice.free] of
-        ``"device"`` memory, and [`memset`][metrale_core.RawDevice.memset], as C functions, for the core's compiled
-        lanes (default ``None``: they call the methods).
+        ``"device"`` memory, [`memset`][metrale_core.RawDevice.memset] and
+        [`graph_launch`][metrale_core.RawDevice.graph_launch], as C functions, for the core's compiled lanes (default
+        ``None``: they call the methods).
 
         A ``PyCapsule`` named ``DEVICE_CALLS`` (``"metrale_core.device_calls.v1"``) whose pointer is this struct,
         valid as long as the capsule lives::
@@ -160,6 +161,9 @@ class RawDevice(abc.ABC):
                 /* optional (NULL: the method): set nbytes bytes at ptr to value, on stream (a PyObject *,
                    borrowed: what this device's stream_create returned) */
                 int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
+                /* optional (NULL, or a struct that ends before it: the method): launch graph_exec (what this
+                   device's graph_instantiate returned) on stream, both borrowed */
+                int (*graph_launch)(void *state, PyObject *graph_exec, PyObject *stream);
             } metrale_device_calls_v1;
 
         - Each is called with the GIL held (it may let go of it while the driver works), only while the backend

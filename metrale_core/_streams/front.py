@@ -56,7 +56,7 @@ class StreamFront:
     def attach(self, guard: ZoneGuard) -> None:
         """The zone guard (built on the default stream, so after this front): fills to settle, scans to run."""
         self._guard = guard
-        self.graphs = GraphFront(self, self._holdings, self._stats, guard)
+        self.graphs = GraphFront(self, self._holdings, self._stats, guard, self.default)
 
     @property
     def guard(self) -> ZoneGuard:

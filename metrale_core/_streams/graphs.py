@@ -6,6 +6,8 @@
   executable graphs it hands out (through the stream front's handle table); launches graphs.
 - A graph launch crosses the zone guard once: ``with guard.graph_launch(check, stream, is_live)``.
   The common case (every operand live, no capture, no check after it) goes straight to the plugin.
+- ``GraphExec.launch`` reaches the front's `launch_graph`: its lane's ``launch`` (``graph_lane.py``, compiled where
+  built), which passes the gate and hands the front what it does not do itself (`launch_checked`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from .._device.stats import StatsCounter
 from .._errors import BackendClosedError, InvalidBufferError, MetraleError, capture_error
 from .._memory.holdings import Holdings
 from .._redzones.guard import ZoneGuard
+from .._twins import pick
+from .graph_lane import GraphLane, GraphLaneParts
 
 __all__ = ["GraphFront", "record"]
 
@@ -55,10 +59,12 @@ def record(
 class GraphFront:
     """Captures, graphs and graph launches of one backend (the ``HandleOwner`` of its graphs)."""
 
-    __slots__ = ("_guard", "_holdings", "_raw", "_scan_graphs", "_stats", "_streams", "ctx")
+    __slots__ = (
+        "_default", "_guard", "_holdings", "_raw", "_scan_graphs", "_stats", "_streams", "ctx", "launch_graph",
+    )
 
     def __init__(
-        self, streams: HandleOwner, holdings: Holdings, stats: StatsCounter, guard: ZoneGuard
+        self, streams: HandleOwner, holdings: Holdings, stats: StatsCounter, guard: ZoneGuard, default: Stream
     ) -> None:
         self.ctx: DeviceContext = streams.ctx
         self._raw = self.ctx.raw
@@ -67,6 +73,17 @@ class GraphFront:
         self._stats = stats
         self._guard = guard
         self._scan_graphs = self.ctx.settings.redzone_scan_graphs  # (settings are fixed for the backend's life)
+        self._default = default
+        #: ``HandleOwner.launch_graph``: the whole of ``GraphExec.launch``, the gate included (its lane's).
+        self.launch_graph: Callable[[GraphExec, Stream | None], None] = (
+            pick("graph_lane", GraphLane, self.ctx.settings.pure)(self, self.lane_parts()).launch
+        )
+
+    def lane_parts(self) -> GraphLaneParts:
+        """What its lane touches of the front's parts (`GraphLaneParts`)."""
+        return GraphLaneParts(
+            self.ctx, self._holdings.ledger, self._stats, self._guard, self._default, self._scan_graphs
+        )
 
     # -- HandleOwner: the stream front's, but graph launches come here ------------------------
 
@@ -82,7 +99,8 @@ class GraphFront:
     def waited(self) -> None:
         self._streams.waited()
 
-    def launch_graph(self, graph: GraphExec, stream: Stream | None) -> None:
+    def launch_checked(self, graph: GraphExec, stream: Stream | None) -> None:
+        """A graph's launch, inside the gate: its operands live, the stream, the zone guard, a capture's record."""
         holdings = self._holdings
         is_live = holdings.is_live
         plain = graph.check is None and not graph.peers

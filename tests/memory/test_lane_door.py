@@ -17,11 +17,15 @@ from dataclasses import dataclass, field
 import pytest
 
 from metrale_core import (
+    BackendClosedError,
+    DeviceBuffer,
     GpuBackend,
+    GraphExec,
     InvalidArgumentError,
     InvalidBufferError,
     MetraleError,
     OutOfMemoryError,
+    Stream,
     open_backend,
 )
 from metrale_core.plugin import DEVICE_CALLS, RawDevice
@@ -32,13 +36,15 @@ FREE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64)
 MEMSET = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.py_object
 )
+GRAPH_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.py_object)
 
 
 class Table(ctypes.Structure):
     """``metrale_device_calls_v1``, as ``RawDevice.device_calls``'s docstring writes it."""
 
     _fields_ = (
-        ("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", ALLOC), ("free", FREE), ("memset", MEMSET)
+        ("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", ALLOC), ("free", FREE), ("memset", MEMSET),
+        ("graph_launch", GRAPH_LAUNCH),
     )
 
 
@@ -62,9 +68,12 @@ class Door:
     allocs: list[int] = field(default_factory=list)
     frees: list[int] = field(default_factory=list)
     memsets: list[tuple[int, int, int]] = field(default_factory=list)
+    graph_launches: list[tuple[object, object]] = field(default_factory=list)
     keep: list[object] = field(default_factory=list)  # the struct and the callbacks the capsule points at
 
-    def capsule(self, name: str = DEVICE_CALLS, size: int | None = None, memset: bool = True) -> object:
+    def capsule(
+        self, name: str = DEVICE_CALLS, size: int | None = None, memset: bool = True, graph_launch: bool = True
+    ) -> object:
         def alloc(_state: int | None, nbytes: int, out: ctypes._Pointer[ctypes.c_uint64]) -> int:
             if self.decline:
                 return DECLINED
@@ -86,9 +95,18 @@ class Door:
             self.memsets.append((ptr, value, nbytes))
             return 0
 
+        def launch(_state: int | None, graph_exec: object, stream: object) -> int:
+            if self.decline:
+                return DECLINED
+            self.device.graph_launch(graph_exec, stream)
+            self.graph_launches.append((graph_exec, stream))
+            return 0
+
         table = Table(ctypes.sizeof(Table) if size is None else size, None, ALLOC(alloc), FREE(free))
         if memset:
             table.memset = MEMSET(fill)
+        if graph_launch:
+            table.graph_launch = GRAPH_LAUNCH(launch)
         self.keep.append(table)
         return _new_capsule(ctypes.addressof(table), NAMES[name], None)
 
@@ -213,6 +231,84 @@ def test_a_declined_call_is_made_through_the_method(doors: Callable[..., tuple[G
         gpu.free(buf)
     stats = gpu.stats()
     assert (stats.alloc_count, stats.free_count, stats.current_bytes["device"]) == (1, 1, 0)
+
+
+def _graph_of_memsets(gpu: GpuBackend, bufs: list[DeviceBuffer], stream: Stream) -> GraphExec:
+    """An executable graph that sets each of ``bufs`` to its position plus one."""
+    gpu.begin_capture(stream)
+    for i, buf in enumerate(bufs):
+        gpu.memset(buf, i + 1, stream=stream)
+    graph = gpu.end_capture(stream)
+    try:
+        return graph.instantiate()
+    finally:
+        graph.close()
+
+
+def _bytes_of(gpu: GpuBackend, buf: DeviceBuffer) -> bytes:
+    host = bytearray(buf.nbytes)
+    gpu.copy_to_host(host, buf)
+    return bytes(host)
+
+
+def test_a_plain_graph_launch_goes_through_the_door(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    """A replay on a stream of the backend, or on the default one, is the door's; its work is done; a graph whose
+    buffer was freed is the front's error, the door never asked."""
+    gpu, door = doors()
+    stream = gpu.create_stream()
+    bufs = [gpu.alloc(4096) for _ in range(3)]
+    exe = _graph_of_memsets(gpu, bufs, stream)
+    exe.launch(stream)
+    exe.launch()
+    stream.synchronize()
+    gpu.synchronize()
+    assert door.graph_launches == [(exe.raw, stream.raw), (exe.raw, gpu.default_stream.raw)]
+    assert [_bytes_of(gpu, b) for b in bufs] == [bytes([i + 1]) * 4096 for i in range(3)]
+    assert gpu.stats().graph_launches == 2
+    gpu.free(bufs[1])
+    with pytest.raises(InvalidBufferError, match="no longer live"):
+        exe.launch(stream)
+    assert len(door.graph_launches) == 2 and gpu.stats().graph_launches == 2
+    exe.close()
+    with pytest.raises(BackendClosedError, match="executable graph was closed"):
+        exe.launch(stream)
+    stream.close()
+    for buf in (bufs[0], bufs[2]):
+        gpu.free(buf)
+
+
+def test_a_graph_launch_the_door_declines_is_the_method_s(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    gpu, door = doors()
+    stream = gpu.create_stream()
+    bufs = [gpu.alloc(4096) for _ in range(2)]
+    exe = _graph_of_memsets(gpu, bufs, stream)
+    door.decline = True
+    exe.launch(stream)
+    stream.synchronize()
+    assert door.graph_launches == [] and gpu.stats().graph_launches == 1
+    assert [_bytes_of(gpu, b) for b in bufs] == [b"\x01" * 4096, b"\x02" * 4096]
+    exe.close()
+    stream.close()
+    for buf in bufs:
+        gpu.free(buf)
+
+
+def test_a_graph_launched_into_a_capture_is_the_front_s(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    """A replay into a stream being captured is recorded by the front (the door is for plain launches only)."""
+    gpu, door = doors()
+    stream, other = gpu.create_stream(), gpu.create_stream()
+    buf = gpu.alloc(4096)
+    exe = _graph_of_memsets(gpu, [buf], stream)
+    gpu.begin_capture(other)
+    exe.launch(other)
+    outer = gpu.end_capture(other)
+    assert door.graph_launches == []
+    assert buf in outer.buffers
+    outer.close()
+    exe.close()
+    for s in (stream, other):
+        s.close()
+    gpu.free(buf)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._memory.lane import DeviceLane as PureLane
 from metrale_core._memory.ledger import Ledger as PureLedger
 from metrale_core._memory.ledger import call_site
+from metrale_core._streams.graph_lane import GraphLane as PureGraphLane
 from metrale_core._streams.lane import StreamLane as PureStreamLane
 from metrale_core._twins import TWINS, built, describe, pick
 from tests._support import SETTINGS, compiled_twin, in_threads
@@ -34,7 +35,7 @@ from tests._support import SETTINGS, compiled_twin, in_threads
 #: ``tests/memory/test_site_twin.py``).
 PURE: dict[str, Any] = {
     "ledger": PureLedger, "stats": PureStats, "handle": DeviceBuffer._make, "arena": PureArena, "gate": PureGate,
-    "lane": PureLane, "site": call_site, "stream_lane": PureStreamLane,
+    "lane": PureLane, "site": call_site, "stream_lane": PureStreamLane, "graph_lane": PureGraphLane,
 }
 PURE_CLASSES: dict[str, type] = {name: ref for name, ref in PURE.items() if isinstance(ref, type)}
 
@@ -53,6 +54,7 @@ _MAKE: dict[str, Callable[[type], object]] = {
     "gate": lambda cls: cls(lambda: BackendClosedError("closed")),
     "lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
     "stream_lane": lambda cls: cls(_BACKEND._streams, _BACKEND._holdings.ledger),
+    "graph_lane": lambda cls: cls(_BACKEND._streams.graphs, _BACKEND._streams.graphs.lane_parts()),
 }
 
 

@@ -252,6 +252,7 @@ cdef extern from *:
         int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
         int (*free)(void *state, uintptr_t ptr);
         int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
+        int (*graph_launch)(void *state, PyObject *graph_exec, PyObject *stream);
     } metrale_device_calls_v1;
     """
     ctypedef struct metrale_device_calls_v1:
@@ -260,6 +261,7 @@ cdef extern from *:
         int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) except -1
         int (*free)(void* state, uintptr_t ptr) except -1
         int (*memset)(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1
+        int (*graph_launch)(void* state, PyObject* graph_exec, PyObject* stream) except -1
 
 cdef enum:
     _DECLINED = 1  # nothing done here: the core calls the method, which binds the context, does the work or raises
@@ -343,6 +345,33 @@ cdef int _door_memset(void* state, uintptr_t ptr, int value, size_t nbytes, PyOb
     return 0
 
 
+cdef int _door_graph_launch(void* state, PyObject* graph_exec, PyObject* stream) except -1:
+    """``cuGraphLaunch`` of ``graph_exec`` (a `CuGraphExec`) on ``stream`` (a `CuStream`) where the device's context is
+    current on this thread and the graph holds no host objects (the method keeps those alive until the stream is
+    idle: it is asked instead); a driver error raised as the method raises it (``check``), once."""
+    cdef _DoorState* door = <_DoorState*>state
+    cdef cydriver.CUresult err
+    cdef uintptr_t exec_handle, stream_handle
+    if not _current(door):
+        return _DECLINED
+    try:
+        if (<object>graph_exec).keep:
+            return _DECLINED
+        exec_handle = (<object>graph_exec).raw
+        stream_handle = (<object>stream).raw
+    except BaseException:  # (not a graph or a stream of this device: the method says what it is)
+        return _DECLINED
+    try:
+        with nogil:
+            err = cydriver.cuGraphLaunch(<cydriver.CUgraphExec><void*>exec_handle, <cydriver.CUstream><void*>stream_handle)
+    except BaseException:
+        return _DECLINED
+    if err != cydriver.CUDA_SUCCESS:
+        (<DeviceCalls>door.owner).graph_launch_failed(<int>err)  # raises
+        return _DECLINED
+    return 0
+
+
 cdef void _drop_owner(object capsule) noexcept:
     """The capsule's destructor: it lets go of the `DeviceCalls` it kept alive."""
     cdef void* owner = PyCapsule_GetContext(capsule)
@@ -352,22 +381,24 @@ cdef void _drop_owner(object capsule) noexcept:
 
 @cython.final
 cdef class DeviceCalls:
-    """One device's door for the core's compiled lane: ``alloc`` and ``free`` of device memory as C functions over
-    its context (``RawDevice.device_calls``), and ``memset`` on a stream of it. Each answers ``0`` (done), ``1``
-    (declined: another context or none current, or shut) or ``-1`` with the error raised: ``alloc_failed(code,
-    nbytes)``, ``free_failed(code)`` and ``memset_failed(code)`` map a driver error as the device's methods do.
-    `close` shuts it."""
+    """One device's door for the core's compiled lanes: ``alloc`` and ``free`` of device memory as C functions over
+    its context (``RawDevice.device_calls``), ``memset`` and ``graph_launch`` on a stream of it. Each answers ``0``
+    (done), ``1`` (declined: another context or none current, or shut) or ``-1`` with the error raised:
+    ``alloc_failed(code, nbytes)``, ``free_failed(code)``, ``memset_failed(code)`` and ``graph_launch_failed(code)``
+    map a driver error as the device's methods do. `close` shuts it."""
 
     cdef _DoorState _state
     cdef metrale_device_calls_v1 _table
     cdef readonly object alloc_failed
     cdef readonly object free_failed
     cdef readonly object memset_failed
+    cdef readonly object graph_launch_failed
 
-    def __init__(self, uintptr_t ctx, alloc_failed, free_failed, memset_failed):
+    def __init__(self, uintptr_t ctx, alloc_failed, free_failed, memset_failed, graph_launch_failed):
         self.alloc_failed = alloc_failed
         self.free_failed = free_failed
         self.memset_failed = memset_failed
+        self.graph_launch_failed = graph_launch_failed
         self._state.ctx = <cydriver.CUcontext><void*>ctx
         self._state.closed = False
         self._state.owner = <void*>self
@@ -376,6 +407,7 @@ cdef class DeviceCalls:
         self._table.alloc = _door_alloc
         self._table.free = _door_free
         self._table.memset = _door_memset
+        self._table.graph_launch = _door_graph_launch
 
     def close(self):
         """No call goes through the door any more (the device closes)."""

@@ -102,6 +102,11 @@ def _memset_failed(err: int) -> None:
     check(err, "cuMemsetD8Async")
 
 
+def _graph_launch_failed(err: int) -> None:
+    """The door's ``cuGraphLaunch`` failed with ``err``: the error `graph_launch` raises."""
+    check(err, "cuGraphLaunch")
+
+
 def _free_failed(err: int) -> None:
     """The door's ``cuMemFree`` failed with ``err``: what `free` does (raise, or log where nothing was left)."""
     teardown_failed(err, "cuMemFree")
@@ -130,7 +135,9 @@ class CompiledCudaDevice(CudaDevice):
         self._slots = _Slots()
         door = getattr(self._c, "DeviceCalls", None)
         #: The C door of the core's lanes (``device_calls``), shut as the device closes.
-        self._door: Any = None if door is None else door(self._key, _alloc_failed, _free_failed, _memset_failed)
+        self._door: Any = None if door is None else door(
+            self._key, _alloc_failed, _free_failed, _memset_failed, _graph_launch_failed
+        )
 
     @classmethod
     def open(cls, ordinal: int) -> CudaDevice:
@@ -207,9 +214,9 @@ class CompiledCudaDevice(CudaDevice):
         return ptr
 
     def device_calls(self) -> object | None:
-        """``alloc``, ``free`` and ``memset`` as C functions (``_cdriver.DeviceCalls``), for the core's compiled lanes:
-        each works where this device's context is current on the calling thread and it is open, and leaves every
-        other case to the method (which binds the context, or raises)."""
+        """``alloc``, ``free``, ``memset`` and ``graph_launch`` as C functions (``_cdriver.DeviceCalls``), for the
+        core's compiled lanes: each works where this device's context is current on the calling thread and it is
+        open, and leaves every other case to the method (which binds the context, or raises)."""
         return None if self._door is None else self._door.capsule()
 
     def close(self) -> None:

@@ -82,7 +82,9 @@ def test_the_module_exposes_its_stub() -> None:
             "ctx_current", "ctx_set", "ArgSlots.fill", "ArgSlots.image", "DeviceCalls.capsule"} <= set(stub)
     # (a compiled class's __init__ is a slot that takes *args at runtime; Cython writes its signature in the docstring)
     assert module.ArgSlots.__doc__.startswith("ArgSlots(tuple sizes)")
-    assert module.DeviceCalls.__doc__.startswith("DeviceCalls(uintptr_t ctx, alloc_failed, free_failed, memset_failed)")
+    assert module.DeviceCalls.__doc__.startswith(
+        "DeviceCalls(uintptr_t ctx, alloc_failed, free_failed, memset_failed, graph_launch_failed)"
+    )
     stub.pop("ArgSlots.__init__")
     stub.pop("DeviceCalls.__init__")
     for name, params in stub.items():
@@ -426,13 +428,14 @@ def test_the_door_declines_where_the_driver_cannot_answer() -> None:
 
     module = _module()
     seen: list[object] = []
-    door = module.DeviceCalls(0x1234, lambda err, n: seen.append((err, n)), seen.append, seen.append)
+    door = module.DeviceCalls(0x1234, lambda err, n: seen.append((err, n)), seen.append, seen.append, seen.append)
     capsule = door.capsule()
     table = door_table(capsule)
     out = ctypes.c_uint64(77)
     assert (table.alloc(table.state, 4096, ctypes.byref(out)), out.value) == (1, 77)
     assert table.free(table.state, 4096) == 1
     assert table.memset(table.state, 4096, 7, 256, object()) == 1  # (declined before the stream is read)
+    assert table.graph_launch(table.state, object(), object()) == 1  # (declined before the handles are read)
     door.close()
     assert door.closed and table.alloc(table.state, 4096, ctypes.byref(out)) == 1
     assert seen == []

@@ -234,3 +234,48 @@ def test_the_lane_over_the_door_keeps_the_ledger_stats_and_errors() -> None:
         backend.close()
     with pytest.raises(MetraleError):
         backend.free(buf)
+
+
+def test_graph_replays_through_the_lane_and_the_door() -> None:
+    """A graph of memsets replayed through the compiled graph lane and the CUDA door's ``graph_launch``: its work is
+    done, counted, and a graph whose buffer was freed is refused; the door's C function launches where the context
+    is current and declines on a thread where none is."""
+    import ctypes
+    import threading
+
+    if load() is None:
+        pytest.skip(f"no compiled driver calls here: {describe(False)}")
+    with open_backend("cuda", settings=SETTINGS.updated(pure=False, redzone=0)) as backend:
+        stream = backend.create_stream()
+        bufs = [backend.alloc(4096) for _ in range(2)]
+        backend.begin_capture(stream)
+        for i, buf in enumerate(bufs):
+            backend.memset(buf, i + 1, stream=stream)
+        graph = backend.end_capture(stream)
+        exe = graph.instantiate()
+        graph.close()
+        before = backend.stats().graph_launches
+        for _ in range(100):
+            exe.launch(stream)
+        exe.launch()
+        backend.synchronize()
+        assert backend.stats().graph_launches - before == 101
+        for i, buf in enumerate(bufs):
+            host = bytearray(4096)
+            backend.copy_to_host(host, buf)
+            assert host == bytes([i + 1]) * 4096
+        table = door_table(backend.raw.device_calls())
+        assert table.graph_launch(table.state, exe.raw, stream.raw) == 0
+        elsewhere: list[int] = []
+        worker = threading.Thread(target=lambda: elsewhere.append(table.graph_launch(table.state, exe.raw, stream.raw)))
+        worker.start()
+        worker.join()
+        assert elsewhere == [1]  # declined: no context current there
+        stream.synchronize()
+        backend.free(bufs[1])
+        with pytest.raises(MetraleError, match="no longer live"):
+            exe.launch(stream)
+        exe.close()
+        stream.close()
+        backend.free(bufs[0])
+        assert ctypes.sizeof(DoorTable) == table.size
