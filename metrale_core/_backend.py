@@ -27,6 +27,7 @@ from ._device.handles import Event, Graph, HostBuffer, Stream
 from ._device.raw import RawDevice
 from ._device.stats import MemoryStats, StatsCounter
 from ._launch.front import KernelFront
+from ._launch.lane import LaunchLane
 from ._launch.registry import Kernel, KernelRegistry, RunMetrics
 from ._launch.tensormaps import TensorMap, TensorMapFront
 from ._memory.allocator import Allocator
@@ -50,6 +51,10 @@ from .kernels._tensormap import TensorMapSpec
 __all__ = ["GpuBackend", "Parts", "parts"]
 
 _log = logging.getLogger("metrale")
+
+#: The frames of this module's own between a caller and the lanes it calls: ``GpuBackend.alloc``'s, where this module
+#: runs as Python (compiled, its methods make no frame). The lane's call site passes over it without a look.
+_OWN_FRAME: Final = 1 if __file__.endswith(".py") else 0
 
 
 class GpuBackend:
@@ -78,10 +83,13 @@ class GpuBackend:
         self._streams.attach(self._guard)
         self._monitor = MemoryMonitor(ctx, self._holdings, self._stats)
         self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor)
-        self._lane = pick("lane", DeviceLane, settings.pure)(self._memory, self._memory.lane_parts())
+        self._lane = pick("lane", DeviceLane, settings.pure)(
+            self._memory, self._memory.lane_parts()._replace(caller_frames=_OWN_FRAME)
+        )
         self._stream_lane = pick("stream_lane", StreamLane, settings.pure)(self._streams, self._holdings.ledger)
         self._exports = ExportTable(ctx, self._holdings, self._guard)
         self._kernels = KernelFront(ctx, self._holdings, self._streams)
+        self._launch_lane = pick("launch_lane", LaunchLane, settings.pure)(self._kernels, self._kernels.lane_parts())
         self._maps = TensorMapFront(ctx, self._holdings)
         origin = self._holdings.ledger.origin = origin_of(ctx)
         ctx.bind(self, origin, self._exports)
@@ -339,12 +347,7 @@ class GpuBackend:
         :raises InvalidBufferError: a buffer argument is not live.
         :raises DeviceFaultError: the kernel faulted (seen at the launch only with ``debug_sync_kernels``).
         """
-        ctx = self._ctx
-        ctx.enter()  # what @gated does, written out: a hot path
-        try:
-            self._kernels.launch(kernel, grid, block, args, shared_mem, stream)
-        finally:
-            ctx.leave()
+        self._launch_lane.launch(kernel, grid, block, args, shared_mem, stream)  # the gate and the front's work
 
     @gated
     def tensor_map(self, buffer: DeviceBuffer, spec: TensorMapSpec, offset: int = 0) -> TensorMap:

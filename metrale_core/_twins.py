@@ -29,6 +29,8 @@ TWINS: Final = {
     "lane": ("metrale_core._memory._lane", "DeviceLane"),
     "stream_lane": ("metrale_core._streams._lane", "StreamLane"),
     "graph_lane": ("metrale_core._streams._graph_lane", "GraphLane"),
+    "launch_lane": ("metrale_core._launch._lane", "LaunchLane"),
+    "pack": ("metrale_core._launch._pack", "pack_args"),
     "handle": ("metrale_core._device._handle", "make"),  # DeviceBuffer._make's; other twins cimport make_buffer
     "arena": ("metrale_core._memory._arena", "Arena"),
     "site": ("metrale_core._memory._site", "call_site"),

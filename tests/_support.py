@@ -165,6 +165,10 @@ class DoorTable(ctypes.Structure):
             ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.py_object
         )),
         ("graph_launch", ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.py_object)),
+        ("launch", ctypes.PYFUNCTYPE(
+            ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.POINTER(ctypes.c_uint), ctypes.c_uint,
+            ctypes.py_object, ctypes.py_object,
+        )),
     )
 
 

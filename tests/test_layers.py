@@ -53,7 +53,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     ),
     "_streams": (("graph_lane", "_graph_lane"), ("graphs",), ("front",), ("lane", "_lane")),
     "_reports": (("merge", "timeline"), ("summary",)),
-    "_launch": (("tensormaps",), ("registry",), ("front",)),
+    "_launch": (("tensormaps",), ("registry",), ("_pack", "lane", "_lane"), ("front",)),
     "_commands": (("progress", "bench"), ("conformance", "selftest"), ("commands",), ("cli",)),
     "testing": (
         ("_faults",),

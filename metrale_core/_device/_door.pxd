@@ -18,6 +18,8 @@ cdef extern from *:
         int (*free)(void *state, uintptr_t ptr);
         int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
         int (*graph_launch)(void *state, PyObject *graph_exec, PyObject *stream);
+        int (*launch)(void *state, PyObject *function, const unsigned int *shape, unsigned int shared_mem,
+                      PyObject *stream, PyObject *args);
     } metrale_device_calls_v1;
     /* The least a struct holds: up to its free (the functions after it are optional: a shorter struct has none). */
     #define METRALE_DEVICE_CALLS_ALLOC_FREE (offsetof(metrale_device_calls_v1, free) + sizeof(void *))
@@ -28,6 +30,9 @@ cdef extern from *:
     static int metrale_door_has_graph_launch(const metrale_device_calls_v1 *t) {
         return t->size >= offsetof(metrale_device_calls_v1, graph_launch) + sizeof(void *) && t->graph_launch != NULL;
     }
+    static int metrale_door_has_launch(const metrale_device_calls_v1 *t) {
+        return t->size >= offsetof(metrale_device_calls_v1, launch) + sizeof(void *) && t->launch != NULL;
+    }
     """
     size_t METRALE_DEVICE_CALLS_ALLOC_FREE
     ctypedef struct metrale_device_calls_v1:
@@ -37,8 +42,11 @@ cdef extern from *:
         int (*free)(void* state, uintptr_t ptr) except -1
         int (*memset)(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1
         int (*graph_launch)(void* state, PyObject* graph_exec, PyObject* stream) except -1
+        int (*launch)(void* state, PyObject* function, const unsigned int* shape, unsigned int shared_mem,
+                      PyObject* stream, PyObject* args) except -1
     bint door_has_memset "metrale_door_has_memset"(const metrale_device_calls_v1* table)
     bint door_has_graph_launch "metrale_door_has_graph_launch"(const metrale_device_calls_v1* table)
+    bint door_has_launch "metrale_door_has_launch"(const metrale_device_calls_v1* table)
 
 
 cdef inline object ask_door(object plugin, object log):

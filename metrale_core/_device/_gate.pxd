@@ -16,6 +16,7 @@ cdef class Gate:
     cdef object _cells
     cdef object _depth
     cdef unsigned long long _last_thread  # the thread state whose cell `_last_cell` is (a cache under the GIL)
+    cdef unsigned long long _last_forks  # the forks this process had seen then
     cdef _Cell _last_cell
 
     cdef _Cell _cell(self)

@@ -8,16 +8,19 @@ flags and counts as C fields.
   in and out at C level, the thread's cell handed from one to the other.
 - A thread's cell lives in a ``threading.local``; the last thread's cell is also kept beside the id of its thread
   state (``PyThreadState_GetID``: unique in the interpreter, never reused), so a thread calling again finds its
-  cell without the ``threading.local`` lookup. Only under the GIL, which makes reading the pair atomic.
+  cell without the ``threading.local`` lookup. Only under the GIL, which makes reading the pair atomic, and where
+  ``threading.local`` is the interpreter's own; a forked child looks its cells up again.
 """
 
 cimport cython
-from cpython.pystate cimport PyThreadState_Get
+from cpython.pystate cimport PyThreadState, PyThreadState_Get
 
 cdef extern from "Python.h":
-    unsigned long long PyThreadState_GetID(void* tstate)
+    unsigned long long PyThreadState_GetID(PyThreadState* tstate)
 
+import _thread
 import contextlib
+import os
 import sys
 import threading
 import weakref
@@ -29,6 +32,23 @@ from .capture import resume_calls, suspend_calls, thread_calls
 
 #: As in ``gate.py``: the counts without a lock under the GIL; a free-threaded build takes the lock.
 cdef bint LOCK_FREE = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+#: Whether a gate keeps the last thread's cell at hand: under the GIL, and where ``threading.local`` is the
+#: interpreter's own (a green-thread library that patched it makes the cells per green thread, not per thread state).
+cdef bint _CACHE = LOCK_FREE and threading.local is _thread._local
+
+#: Bumped in a forked child: a cell kept at hand before the fork may be another (now gone) thread's, with calls
+#: inside that never leave; the child finds its cells again through ``threading.local``, which the fork cleared.
+cdef unsigned long long _forks = 0
+
+
+def _forked():
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 @cython.final
@@ -75,13 +95,14 @@ cdef class Gate:
         """The calling thread's cell (made at its first call)."""
         cdef unsigned long long thread
         cdef _Cell cell
-        if not LOCK_FREE:
+        if not _CACHE:
             return <_Cell>self._depth.cell
-        thread = PyThreadState_GetID(<void*>PyThreadState_Get())
-        if thread == self._last_thread and self._last_cell is not None:
+        thread = PyThreadState_GetID(PyThreadState_Get())
+        if thread == self._last_thread and self._last_forks == _forks and self._last_cell is not None:
             return self._last_cell
         cell = <_Cell>self._depth.cell
         self._last_thread = thread
+        self._last_forks = _forks
         self._last_cell = cell
         return cell
 
@@ -162,7 +183,7 @@ cdef class Gate:
 
     def shut(self, timeout):
         """Refuse every later call and wait for those of other threads inside (see the pure class)."""
-        own = self._depth.cell
+        own = self._cell()  # (after a fork, this also lets go of a cell kept at hand that was another thread's)
         with self._cond:
             if self._closed:
                 return None

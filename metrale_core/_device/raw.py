@@ -146,8 +146,9 @@ class RawDevice(abc.ABC):
 
     def device_calls(self) -> object | None:
         """Optional: [`alloc`][metrale_core.RawDevice.alloc] and [`free`][metrale_core.RawDevice.free] of
-        ``"device"`` memory, [`memset`][metrale_core.RawDevice.memset] and
-        [`graph_launch`][metrale_core.RawDevice.graph_launch], as C functions, for the core's compiled lanes (default
+        ``"device"`` memory, [`memset`][metrale_core.RawDevice.memset],
+        [`graph_launch`][metrale_core.RawDevice.graph_launch] and [`launch`][metrale_core.RawDevice.launch], as C
+        functions, for the core's compiled lanes (default
         ``None``: they call the methods).
 
         A ``PyCapsule`` named ``DEVICE_CALLS`` (``"metrale_core.device_calls.v1"``) whose pointer is this struct,
@@ -164,6 +165,10 @@ class RawDevice(abc.ABC):
                 /* optional (NULL, or a struct that ends before it: the method): launch graph_exec (what this
                    device's graph_instantiate returned) on stream, both borrowed */
                 int (*graph_launch)(void *state, PyObject *graph_exec, PyObject *stream);
+                /* optional (likewise): launch function (what module_function returned) with shape = grid x, y, z,
+                   block x, y, z, on stream; args is the list of LaunchArg the method would get (all borrowed) */
+                int (*launch)(void *state, PyObject *function, const unsigned int *shape, unsigned int shared_mem,
+                              PyObject *stream, PyObject *args);
             } metrale_device_calls_v1;
 
         - Each is called with the GIL held (it may let go of it while the driver works), only while the backend

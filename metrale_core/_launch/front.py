@@ -17,14 +17,16 @@ from typing import Final
 from .._device.args import dims, integer, invalid_argument
 from .._device.buffer import DeviceBuffer
 from .._device.capture import capturing, forbid_during_capture
-from .._device.context import DeviceContext, Launch, describe_launch
+from .._device.context import DeviceContext, Launch
 from .._device.guarded import raise_raw
 from .._device.handles import Stream
-from .._errors import BackendClosedError, CaptureError, InvalidArgumentError, MetraleError
+from .._errors import BackendClosedError, InvalidArgumentError, MetraleError
 from .._memory.holdings import Holdings
 from .._streams.front import StreamFront
+from .._twins import pick
 from .._types import KernelImplementation
 from ..kernels._ptx import PtxImage, check_architecture, parse_ptx
+from .lane import LaunchLaneParts, launch_failed
 from .registry import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Kernel, KernelRegistry, RunMetrics, pack_args
 from .tensormaps import TensorMap
 
@@ -37,7 +39,7 @@ _MAX_PENDING_TIMINGS: Final = 4096
 class KernelFront:
     """Kernel modules, launches and run metrics of one backend."""
 
-    __slots__ = ("_holdings", "_metrics", "_raw", "_registries", "_streams", "ctx")
+    __slots__ = ("_holdings", "_metrics", "_pack", "_raw", "_registries", "_streams", "ctx")
 
     def __init__(self, ctx: DeviceContext, holdings: Holdings, streams: StreamFront) -> None:
         self.ctx = ctx
@@ -46,6 +48,16 @@ class KernelFront:
         self._streams = streams
         self._metrics = RunMetrics()
         self._registries: weakref.WeakSet[KernelRegistry] = weakref.WeakSet()
+        self._pack = pick("pack", pack_args, ctx.settings.pure)
+
+    def lane_parts(self) -> LaunchLaneParts:
+        """What its lane touches of the front's parts (`LaunchLaneParts`)."""
+        settings = self.ctx.settings
+        streams = self._streams
+        return LaunchLaneParts(
+            self.ctx, self._holdings, streams.guard, streams.default, self._metrics,
+            not (settings.kernel_timing or settings.debug_sync_kernels),
+        )
 
     # -- modules -------------------------------------------------------------------------------
 
@@ -111,7 +123,7 @@ class KernelFront:
         if b[0] * b[1] * b[2] > MAX_THREADS_PER_BLOCK:
             raise InvalidArgumentError(f"{what}: block {b} has more than {MAX_THREADS_PER_BLOCK} threads")
         shm = shared_mem if type(shared_mem) is int and shared_mem >= 0 else integer(shared_mem, what, "shared_mem")
-        packed = pack_args(kernel, args, what, self._live)
+        packed = self._pack(kernel, args, what, self._live)
         streams = self._streams
         target = streams.default if stream is None else streams.resolve(stream, what)
         outside_capture = target.capture is None and not capturing()
@@ -149,11 +161,10 @@ class KernelFront:
             if settings.debug_sync_kernels and outside_capture:
                 raw.stream_synchronize(target.raw)
         except MetraleError as exc:
-            if isinstance(exc, CaptureError):
+            failed = launch_failed(exc, launched)
+            if failed is exc:
                 raise
-            raise type(exc)(
-                f"{what} of {describe_launch(launched)} failed: {exc.message}", code=exc.code, name=exc.name
-            ) from exc
+            raise failed from exc
 
     def _live(self, buf: DeviceBuffer) -> None:
         """A launch's check of a buffer argument (for ``pack_args``): the very buffer the ledger handed out

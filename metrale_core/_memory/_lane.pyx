@@ -57,6 +57,7 @@ cdef class DeviceLane:
     cdef object _trace_idx
     cdef object _internal
     cdef object _indexes
+    cdef Py_ssize_t _caller_frames
     cdef object _ref
     cdef object _capsule  # (keeps the plugin's struct alive)
     cdef metrale_device_calls_v1* _door
@@ -86,6 +87,7 @@ cdef class DeviceLane:
         self._trace_idx = parts.trace_idx
         self._internal = ctx.internal
         self._indexes = _INDEXES if _INDEXES_LOCK_FREE else None  # (its next item taken at C level)
+        self._caller_frames = parts.caller_frames
         self._ref = ctx.ref
 
     def alloc(self, nbytes):
@@ -102,7 +104,7 @@ cdef class DeviceLane:
     cdef object _alloc(self, object n):
         ctx = self._ctx
         index = _next_index() if self._indexes is None else next(self._indexes)
-        site = call_site_c(self._internal, 1)  # (from the caller's caller: the caller is `GpuBackend.alloc`'s frame)
+        site = call_site_c(self._internal, self._caller_frames)  # (the facade's frame passed over where it has one)
         raw_ptr = None if self._door is NULL or self._gate.closed_c() else self._door_alloc(n)  # (closed: the method's error)
         if raw_ptr is None:  # no door, or it declined
             raw_ptr = self._plugin_alloc(n)

@@ -50,6 +50,8 @@ class LaneParts(NamedTuple):
       while no graph, export or tensor map lives).
     - ``zoned``: whether device allocations may get red zones (then every call goes to the allocator).
     - ``trace_idx``: the ``redzone_trace_idx`` setting (its allocation goes to the allocator's log).
+    - ``caller_frames``: frames above the lane that are the backend's own for certain, passed over by the call site's
+      walk without a look (the facade's ``GpuBackend.alloc``, where it runs as Python: it says so; ``0`` else).
     """
 
     ctx: DeviceContext
@@ -58,6 +60,7 @@ class LaneParts(NamedTuple):
     releases: ReleaseWatch
     zoned: bool
     trace_idx: int | None
+    caller_frames: int = 0
 
 
 @final

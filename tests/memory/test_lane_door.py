@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 from metrale_core import (
@@ -23,11 +24,13 @@ from metrale_core import (
     GraphExec,
     InvalidArgumentError,
     InvalidBufferError,
+    Kernel,
     MetraleError,
     OutOfMemoryError,
     Stream,
     open_backend,
 )
+from metrale_core.kernels import shipped_modules
 from metrale_core.plugin import DEVICE_CALLS, RawDevice
 from tests._support import MIB, SETTINGS, TEST_CAPACITY, compiled_twin
 
@@ -37,6 +40,10 @@ MEMSET = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.py_object
 )
 GRAPH_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.py_object)
+LAUNCH = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.POINTER(ctypes.c_uint), ctypes.c_uint, ctypes.py_object,
+    ctypes.py_object,
+)
 
 
 class Table(ctypes.Structure):
@@ -44,7 +51,7 @@ class Table(ctypes.Structure):
 
     _fields_ = (
         ("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", ALLOC), ("free", FREE), ("memset", MEMSET),
-        ("graph_launch", GRAPH_LAUNCH),
+        ("graph_launch", GRAPH_LAUNCH), ("launch", LAUNCH),
     )
 
 
@@ -69,10 +76,12 @@ class Door:
     frees: list[int] = field(default_factory=list)
     memsets: list[tuple[int, int, int]] = field(default_factory=list)
     graph_launches: list[tuple[object, object]] = field(default_factory=list)
+    launches: list[tuple[tuple[int, ...], int]] = field(default_factory=list)
     keep: list[object] = field(default_factory=list)  # the struct and the callbacks the capsule points at
 
     def capsule(
-        self, name: str = DEVICE_CALLS, size: int | None = None, memset: bool = True, graph_launch: bool = True
+        self, name: str = DEVICE_CALLS, size: int | None = None, memset: bool = True, graph_launch: bool = True,
+        launch: bool = True,
     ) -> object:
         def alloc(_state: int | None, nbytes: int, out: ctypes._Pointer[ctypes.c_uint64]) -> int:
             if self.decline:
@@ -95,18 +104,31 @@ class Door:
             self.memsets.append((ptr, value, nbytes))
             return 0
 
-        def launch(_state: int | None, graph_exec: object, stream: object) -> int:
+        def replay(_state: int | None, graph_exec: object, stream: object) -> int:
             if self.decline:
                 return DECLINED
             self.device.graph_launch(graph_exec, stream)
             self.graph_launches.append((graph_exec, stream))
             return 0
 
+        def run(
+            _state: int | None, function: object, shape: ctypes._Pointer[ctypes.c_uint], shared_mem: int,
+            stream: object, args: object,
+        ) -> int:
+            if self.decline:
+                return DECLINED
+            dims = tuple(shape[i] for i in range(6))
+            self.device.launch(function, dims[:3], dims[3:], shared_mem, stream, args)  # type: ignore[arg-type]
+            self.launches.append((dims, shared_mem))
+            return 0
+
         table = Table(ctypes.sizeof(Table) if size is None else size, None, ALLOC(alloc), FREE(free))
         if memset:
             table.memset = MEMSET(fill)
         if graph_launch:
-            table.graph_launch = GRAPH_LAUNCH(launch)
+            table.graph_launch = GRAPH_LAUNCH(replay)
+        if launch:
+            table.launch = LAUNCH(run)
         self.keep.append(table)
         return _new_capsule(ctypes.addressof(table), NAMES[name], None)
 
@@ -231,6 +253,94 @@ def test_a_declined_call_is_made_through_the_method(doors: Callable[..., tuple[G
         gpu.free(buf)
     stats = gpu.stats()
     assert (stats.alloc_count, stats.free_count, stats.current_bytes["device"]) == (1, 1, 0)
+
+
+def _vector_add(gpu: GpuBackend, n: int = 1000) -> tuple[Kernel, list[DeviceBuffer]]:
+    """The shipped ``vector_add`` and three buffers of ``n`` float32: a = i, b = 2i, out = 0."""
+    kernel = gpu.load_modules(shipped_modules("vector")).kernel("vector", "vector_add")
+    bufs = [gpu.alloc(4 * n) for _ in range(3)]
+    gpu.copy_to_device(bufs[0], np.arange(n, dtype=np.float32))
+    gpu.copy_to_device(bufs[1], 2 * np.arange(n, dtype=np.float32))
+    gpu.memset(bufs[2], 0)
+    return kernel, bufs
+
+
+def _floats(gpu: GpuBackend, buf: DeviceBuffer) -> np.ndarray:
+    host = np.zeros(buf.nbytes // 4, dtype=np.float32)
+    gpu.copy_to_host(host, buf)
+    return host
+
+
+def test_a_plain_launch_goes_through_the_door(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    """A launch of an int grid and block, live buffers and a typed scalar is the door's; its work is done, counted
+    and kept among the recent launches; a freed buffer is the front's error, the door never asked."""
+    gpu, door = doors()
+    n = 1000
+    kernel, (a, b, out) = _vector_add(gpu, n)
+    gpu.launch(kernel, 4, 256, (a, out, out, ctypes.c_uint32(n)))  # (scalar types met once: the front's)
+    gpu.launch(kernel, 4, 256, (a, out, out, np.uint32(n)))
+    door.launches.clear()
+    gpu.memset(out, 0)
+    gpu.launch(kernel, 4, 256, (a, b, out, np.uint32(n)))
+    gpu.synchronize()
+    assert door.launches == [((4, 1, 1, 256, 1, 1), 0)]
+    assert np.array_equal(_floats(gpu, out), 3 * np.arange(n, dtype=np.float32))
+    assert gpu.run_metrics().launches[("vector", "vector_add")] == 3
+    stream = gpu.create_stream()
+    gpu.launch(kernel, (4, 1), 256, (a, b, out, np.uint32(n)), stream=stream)  # a tuple: the front's
+    gpu.launch(kernel, 4, 256, [a, b, out, ctypes.c_uint32(n)], stream=stream, shared_mem=16)
+    stream.synchronize()
+    assert door.launches[1:] == [((4, 1, 1, 256, 1, 1), 16)]
+    assert gpu.run_metrics().launches[("vector", "vector_add")] == 5
+    gpu.free(b)
+    with pytest.raises(InvalidBufferError):
+        gpu.launch(kernel, 4, 256, (a, b, out, np.uint32(n)))
+    with pytest.raises(InvalidArgumentError, match="takes 4 argument"):
+        gpu.launch(kernel, 4, 256, (a, out, np.uint32(n)))
+    with pytest.raises(InvalidArgumentError):
+        gpu.launch(kernel, 4, 2048, (a, a, out, np.uint32(n)))  # more threads than a block holds
+    assert len(door.launches) == 2 and gpu.run_metrics().launches[("vector", "vector_add")] == 5
+    stream.close()
+    for buf in (a, out):
+        gpu.free(buf)
+
+
+def test_a_launch_the_door_declines_is_the_method_s(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    gpu, door = doors()
+    kernel, (a, b, out) = _vector_add(gpu, 256)
+    door.decline = True
+    for _ in range(2):  # (the second with the scalar's type met)
+        gpu.launch(kernel, 1, 256, (a, b, out, np.uint32(256)))
+    gpu.synchronize()
+    assert door.launches == [] and gpu.run_metrics().launches[("vector", "vector_add")] == 2
+    assert np.array_equal(_floats(gpu, out), 3 * np.arange(256, dtype=np.float32))
+    for buf in (a, b, out):
+        gpu.free(buf)
+
+
+def test_a_launch_into_a_capture_is_the_front_s(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    gpu, door = doors()
+    kernel, (a, b, out) = _vector_add(gpu, 256)
+    stream = gpu.create_stream()
+    gpu.begin_capture(stream)
+    gpu.launch(kernel, 1, 256, (a, b, out, np.uint32(256)), stream=stream)
+    graph = gpu.end_capture(stream)
+    assert door.launches == [] and out in graph.buffers
+    graph.close()
+    stream.close()
+    for buf in (a, b, out):
+        gpu.free(buf)
+
+
+def test_timed_launches_are_the_front_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``kernel_timing`` the lane hands every launch to the front, which times it."""
+    compiled_twin("launch_lane")
+    with open_backend("fake", settings=SETTINGS.updated(pure=False, kernel_timing=True)) as gpu:
+        kernel, (a, b, out) = _vector_add(gpu, 256)
+        gpu.launch(kernel, 1, 256, (a, b, out, np.uint32(256)))
+        assert gpu.run_metrics().gpu_ms.get(("vector", "vector_add")) is not None
+        for buf in (a, b, out):
+            gpu.free(buf)
 
 
 def _graph_of_memsets(gpu: GpuBackend, bufs: list[DeviceBuffer], stream: Stream) -> GraphExec:

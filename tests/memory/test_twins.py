@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,8 @@ from metrale_core import BackendClosedError, MetraleSettings, open_backend
 from metrale_core._device.buffer import DeviceBuffer
 from metrale_core._device.gate import Gate as PureGate
 from metrale_core._device.stats import StatsCounter as PureStats
+from metrale_core._launch.lane import LaunchLane as PureLaunchLane
+from metrale_core._launch.registry import pack_args
 from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._memory.lane import DeviceLane as PureLane
 from metrale_core._memory.ledger import Ledger as PureLedger
@@ -36,6 +40,7 @@ from tests._support import SETTINGS, compiled_twin, in_threads
 PURE: dict[str, Any] = {
     "ledger": PureLedger, "stats": PureStats, "handle": DeviceBuffer._make, "arena": PureArena, "gate": PureGate,
     "lane": PureLane, "site": call_site, "stream_lane": PureStreamLane, "graph_lane": PureGraphLane,
+    "launch_lane": PureLaunchLane, "pack": pack_args,
 }
 PURE_CLASSES: dict[str, type] = {name: ref for name, ref in PURE.items() if isinstance(ref, type)}
 
@@ -55,6 +60,7 @@ _MAKE: dict[str, Callable[[type], object]] = {
     "lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
     "stream_lane": lambda cls: cls(_BACKEND._streams, _BACKEND._holdings.ledger),
     "graph_lane": lambda cls: cls(_BACKEND._streams.graphs, _BACKEND._streams.graphs.lane_parts()),
+    "launch_lane": lambda cls: cls(_BACKEND._kernels, _BACKEND._kernels.lane_parts()),
 }
 
 
@@ -408,6 +414,58 @@ def test_the_lane_twin_names_the_user_s_line() -> None:
             buf = gpu.alloc(16); line = inspect.currentframe().f_lineno  # type: ignore[union-attr]  # noqa: E702
             assert buf.site == f"{__file__}:{line}"
             gpu.free(buf)
+
+
+@pytest.mark.parametrize("caller_frames", [0, 1])
+def test_the_lane_twin_names_the_user_s_line_whatever_frames_the_facade_has(caller_frames: int) -> None:
+    """The call site passes over as many frames as the facade says are its own, no more: a facade compiled (no
+    frame of its own, ``0``) still names the user's line, called straight from it (the review's case)."""
+    cls = _twin("lane")
+    with open_backend("fake", settings=SETTINGS.updated(pure=False)) as gpu:
+        allocator = gpu._memory
+        lane = cls(allocator, allocator.lane_parts()._replace(caller_frames=caller_frames))
+
+        def facade(n: int) -> DeviceBuffer:
+            return lane.alloc(n)  # type: ignore[no-any-return]
+
+        buf = facade(16) if caller_frames else lane.alloc(16); line = inspect.currentframe().f_lineno  # type: ignore[union-attr]  # noqa: E702
+        assert buf.site == f"{__file__}:{line}"
+        lane.free(buf)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+@pytest.mark.parametrize("build", ["pure", "compiled"])
+def test_a_forked_child_s_gate_waits_for_no_thread_of_its_parent(build: str) -> None:
+    """A thread inside a call as the process forks does not exist in the child: the child's shut waits for nothing
+    (the twin's cell kept at hand was that thread's; the review's case)."""
+    gate = (PureGate if build == "pure" else _twin("gate"))(lambda: BackendClosedError("closed"))
+    inside, done = threading.Event(), threading.Event()
+
+    def call() -> None:
+        gate.enter()
+        inside.set()
+        done.wait(5)
+        gate.leave()
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    inside.wait(5)
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (fork with threads: this test's point)
+        pid = os.fork()
+    if pid == 0:  # the child: report and leave at once
+        try:
+            os.write(write, repr(gate.shut(0.5)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    answer = os.read(read, 64).decode()
+    os.close(read)
+    done.set()
+    worker.join()
+    assert answer == "0"
 
 
 def test_the_lane_twin_refuses_after_close_and_during_a_capture() -> None:

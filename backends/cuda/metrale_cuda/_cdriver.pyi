@@ -53,6 +53,8 @@ class DeviceCalls:
     def memset_failed(self) -> Callable[[int], None]: ...
     @property
     def graph_launch_failed(self) -> Callable[[int], None]: ...
+    @property
+    def launch_failed(self) -> Callable[[int], None]: ...
     def __init__(
         self,
         ctx: int,
@@ -60,6 +62,7 @@ class DeviceCalls:
         free_failed: Callable[[int], None],
         memset_failed: Callable[[int], None],
         graph_launch_failed: Callable[[int], None],
+        launch_failed: Callable[[int], None],
     ) -> None: ...
     def close(self) -> None: ...
     @property

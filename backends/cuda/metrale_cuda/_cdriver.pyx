@@ -23,6 +23,7 @@ from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_SIMPLE, PyBuffer_Release
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetContext, PyCapsule_New, PyCapsule_SetContext
 from cpython.object cimport PyObject
+from cpython.pystate cimport PyThreadState, PyThreadState_Get
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport calloc, free
@@ -30,6 +31,9 @@ from libc.string cimport memcpy
 from libcpp.vector cimport vector
 
 from cuda.bindings cimport cydriver
+
+import sys
+import threading
 
 #: What ``launch`` returns where the arguments' sizes differ from its slots' (nothing launched): build new slots.
 REPACK = -1
@@ -253,6 +257,8 @@ cdef extern from *:
         int (*free)(void *state, uintptr_t ptr);
         int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
         int (*graph_launch)(void *state, PyObject *graph_exec, PyObject *stream);
+        int (*launch)(void *state, PyObject *function, const unsigned int *shape, unsigned int shared_mem,
+                      PyObject *stream, PyObject *args);
     } metrale_device_calls_v1;
     """
     ctypedef struct metrale_device_calls_v1:
@@ -262,6 +268,8 @@ cdef extern from *:
         int (*free)(void* state, uintptr_t ptr) except -1
         int (*memset)(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1
         int (*graph_launch)(void* state, PyObject* graph_exec, PyObject* stream) except -1
+        int (*launch)(void* state, PyObject* function, const unsigned int* shape, unsigned int shared_mem,
+                      PyObject* stream, PyObject* args) except -1
 
 cdef enum:
     _DECLINED = 1  # nothing done here: the core calls the method, which binds the context, does the work or raises
@@ -372,11 +380,53 @@ cdef int _door_graph_launch(void* state, PyObject* graph_exec, PyObject* stream)
     return 0
 
 
+cdef int _door_launch(void* state, PyObject* function, const unsigned int* shape, unsigned int shared_mem,
+                      PyObject* stream, PyObject* args) except -1:
+    """``cuLaunchKernel`` of ``function`` (a `CuFunction`) on ``stream`` (a `CuStream`), ``shape`` its grid and block
+    (x, y, z each), ``args`` a list of ``LaunchArg`` copied into this thread's slots of the kernel (the door's own, as
+    the method keeps its own), where the device's context is current on this thread; a driver error raised as the
+    method raises it (``check``), once."""
+    cdef _DoorState* door = <_DoorState*>state
+    cdef cydriver.CUresult err
+    cdef uintptr_t handle, stream_handle
+    cdef ArgSlots slots
+    cdef void** params
+    if not _current(door):
+        return _DECLINED
+    try:
+        handle = (<object>function).raw
+        stream_handle = (<object>stream).raw
+        slots = (<DeviceCalls>door.owner)._slots_for(<object>function, <object>args)
+    except BaseException:  # (not a kernel or a stream of this device, odd arguments: the method says what is wrong)
+        return _DECLINED
+    if slots is None:
+        return _DECLINED
+    params = slots._pointers.data() if slots._pointers.size() else NULL
+    try:
+        with nogil:
+            err = cydriver.cuLaunchKernel(<cydriver.CUfunction><void*>handle, shape[0], shape[1], shape[2], shape[3],
+                                          shape[4], shape[5], shared_mem, <cydriver.CUstream><void*>stream_handle,
+                                          params, NULL)
+    except BaseException:
+        return _DECLINED
+    if err != cydriver.CUDA_SUCCESS:
+        (<DeviceCalls>door.owner).launch_failed(<int>err)  # raises
+        return _DECLINED
+    return 0
+
+
 cdef void _drop_owner(object capsule) noexcept:
     """The capsule's destructor: it lets go of the `DeviceCalls` it kept alive."""
     cdef void* owner = PyCapsule_GetContext(capsule)
     if owner is not NULL:
         Py_DECREF(<object>owner)
+
+
+cdef extern from "Python.h":
+    unsigned long long PyThreadState_GetID(PyThreadState* tstate)
+
+#: Whether the GIL makes a door's reads of its per-thread slots' cache atomic (else the ``threading.local`` each time).
+cdef bint _GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 @cython.final
@@ -385,7 +435,7 @@ cdef class DeviceCalls:
     its context (``RawDevice.device_calls``), ``memset`` and ``graph_launch`` on a stream of it. Each answers ``0``
     (done), ``1`` (declined: another context or none current, or shut) or ``-1`` with the error raised:
     ``alloc_failed(code, nbytes)``, ``free_failed(code)``, ``memset_failed(code)`` and ``graph_launch_failed(code)``
-    map a driver error as the device's methods do. `close` shuts it."""
+    map a driver error as the device's methods do (``launch_failed(code)`` too, for ``launch``). `close` shuts it."""
 
     cdef _DoorState _state
     cdef metrale_device_calls_v1 _table
@@ -393,12 +443,20 @@ cdef class DeviceCalls:
     cdef readonly object free_failed
     cdef readonly object memset_failed
     cdef readonly object graph_launch_failed
+    cdef readonly object launch_failed
+    cdef object _local  # per thread: its ArgSlots per kernel (by the CuFunction's identity)
+    cdef unsigned long long _last_thread  # the thread state whose slots `_last_slots` are (under the GIL)
+    cdef dict _last_slots
 
-    def __init__(self, uintptr_t ctx, alloc_failed, free_failed, memset_failed, graph_launch_failed):
+    def __init__(self, uintptr_t ctx, alloc_failed, free_failed, memset_failed, graph_launch_failed, launch_failed):
         self.alloc_failed = alloc_failed
         self.free_failed = free_failed
         self.memset_failed = memset_failed
         self.graph_launch_failed = graph_launch_failed
+        self.launch_failed = launch_failed
+        self._local = threading.local()
+        self._last_thread = 0
+        self._last_slots = None
         self._state.ctx = <cydriver.CUcontext><void*>ctx
         self._state.closed = False
         self._state.owner = <void*>self
@@ -408,6 +466,41 @@ cdef class DeviceCalls:
         self._table.free = _door_free
         self._table.memset = _door_memset
         self._table.graph_launch = _door_graph_launch
+        self._table.launch = _door_launch
+
+    cdef ArgSlots _slots_for(self, object function, object args):
+        """This thread's slots of ``function``, ``args`` written into them (new slots where their sizes changed);
+        ``None`` where they cannot hold them."""
+        cdef unsigned long long thread
+        cdef dict kept
+        cdef ArgSlots slots
+        if _GIL:
+            thread = PyThreadState_GetID(PyThreadState_Get())
+            if thread == self._last_thread and self._last_slots is not None:
+                kept = self._last_slots
+            else:
+                kept = self._thread_slots()
+                self._last_thread = thread
+                self._last_slots = kept
+        else:
+            kept = self._thread_slots()
+        key = id(function)
+        found = kept.get(key)
+        if found is not None:
+            slots = <ArgSlots>found
+            if slots._fill(args):
+                return slots
+        slots = ArgSlots(tuple([len(a.data) for a in args]))
+        if not slots._fill(args):
+            return None
+        kept[key] = slots
+        return slots
+
+    cdef dict _thread_slots(self):
+        kept = getattr(self._local, "slots", None)
+        if kept is None:
+            kept = self._local.slots = {}
+        return <dict>kept
 
     def close(self):
         """No call goes through the door any more (the device closes)."""

@@ -107,6 +107,11 @@ def _graph_launch_failed(err: int) -> None:
     check(err, "cuGraphLaunch")
 
 
+def _launch_failed(err: int) -> None:
+    """The door's ``cuLaunchKernel`` failed with ``err``: the error `launch` raises."""
+    check(err, "cuLaunchKernel")
+
+
 def _free_failed(err: int) -> None:
     """The door's ``cuMemFree`` failed with ``err``: what `free` does (raise, or log where nothing was left)."""
     teardown_failed(err, "cuMemFree")
@@ -136,7 +141,7 @@ class CompiledCudaDevice(CudaDevice):
         door = getattr(self._c, "DeviceCalls", None)
         #: The C door of the core's lanes (``device_calls``), shut as the device closes.
         self._door: Any = None if door is None else door(
-            self._key, _alloc_failed, _free_failed, _memset_failed, _graph_launch_failed
+            self._key, _alloc_failed, _free_failed, _memset_failed, _graph_launch_failed, _launch_failed
         )
 
     @classmethod
@@ -214,9 +219,9 @@ class CompiledCudaDevice(CudaDevice):
         return ptr
 
     def device_calls(self) -> object | None:
-        """``alloc``, ``free``, ``memset`` and ``graph_launch`` as C functions (``_cdriver.DeviceCalls``), for the
-        core's compiled lanes: each works where this device's context is current on the calling thread and it is
-        open, and leaves every other case to the method (which binds the context, or raises)."""
+        """``alloc``, ``free``, ``memset``, ``graph_launch`` and ``launch`` as C functions (``_cdriver.DeviceCalls``),
+        for the core's compiled lanes: each works where this device's context is current on the calling thread and
+        it is open, and leaves every other case to the method (which binds the context, or raises)."""
         return None if self._door is None else self._door.capsule()
 
     def close(self) -> None:

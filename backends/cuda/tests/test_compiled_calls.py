@@ -83,7 +83,7 @@ def test_the_module_exposes_its_stub() -> None:
     # (a compiled class's __init__ is a slot that takes *args at runtime; Cython writes its signature in the docstring)
     assert module.ArgSlots.__doc__.startswith("ArgSlots(tuple sizes)")
     assert module.DeviceCalls.__doc__.startswith(
-        "DeviceCalls(uintptr_t ctx, alloc_failed, free_failed, memset_failed, graph_launch_failed)"
+        "DeviceCalls(uintptr_t ctx, alloc_failed, free_failed, memset_failed, graph_launch_failed, launch_failed)"
     )
     stub.pop("ArgSlots.__init__")
     stub.pop("DeviceCalls.__init__")
@@ -428,7 +428,9 @@ def test_the_door_declines_where_the_driver_cannot_answer() -> None:
 
     module = _module()
     seen: list[object] = []
-    door = module.DeviceCalls(0x1234, lambda err, n: seen.append((err, n)), seen.append, seen.append, seen.append)
+    door = module.DeviceCalls(
+        0x1234, lambda err, n: seen.append((err, n)), seen.append, seen.append, seen.append, seen.append
+    )
     capsule = door.capsule()
     table = door_table(capsule)
     out = ctypes.c_uint64(77)
@@ -436,6 +438,8 @@ def test_the_door_declines_where_the_driver_cannot_answer() -> None:
     assert table.free(table.state, 4096) == 1
     assert table.memset(table.state, 4096, 7, 256, object()) == 1  # (declined before the stream is read)
     assert table.graph_launch(table.state, object(), object()) == 1  # (declined before the handles are read)
+    shape = (ctypes.c_uint * 6)(1, 1, 1, 32, 1, 1)
+    assert table.launch(table.state, object(), shape, 0, object(), []) == 1  # (likewise)
     door.close()
     assert door.closed and table.alloc(table.state, 4096, ctypes.byref(out)) == 1
     assert seen == []

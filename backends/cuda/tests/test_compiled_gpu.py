@@ -279,3 +279,38 @@ def test_graph_replays_through_the_lane_and_the_door() -> None:
         stream.close()
         backend.free(bufs[0])
         assert ctypes.sizeof(DoorTable) == table.size
+
+
+def test_launches_through_the_lane_and_the_door() -> None:
+    """``vector_add`` launched through the compiled launch lane and the CUDA door's ``launch`` computes what the
+    pure build computes; a launch the driver refuses raises the same error, naming the launch, in both builds."""
+    import re
+
+    if load() is None:
+        pytest.skip(f"no compiled driver calls here: {describe(False)}")
+    failures = []
+    for pure in (False, True):
+        with open_backend("cuda", settings=SETTINGS.updated(pure=pure, redzone=0)) as backend:
+            kernel = backend.load_modules(shipped_modules("vector")).kernel("vector", "vector_add")
+            a, b, out = (backend.alloc(4 * N) for _ in range(3))
+            backend.copy_to_device(a, np.arange(N, dtype=np.float32))
+            backend.copy_to_device(b, 2 * np.arange(N, dtype=np.float32))
+            grid = (N + 255) // 256
+            for _ in range(3):
+                backend.launch(kernel, grid, 256, (a, b, out, np.uint32(N)))
+            stream = backend.create_stream()
+            backend.launch(kernel, grid, 256, [a, b, out, np.uint32(N)], stream=stream)
+            stream.synchronize()
+            host = np.zeros(N, dtype=np.float32)
+            backend.copy_to_host(host, out)
+            assert np.array_equal(host, 3 * np.arange(N, dtype=np.float32))
+            assert backend.run_metrics().launches[("vector", "vector_add")] == 4
+            with pytest.raises(MetraleError) as caught:  # more shared memory than any block has
+                backend.launch(kernel, grid, 256, (a, b, out, np.uint32(N)), shared_mem=1 << 30)
+            failures.append((type(caught.value), re.sub(r"0x[0-9a-f]+", "ADDR", str(caught.value))))
+            assert backend.run_metrics().launches[("vector", "vector_add")] == 4
+            stream.close()
+            for buf in (a, b, out):
+                backend.free(buf)
+    assert failures[0] == failures[1], failures
+    assert "launch of vector.vector_add" in failures[0][1]
