@@ -18,7 +18,6 @@ from cpython.pystate cimport PyThreadState, PyThreadState_Get
 cdef extern from "Python.h":
     unsigned long long PyThreadState_GetID(PyThreadState* tstate)
 
-import _thread
 import contextlib
 import os
 import sys
@@ -33,9 +32,6 @@ from .capture import resume_calls, suspend_calls, thread_calls
 #: As in ``gate.py``: the counts without a lock under the GIL; a free-threaded build takes the lock.
 cdef bint LOCK_FREE = getattr(sys, "_is_gil_enabled", lambda: True)()
 
-#: Whether a gate keeps the last thread's cell at hand: under the GIL, and where ``threading.local`` is the
-#: interpreter's own (a green-thread library that patched it makes the cells per green thread, not per thread state).
-cdef bint _CACHE = LOCK_FREE and threading.local is _thread._local
 
 #: Bumped in a forked child: a cell kept at hand before the fork may be another (now gone) thread's, with calls
 #: inside that never leave; the child finds its cells again through ``threading.local``, which the fork cleared.
@@ -67,6 +63,12 @@ class _Depth(threading.local):
         self.cell = _Cell()
         with lock:
             cells.add(self.cell)
+
+
+#: Whether a gate keeps the last thread's cell at hand: under the GIL, and where `_Depth` is local to a thread (the
+#: interpreter's ``_thread._local``), not to a green thread (gevent's patch replaces ``threading.local`` and
+#: ``_thread._local`` alike: the class is judged by its module).
+cdef bint _CACHE = LOCK_FREE and _Depth.__mro__[1].__module__ == "_thread"
 
 
 @cython.final

@@ -34,7 +34,6 @@ from .registry import Kernel as _Kernel
 cdef bytes _CAPSULE_NAME = _DEVICE_CALLS.encode()
 cdef long long _GRID_X = _MAX_GRID[0]
 cdef long long _BLOCK_X = min(_MAX_BLOCK[0], _MAX_THREADS)
-cdef Py_ssize_t _OWNED_KEPT = 1024  # kernels found this backend's, kept by identity (then the kept ones dropped)
 
 
 @cython.final
@@ -51,7 +50,6 @@ cdef class LaunchLane:
     cdef object _recent
     cdef object _ref
     cdef bint _plain
-    cdef dict _owned  # id(kernel) -> kernel: found of a registry of this backend (a registry's owner never changes)
     cdef object _capsule  # (keeps the plugin's struct alive)
     cdef metrale_device_calls_v1* _door
 
@@ -73,7 +71,6 @@ cdef class LaunchLane:
         self._recent = ctx.recent
         self._ref = ctx.ref
         self._plain = parts.plain
-        self._owned = {}
         self._door = NULL
         self._capsule = None
         capsule = ask_door(ctx.plugin, None)  # (quiet: the device lane said what is wrong as the backend opened)
@@ -103,14 +100,7 @@ cdef class LaunchLane:
         if not (1 <= grid <= _GRID_X and 1 <= block <= _BLOCK_X and 0 <= shared_mem <= 0xFFFFFFFF):
             return False  # (compared as Python ints: nothing converted that might not fit)
         registry = kernel.registry
-        key = id(kernel)
-        if self._owned.get(key) is not kernel:
-            if not registry._owned_by(self._ctx):  # (the front's check of the registry it asks)
-                return False
-            if len(self._owned) >= _OWNED_KEPT:
-                self._owned.clear()
-            self._owned[key] = kernel
-        if registry.unloaded:
+        if not registry._owned_by(self._ctx) or registry.unloaded:  # (the front's checks, asked of the registry)
             return False
         if stream is None:
             target = self._default
@@ -127,13 +117,13 @@ cdef class LaunchLane:
         b = (block, 1, 1)
         launched = (kernel.module, kernel.name, g, b, packed)
         self._recent.append(launched)  # formatted only when a fault is reported
-        guard = self._guard
-        if guard.fills:
-            guard.settle_for(target)
         ctx = self._ctx
         function = kernel.raw
         stream_raw = target.raw
         try:
+            guard = self._guard
+            if guard.fills:
+                guard.settle_for(target)  # (inside: a failed wait is this launch's failure, as the front has it)
             try:
                 if self._door is not NULL:
                     shape[0], shape[1], shape[2] = <unsigned int>grid, 1, 1

@@ -26,7 +26,7 @@ from .._types import LaunchArg as _LaunchArg
 from . import registry as _pure
 
 cdef extern from "Python.h":
-    PyObject* PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t nitems) except NULL
+    object PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t nitems)  # (a new reference, taken as one)
 
 cdef object _make = _LaunchArg._make
 cdef object _NONE = None
@@ -48,7 +48,7 @@ cdef object _arg(object param, object data, object pointer):
     """``LaunchArg._make(param, data, pointer)``."""
     if not _C_ARGS:
         return _make(param, data, pointer)
-    arg = <object>PyType_GenericAlloc(<PyTypeObject*>_LaunchArg, 0)
+    arg = PyType_GenericAlloc(<PyTypeObject*>_LaunchArg, 0)
     slot_set(arg, _ARG_SLOT[0], param)
     slot_set(arg, _ARG_SLOT[1], data)
     slot_set(arg, _ARG_SLOT[2], pointer)
