@@ -79,3 +79,34 @@ cdef inline metrale_device_calls_v1* door_of(object plugin, object capsule, byte
                         type(plugin).__name__, table.size)
         return NULL
     return table
+
+
+cdef enum:
+    # The optional functions a lane may need of a door (`door_with`).
+    DOOR_MEMSET = 1
+    DOOR_GRAPH_LAUNCH = 2
+    DOOR_LAUNCH = 3
+
+
+cdef inline object door_with(object plugin, bytes name, int function):
+    """The plugin's capsule where its struct holds ``function`` (a ``DOOR_*``), else ``None``; quietly (the device
+    lane said what is wrong with a door as the backend opened). The caller keeps the capsule and calls `table_of`."""
+    cdef metrale_device_calls_v1* table
+    capsule = ask_door(plugin, None)
+    table = door_of(plugin, capsule, name, None)
+    if table is NULL:
+        return None
+    if function == DOOR_MEMSET:
+        return capsule if door_has_memset(table) else None
+    if function == DOOR_GRAPH_LAUNCH:
+        return capsule if door_has_graph_launch(table) else None
+    if function == DOOR_LAUNCH:
+        return capsule if door_has_launch(table) else None
+    return None
+
+
+cdef inline metrale_device_calls_v1* table_of(object capsule, bytes name) except? NULL:
+    """The struct of a capsule `door_with` gave (``NULL`` for ``None``)."""
+    if capsule is None:
+        return NULL
+    return <metrale_device_calls_v1*>PyCapsule_GetPointer(capsule, name)

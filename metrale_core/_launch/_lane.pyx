@@ -16,7 +16,7 @@ done here at C level.
 cimport cython
 from cpython.object cimport PyObject
 
-from .._device._door cimport ask_door, door_has_launch, door_of, metrale_device_calls_v1
+from .._device._door cimport DOOR_LAUNCH, door_with, metrale_device_calls_v1, table_of
 from .._device._gate cimport Gate, _Cell
 from .._memory._ledger cimport Ledger
 from ._pack cimport pack_c
@@ -71,13 +71,8 @@ cdef class LaunchLane:
         self._recent = ctx.recent
         self._ref = ctx.ref
         self._plain = parts.plain
-        self._door = NULL
-        self._capsule = None
-        capsule = ask_door(ctx.plugin, None)  # (quiet: the device lane said what is wrong as the backend opened)
-        door = door_of(ctx.plugin, capsule, _CAPSULE_NAME, None)
-        if door is not NULL and door_has_launch(door):
-            self._door = door
-            self._capsule = capsule
+        self._capsule = door_with(ctx.plugin, _CAPSULE_NAME, DOOR_LAUNCH)
+        self._door = table_of(self._capsule, _CAPSULE_NAME)
 
     def launch(self, kernel, grid, block, args, shared_mem, stream):
         """``GpuBackend.launch``."""

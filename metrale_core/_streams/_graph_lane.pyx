@@ -21,7 +21,7 @@ from cpython.object cimport PyObject
 
 from .._device._slots cimport slot_get, slot_offset, slot_set
 
-from .._device._door cimport ask_door, door_has_graph_launch, door_of, metrale_device_calls_v1
+from .._device._door cimport DOOR_GRAPH_LAUNCH, door_with, metrale_device_calls_v1, table_of
 from .._device._gate cimport Gate, _Cell
 from .._device._stats cimport StatsCounter
 from .._memory._ledger cimport Ledger
@@ -118,13 +118,8 @@ cdef class GraphLane:
         self._default = parts.default
         self._scan_graphs = parts.scan_graphs
         self._ref = ctx.ref
-        self._door = NULL
-        self._capsule = None
-        capsule = ask_door(ctx.plugin, None)  # (quiet: the device lane said what is wrong as the backend opened)
-        door = door_of(ctx.plugin, capsule, _CAPSULE_NAME, None)
-        if door is not NULL and door_has_graph_launch(door):
-            self._door = door
-            self._capsule = capsule
+        self._capsule = door_with(ctx.plugin, _CAPSULE_NAME, DOOR_GRAPH_LAUNCH)
+        self._door = table_of(self._capsule, _CAPSULE_NAME)
 
     def launch(self, graph, stream):
         """``GraphExec.launch``."""

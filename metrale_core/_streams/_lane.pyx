@@ -15,7 +15,7 @@ cimport cython
 from cpython.object cimport PyObject
 from libc.stdint cimport uintptr_t
 
-from .._device._door cimport ask_door, door_has_memset, door_of, metrale_device_calls_v1
+from .._device._door cimport DOOR_MEMSET, door_with, metrale_device_calls_v1, table_of
 from .._device._gate cimport Gate, _Cell
 from .._device._handle cimport FIELD_INDEX, FIELD_NBYTES, FIELD_OWNER, FIELD_PTR, buffer_field
 from .._memory._ledger cimport Ledger
@@ -55,13 +55,8 @@ cdef class StreamLane:
         self._ref = ctx.ref
         self._default = streams.default
         self._zoned = bool(streams.guard.fills)
-        self._door = NULL
-        self._capsule = None
-        capsule = ask_door(ctx.plugin, None)  # (quiet: the device lane said what is wrong as the backend opened)
-        door = door_of(ctx.plugin, capsule, _CAPSULE_NAME, None)
-        if door is not NULL and door_has_memset(door):
-            self._door = door
-            self._capsule = capsule
+        self._capsule = door_with(ctx.plugin, _CAPSULE_NAME, DOOR_MEMSET)
+        self._door = table_of(self._capsule, _CAPSULE_NAME)
 
     def memset(self, dst, value, offset, nbytes, stream):
         """``GpuBackend.memset``."""
