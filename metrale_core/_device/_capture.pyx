@@ -15,7 +15,7 @@ import sys
 
 from cpython.object cimport PyObject
 
-from ._slots cimport slot_get, slot_offset, slot_set
+from ._slots cimport slot_get, slot_named, slot_set
 
 from . import capture as _pure
 
@@ -39,11 +39,7 @@ cdef Py_ssize_t _COUNT = -1
 
 def _offsets():
     """The three slots' offsets, each -1 where it is not a plain object slot of its class."""
-    def of(cls, name):
-        if type(cls) is not type or not isinstance(cls.__dict__.get("__slots__"), tuple):
-            return -1
-        return slot_offset(cls.__dict__.get(name), cls)
-    return of(_pure._Flag, "calls"), of(_pure._Flag, "inside"), of(type(_STARTING), "count")
+    return slot_named(_pure._Flag, "calls"), slot_named(_pure._Flag, "inside"), slot_named(type(_STARTING), "count")
 
 
 if _GIL:

@@ -40,3 +40,11 @@ cdef extern from *:
     Py_ssize_t slot_offset "metrale_slot_offset"(object descr, object type_object)
     PyObject* slot_get "metrale_slot_get"(object obj, Py_ssize_t offset)
     void slot_set "metrale_slot_set"(object obj, Py_ssize_t offset, object value)
+
+
+cdef inline Py_ssize_t slot_named(object cls, str name) except? -2:
+    """The offset of ``name``, a plain object slot of ``cls``'s own ``__slots__`` (a class of ``type``); -1 where it
+    is none: every twin that reads a class's slots in place finds them so."""
+    if type(cls) is not type or not isinstance(cls.__dict__.get("__slots__"), tuple):
+        return -1
+    return slot_offset(cls.__dict__.get(name), cls)

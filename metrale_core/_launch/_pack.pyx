@@ -16,7 +16,7 @@ cimport cython
 from cpython.object cimport PyObject, PyTypeObject
 
 from .._device._handle cimport FIELD_INDEX, FIELD_OWNER, FIELD_PTR, buffer_field
-from .._device._slots cimport slot_offset, slot_set
+from .._device._slots cimport slot_named, slot_set
 from .._memory._ledger cimport Ledger
 
 from .._device.buffer import DeviceBuffer as _DeviceBuffer
@@ -32,11 +32,15 @@ cdef object _make = _LaunchArg._make
 cdef object _NONE = None
 
 # LaunchArg's four slots (param, data, pointer, tensor_map): an argument is built at C level, as the handle twin
-# builds a DeviceBuffer, where their layout was found and the class may be built so (`CLASS_SWAP`: the GIL);
-# else through ``LaunchArg._make``.
+# builds a DeviceBuffer, where their layout was found and building one does no more than store its fields (no
+# ``__post_init__``, no ``__new__`` of its own), and the class may be built so (`CLASS_SWAP`: the GIL); else through
+# ``LaunchArg._make``.
 cdef Py_ssize_t _ARG_SLOT[4]
-_offsets = [slot_offset(_LaunchArg.__dict__.get(name), _LaunchArg) for name in ("param", "data", "pointer", "tensor_map")]
-cdef bint _C_ARGS = bool(_CLASS_SWAP) and min(_offsets) >= 0 and _LaunchArg.__itemsize__ == 0
+_offsets = [slot_named(_LaunchArg, name) for name in ("param", "data", "pointer", "tensor_map")]
+cdef bint _C_ARGS = (
+    bool(_CLASS_SWAP) and min(_offsets) >= 0 and len(set(_offsets)) == 4 and _LaunchArg.__itemsize__ == 0
+    and not hasattr(_LaunchArg, "__post_init__") and _LaunchArg.__new__ is object.__new__
+)
 for _i in range(4):
     _ARG_SLOT[_i] = _offsets[_i]
 

@@ -111,7 +111,7 @@ cdef class DeviceLane:
         buf = make_buffer(raw_ptr, n, "device", index, site, self._ref)
         # the commit: the backend is open now, or nothing of this allocation remains (judged under the ledger's
         # lock, which the sweep's drain takes: the record is drained at close, or never added)
-        committed = self._ledger.add_open_c(index, buf, self._gate)
+        committed = self._ledger.add_c(index, buf, self._gate)
         if committed:
             self._stats.allocated_c(KIND_DEVICE, n)
         else:

@@ -1,6 +1,6 @@
 # The compiled ledger's C-level door, for the compiled lane: `add_c` and `take_c` are `add` and `take` without a
-# Python call (the caller has the buffer's index at hand); `has_c` is `has` likewise. `add_open_c` is `add_c` done
-# only while ``gate`` is open, judged under the ledger's lock (what `drain` takes): the compiled lane's commit.
+# Python call (the caller has the buffer's index at hand); `has_c` is `has` likewise. `add_c` adds only while ``gate``
+# is open (where one is given), judged under the ledger's lock (what `drain` takes): the compiled lane's commit.
 
 cimport cython
 
@@ -19,7 +19,6 @@ cdef class Ledger:
     cdef public object origin
 
     cdef void _log(self, str op, object record) except *
-    cdef int add_c(self, object index, object buf) except -1
-    cdef int add_open_c(self, object index, object buf, Gate gate) except -1
+    cdef int add_c(self, object index, object buf, Gate gate) except -1
     cdef object take_c(self, object index, object ptr, object nbytes)
     cdef bint has_c(self, object index, object buf)

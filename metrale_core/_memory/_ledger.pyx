@@ -43,24 +43,15 @@ cdef class Ledger:
 
     def add(self, buf):
         """Put the allocation ``buf`` handed out on the ledger."""
-        self.add_c(buf.index, buf)
+        self.add_c(buf.index, buf, None)
 
-    cdef int add_c(self, object index, object buf) except -1:
+    cdef int add_c(self, object index, object buf, Gate gate) except -1:
+        """`add` while ``gate`` is open (``None``: always): ``1``, or ``0`` with nothing added once it is shut.
+        Judged under the ledger's lock, which `drain` takes: a record is added before the sweep drains the ledger,
+        or not at all."""
         acquire(&self._lock)
         try:
-            self._records[index] = buf
-            if self._events is not None:
-                self._log("alloc", _record(buf, self.origin))
-        finally:
-            release(&self._lock)
-        return 0
-
-    cdef int add_open_c(self, object index, object buf, Gate gate) except -1:
-        """`add_c` while ``gate`` is open: ``1``, or ``0`` with nothing added once it is shut. Judged under the
-        ledger's lock, which `drain` takes: a record is added before the sweep drains the ledger, or not at all."""
-        acquire(&self._lock)
-        try:
-            if gate.closed_c():
+            if gate is not None and gate.closed_c():
                 return 0
             self._records[index] = buf
             if self._events is not None:

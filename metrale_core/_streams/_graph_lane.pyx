@@ -19,7 +19,7 @@ case done here at C level.
 cimport cython
 from cpython.object cimport PyObject
 
-from .._device._slots cimport slot_get, slot_offset, slot_set
+from .._device._slots cimport slot_get, slot_named, slot_set
 
 from .._device._door cimport DOOR_GRAPH_LAUNCH, door_with, metrale_device_calls_v1, table_of
 from .._device._gate cimport Gate, _Cell
@@ -52,10 +52,7 @@ cdef tuple _NAMES = tuple(name for _, name in _FIELDS)
 
 def _find_offsets():
     """Each field's offset, or -1 for all where any is not a plain object slot of its class."""
-    found = []
-    for cls, name in _FIELDS:
-        descr = cls.__dict__.get(name) if isinstance(cls.__dict__.get("__slots__"), tuple) else None
-        found.append(-1 if descr is None else slot_offset(descr, cls))
+    found = [slot_named(cls, name) for cls, name in _FIELDS]
     return found if min(found) >= 0 else [-1] * len(found)
 
 
