@@ -1,5 +1,6 @@
 # The compiled stats counter's C-level door, for the compiled lane: `allocated_c` and `released_c` are
-# `allocated` and `released` with the kind's index at hand (``KIND_DEVICE``: ``"device"``).
+# `allocated` and `released` with the kind's index at hand (``KIND_DEVICE``: ``"device"``); `quarantined_c` and
+# `reusable_c` are `quarantined` and `reusable` (for the compiled quarantine).
 
 cimport cython
 
@@ -33,3 +34,5 @@ cdef class StatsCounter:
 
     cdef void allocated_c(self, int k, long long nbytes) noexcept
     cdef void released_c(self, int k, long long nbytes) noexcept
+    cdef void quarantined_c(self, long long count, long long nbytes) noexcept
+    cdef void reusable_c(self, long long count, long long nbytes) noexcept

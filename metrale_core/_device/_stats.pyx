@@ -52,21 +52,23 @@ cdef class StatsCounter:
 
     def quarantined(self, long long count, long long nbytes):
         """Buffers entered (positive) or left (negative) the red-zone quarantine."""
+        self.quarantined_c(count, nbytes)
+
+    cdef void quarantined_c(self, long long count, long long nbytes) noexcept:
         acquire(&self._lock)
-        try:
-            self.quarantined_count += count
-            self.quarantined_bytes += nbytes
-        finally:
-            release(&self._lock)
+        self.quarantined_count += count
+        self.quarantined_bytes += nbytes
+        release(&self._lock)
 
     def reusable(self, long long count, long long nbytes):
         """Checked zoned blocks entered (positive) or left (negative) the red zones' reuse lists."""
+        self.reusable_c(count, nbytes)
+
+    cdef void reusable_c(self, long long count, long long nbytes) noexcept:
         acquire(&self._lock)
-        try:
-            self.reusable_count += count
-            self.reusable_bytes += nbytes
-        finally:
-            release(&self._lock)
+        self.reusable_count += count
+        self.reusable_bytes += nbytes
+        release(&self._lock)
 
     def allocated(self, str kind, long long nbytes):
         self.allocated_c(_kind(kind), nbytes)

@@ -36,7 +36,7 @@ from .._twins import pick
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena
 from .holdings import Holdings
-from .lane import LaneParts
+from .lane import LaneParts, ZonedParts
 from .ledger import call_site_for, describe_sites, largest_sites, next_index
 from .quarantine import Quarantine
 
@@ -111,7 +111,7 @@ class Allocator:
         self._holdings = holdings
         self._stats = stats
         self._guard = guard
-        self._quarantine = Quarantine(ctx, stats, guard)
+        self._quarantine: Quarantine = pick("quarantine", Quarantine, ctx.settings.pure)(ctx, stats, guard)
         self._monitor = monitor
         self._callbacks: list[Callable[[int], object]] = []
         #: The release observers switched on (the fronts' own switches), read at each release.
@@ -133,7 +133,13 @@ class Allocator:
 
     def lane_parts(self) -> LaneParts:
         """What the backend's lane (``GpuBackend.alloc`` and ``free``) uses of this allocator's parts."""
-        return LaneParts(self.ctx, self._holdings.ledger, self._stats, self._releases, self._zoned, self._trace_idx)
+        guard = self._guard
+        zoning = ZonedParts(
+            guard, guard.zones, self._quarantine, self._holdings.raw_base, guard.fill_stream, self._zeroes
+        ) if self._zoned else None
+        return LaneParts(
+            self.ctx, self._holdings.ledger, self._stats, self._releases, self._zoned, self._trace_idx, zoning
+        )
 
     def _released(self, buf: DeviceBuffer) -> None:
         for observer in self._releases.active:
@@ -185,6 +191,10 @@ class Allocator:
         if self._trace_idx == index:
             self.trace(index, what, n, site)
         return buf
+
+    def zoned_raw(self, raw_bytes: int, n: int) -> int:
+        """The raw memory of a zoned device allocation of ``n`` bytes that no kept block serves (the lane's)."""
+        return self._raw_alloc(raw_bytes, n, "device", "alloc")
 
     def retry_alloc(self, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError) -> int:
         """The raw allocation of ``n`` bytes whose first try (the caller's) ran out of memory: reclaim-and-retry."""

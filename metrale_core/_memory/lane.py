@@ -2,14 +2,14 @@
 
 - `DeviceLane.alloc` and `DeviceLane.free` count the call in and out of the gate and hand it to the
   allocator, which does the work (the ledger, red zones, reclaim-and-retry, the errors).
-- ``_lane.pyx`` is its compiled twin: it does the common case itself at C level (a plain device allocation
-  or free, no red zones, no capture in progress), through the same parts the allocator hands both (`LaneParts`),
-  and hands everything else to the allocator, as this class does with every call.
+- ``_lane.pyx`` is its compiled twin: it does the common case itself at C level (a device allocation or free,
+  red zones or none, no capture in progress), through the same parts the allocator hands both (`LaneParts`,
+  `ZonedParts`), and hands everything else to the allocator, as this class does with every call.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, final
+from typing import TYPE_CHECKING, NamedTuple, Protocol, final
 
 from .._device.buffer import DeviceBuffer
 from .._device.context import DeviceContext
@@ -19,7 +19,12 @@ from .._types import AllocKind
 from .ledger import Ledger
 from .watch import ReleaseWatch
 
-__all__ = ["DeviceLane", "LaneParts", "LaneWork"]
+if TYPE_CHECKING:
+    from .._redzones.guard import ZoneGuard
+    from .._redzones.layout import RedZones
+    from .quarantine import Quarantine
+
+__all__ = ["DeviceLane", "LaneParts", "LaneWork", "ZonedParts"]
 
 
 class LaneWork(Protocol):
@@ -34,11 +39,34 @@ class LaneWork(Protocol):
     def retry_alloc(self, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError) -> int:
         """A raw allocation whose first try ran out of memory: reclaim-and-retry."""
 
+    def zoned_raw(self, raw_bytes: int, n: int) -> int:
+        """The raw memory of a zoned allocation of ``n`` bytes that no kept block serves: ``raw_bytes`` from the
+        driver, with reclaim-and-retry."""
+
     def release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
         """Give back the raw memory of an allocation that cannot be committed."""
 
     def trace(self, index: int, what: str, n: int, site: str) -> None:
         """Log the stack of the allocation ``redzone_trace_idx`` names."""
+
+
+class ZonedParts(NamedTuple):
+    """What a zoned allocation and its free touch besides the ledger, each part still its owner's.
+
+    - ``guard``: the zone guard (`ZoneGuard.forget` where a commit finds the backend closed).
+    - ``zones``: its zone table, which counts the fills issued.
+    - ``quarantine``: the allocator's quarantine: a kept block for an allocation, a freed buffer held.
+    - ``raw_base``: the holdings' raw address of each zoned allocation, by creation index.
+    - ``stream``: the default stream's raw handle, where the zones are filled.
+    - ``zeroes``: whether a kept block is zeroed before a new allocation takes it (fresh memory reads as zeros).
+    """
+
+    guard: ZoneGuard
+    zones: RedZones
+    quarantine: Quarantine
+    raw_base: dict[int, int]
+    stream: object
+    zeroes: bool
 
 
 class LaneParts(NamedTuple):
@@ -48,7 +76,7 @@ class LaneParts(NamedTuple):
     - ``ledger``, ``stats``: the allocator's holdings' ledger and the backend's counters.
     - ``releases``: the holdings' `ReleaseWatch`, whose ``active`` observers a free calls (read at each free: empty
       while no graph, export or tensor map lives).
-    - ``zoned``: whether device allocations may get red zones (then every call goes to the allocator).
+    - ``zoned``: whether device allocations may get red zones; ``zoning``: then, the parts they touch.
     - ``trace_idx``: the ``redzone_trace_idx`` setting (its allocation goes to the allocator's log).
     - ``caller_frames``: frames above the lane that are the backend's own for certain, passed over by the call site's
       walk without a look (the facade's ``GpuBackend.alloc``, where it runs as Python: it says so; ``0`` else).
@@ -60,6 +88,7 @@ class LaneParts(NamedTuple):
     releases: ReleaseWatch
     zoned: bool
     trace_idx: int | None
+    zoning: ZonedParts | None = None
     caller_frames: int = 0
 
 

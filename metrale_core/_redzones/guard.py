@@ -29,6 +29,7 @@ from .._device.context import DeviceContext
 from .._device.handles import Stream
 from .._device.stats import StatsCounter
 from .._errors import MetraleError, RedZoneError
+from .._twins import pick
 from .._types import RedZoneChecks, RedZoneViolation
 from .ingraph import GraphCheck, GraphChecks, open_checks
 from .layout import Layout, RedZones, Zone
@@ -48,7 +49,7 @@ class ZoneGuard:
     """Red zones of one backend: fills, bookkeeping, judging, graph launches and the report."""
 
     __slots__ = (
-        "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_issued", "_fills_settled",
+        "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_settled",
         "_full_checked", "_observers", "_queued", "_raw", "_scan_graphs", "_scanner", "_stats", "fills", "lock",
         "zones",
     )
@@ -59,8 +60,8 @@ class ZoneGuard:
         self._stats = stats
         self._default_stream = default
         self._default = default.raw
-        #: Where the live zones lie (and the table the device-side scan reads).
-        self.zones = RedZones(ctx.settings)
+        #: Where the live zones lie (and the table the device-side scan reads); it counts the fills issued too.
+        self.zones: RedZones = pick("zones", RedZones, ctx.settings.pure)(ctx.settings)
         #: Whether this guard ever queues fills (red zones are on). Where not, work on any stream has no
         #: fill to wait for, and the hot paths skip `settle_for`.
         self.fills: Final = self.zones.size > 0
@@ -71,13 +72,17 @@ class ZoneGuard:
         self._full_checked: list[FullCheck] = []
         self._scanner = Scanner(ctx, self.zones, self._default)
         self._queued = QueuedScans(ctx, self.zones, self._scanner, stats, self.lock, self.report)
-        self._fills_issued = 0  # fills queued on the default stream
-        self._fills_settled = 0  # of those, known done
+        self._fills_settled = 0  # of the fills queued on the default stream (``zones.filled``), those known done
         self._checks: GraphChecks | None = None  # the in-graph checks, once open
         self._checks_off = ""  # why graphs are not checked inside ("": not tried yet, or on)
         stats.redzone_sample = ctx.settings.redzone_sample
 
     # -- fills ------------------------------------------------------------------------------
+
+    @property
+    def fill_stream(self) -> object:
+        """The default stream's raw handle: every fill runs on it (the compiled lane fills there too)."""
+        return self._default
 
     def layout(self, nbytes: int, index: int) -> Layout | None:
         """The zones of a new device allocation (``None``: it gets none)."""
@@ -100,13 +105,11 @@ class ZoneGuard:
             raw.memset(zone.start, self.zones.fill, zone.length, default)
         if zero:
             raw.memset(buf.ptr, 0, buf.nbytes, default)
-        with self._ctx.lock:
-            self._fills_issued += 1
-        self.zones.add(zones)
+        self.zones.add(zones)  # (the fill counted: `settle_for` waits for it where it must)
 
     def settle_for(self, stream: Stream) -> None:
         """Before work on ``stream``: wait for the fills if ``stream`` is not the default stream."""
-        if self._fills_issued != self._fills_settled and stream.raw is not self._default:
+        if self.zones.filled != self._fills_settled and stream.raw is not self._default:
             self.settle()
 
     def settle(self) -> None:
@@ -115,14 +118,14 @@ class ZoneGuard:
         No wait is allowed then: ``begin_capture`` settles first, and no allocation (so no fill)
         happens during a capture.
         """
-        issued = self._fills_issued
+        issued = self.zones.filled
         if issued != self._fills_settled and may_wait():  # the check and the wait are one step
             self._raw.stream_synchronize(self._default)
             self._fills_done(issued)
 
     def sync_device(self) -> None:
         """Wait for all of the backend's work (``RawDevice.synchronize``); the fills issued before are done."""
-        issued = self._fills_issued
+        issued = self.zones.filled
         self._raw.synchronize()
         self._fills_done(issued)
 

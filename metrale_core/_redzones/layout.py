@@ -60,8 +60,8 @@ class RedZones:
     """
 
     __slots__ = (
-        "_lock", "_patterns", "_slot_of", "_slots", "_table", "_zones", "fill", "lead", "min_idx", "sample", "size",
-        "version",
+        "_lock", "_patterns", "_slot_of", "_slots", "_table", "_zones", "fill", "filled", "lead", "min_idx", "sample",
+        "size", "version",
     )
 
     def __init__(self, settings: MetraleSettings) -> None:
@@ -78,6 +78,8 @@ class RedZones:
         self._patterns: dict[int, bytes] = {}  # zone length -> that many fill bytes
         #: Moves on every change to the set of live zones.
         self.version = 0
+        #: How many allocations' zones were added: each was filled first (the guard's fills issued).
+        self.filled = 0
 
     def layout(self, nbytes: int, index: int) -> Layout | None:
         """The raw size and the zones for an ``alloc`` of ``nbytes`` with ``index``; ``None`` for none."""
@@ -105,6 +107,7 @@ class RedZones:
                 self._slots.append(zone)
                 self._table.extend((zone.start, zone.length))
             self.version += 1
+            self.filled += 1
 
     def remove(self, index: int) -> tuple[Zone, ...]:
         """Forget the zones of allocation ``index``; returns them (empty if it had none)."""
