@@ -103,25 +103,25 @@ class GraphFront:
         """A graph's launch, inside the gate: its operands live, the stream, the zone guard, a capture's record."""
         holdings = self._holdings
         is_live = holdings.is_live
-        plain = graph.check is None and not graph.peers
+        live = not graph.peers  # whether every operand is known live (a peer's buffer: its own backend says)
         for registry in graph.registries:  # (loops, not any() over a generator: both are short)
             if registry.unloaded:
-                plain = False
+                live = False
         for hb in graph.host_buffers:
             if hb.closed:
-                plain = False
-        if plain:
+                live = False
+        if live:  # its buffers: by the ledger, as a whole, unless no record came off since they were last found so
             ledger = holdings.ledger
             taken = ledger.taken  # read first: a record that comes off during the check shows at the next launch
             if graph.live_at != taken:  # records came off since its buffers were last found live: look again
-                live = ledger.holds_all(graph.buffers, self.ctx.ref)
-                if live:
+                held = ledger.holds_all(graph.buffers, self.ctx.ref)
+                if held:
                     graph.live_at = taken
                 else:  # None: arena or external memory among them, each by its own rule
-                    plain = live is None and all(is_live(buf) for buf in graph.buffers)
-        if plain:  # every operand live
+                    live = held is None and all(is_live(buf) for buf in graph.buffers)
+        if live:  # every operand live
             target = self._streams.resolve(stream, "GraphExec.launch")
-            if target.capture is None and not self._scan_graphs:  # the common case written out (a hot path)
+            if graph.check is None and target.capture is None and not self._scan_graphs:  # the common case (hot)
                 guard = self._guard
                 if guard.fills:
                     guard.settle_for(target)

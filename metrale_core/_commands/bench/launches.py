@@ -106,8 +106,7 @@ def measure_graph(b: Bench) -> Result:
         stack.callback(start.close)
         stack.callback(end.close)
 
-        def replay() -> None:
-            exe.launch(stream)
+        replay = functools.partial(exe.launch, stream)  # (called as the raw launch is: no frame of the bench's own)
 
         def eager() -> None:
             args = (bufs[0], bufs[1], bufs[2], count)

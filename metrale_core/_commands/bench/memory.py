@@ -58,7 +58,7 @@ def measure_alloc(b: Bench) -> Result:
                 goals.append(Goal("the ledger adds at most 5% to the raw 1 MiB pair", figures[-2].ratio, 1.05, True))
             if n <= MIB:
                 zone_us = to_us(medians[zone]) - to_us(medians[ledger])
-                goals.append(Goal(f"a red zone adds at most 10 us to a {size} pair (us added)", zone_us, 10.0, True))
+                goals.append(Goal(f"a red zone adds at most 5 us to a {size} pair (us added)", zone_us, 5.0, True))
     detail = (
         f"host time per pair (red zone: 4 KiB, freed buffers checked in batches from the quarantine, intact blocks "
         f"reused), median of {rounds} rounds of {calls}, 1 MiB kept live"
