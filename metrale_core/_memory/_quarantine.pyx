@@ -148,12 +148,11 @@ cdef class Quarantine:
         held = self._held
         if not held and not also:
             return []
-        zones = []
-        zones_of = self._zones.zones_of
-        for entry in held:
-            zones.extend(zones_of((<_Held>entry).index))
-        zones.extend(also)
-        found = self._guard.judge(zones)
+        zones, table = self._zones.batch_c([(<_Held>entry).index for entry in held])  # their table made in C
+        if also:
+            zones.extend(also)
+            table = None  # (made of the zones, with the sweep's)
+        found = self._guard.judge(zones, table)
         self.full_check(found)
         return found
 

@@ -41,3 +41,4 @@ cdef class RedZones:
     cdef bint remove_c(self, object index) except -1
     cdef Py_ssize_t zone_bytes_c(self, object index) except -2
     cdef tuple _live(self)
+    cdef tuple batch_c(self, list indexes)

@@ -17,12 +17,35 @@ from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale_core._device._lock cimport acquire, release
+from metrale_core._device._slots cimport slot_named, slot_set
 
 from .._types import WORD_LIMIT as _WORD_LIMIT
 from .._types import RedZoneViolation as _RedZoneViolation
 from .layout import ALIGN as _ALIGN
 from .layout import Layout as _Layout
 from .layout import Zone as _Zone
+
+# Zone's slots, in its fields' order (buffer, side, start, length): a zone is made by storing them in place, as the
+# handle twin makes a DeviceBuffer; where they are not plain slots, by its constructor.
+cdef Py_ssize_t _Z_BUFFER = slot_named(_Zone, "buffer")
+cdef Py_ssize_t _Z_SIDE = slot_named(_Zone, "side")
+cdef Py_ssize_t _Z_START = slot_named(_Zone, "start")
+cdef Py_ssize_t _Z_LENGTH = slot_named(_Zone, "length")
+cdef bint _Z_DIRECT = min(_Z_BUFFER, _Z_SIDE, _Z_START, _Z_LENGTH) >= 0 and tuple(
+    f.name for f in __import__("dataclasses").fields(_Zone)) == ("buffer", "side", "start", "length")
+cdef object _new = object.__new__
+
+
+cdef object _zone(object buf, str side, uint64_t start, uint64_t length):
+    """A `Zone`, the same as ``Zone(buf, side, start, length)``."""
+    if not _Z_DIRECT:
+        return _Zone(buf, side, start, length)
+    zone = _new(_Zone)
+    slot_set(zone, _Z_BUFFER, buf)
+    slot_set(zone, _Z_SIDE, side)
+    slot_set(zone, _Z_START, start)
+    slot_set(zone, _Z_LENGTH, length)
+    return zone
 
 
 @cython.final
@@ -207,6 +230,35 @@ cdef class RedZones:
         finally:
             release(&self._lock)
 
+    cdef tuple batch_c(self, list indexes):
+        """The zones of allocations ``indexes`` still watched, in that order (each one's lead first), and their scan
+        table (`zone_table`'s bytes): what a batch check judges."""
+        cdef _Rec rec
+        cdef Py_ssize_t i, n = 0
+        cdef uint64_t* at
+        acquire(&self._lock)
+        try:
+            recs = [self._recs.get(index) for index in indexes]
+        finally:
+            release(&self._lock)
+        zones = []
+        for item in recs:
+            if item is not None:
+                zones.extend(_zones_of(<_Rec>item))
+        table = PyBytes_FromStringAndSize(NULL, len(zones) * 16)
+        at = <uint64_t*><char*>table
+        for item in recs:
+            if item is None:
+                continue
+            rec = <_Rec>item
+            if rec.lead_len:
+                at[2 * n], at[2 * n + 1] = rec.lead_start, rec.lead_len
+                n += 1
+            if rec.trail_len:
+                at[2 * n], at[2 * n + 1] = rec.trail_start, rec.trail_len
+                n += 1
+        return zones, table
+
     def zones_of(self, index):
         """The zones of allocation ``index`` still watched (empty if none)."""
         acquire(&self._lock)
@@ -289,10 +341,11 @@ cdef list _in_slot_order(tuple slots):
 cdef tuple _zones_of(_Rec rec):
     """The `Zone` objects of ``rec``, lead first: made once."""
     if rec.zones is None:
-        zones = []
-        if rec.lead_len:
-            zones.append(_Zone(rec.buf, "lead", rec.lead_start, rec.lead_len))
-        if rec.trail_len:
-            zones.append(_Zone(rec.buf, "trail", rec.trail_start, rec.trail_len))
-        rec.zones = tuple(zones)
+        if rec.lead_len and rec.trail_len:
+            rec.zones = (_zone(rec.buf, "lead", rec.lead_start, rec.lead_len),
+                         _zone(rec.buf, "trail", rec.trail_start, rec.trail_len))
+        elif rec.lead_len:
+            rec.zones = (_zone(rec.buf, "lead", rec.lead_start, rec.lead_len),)
+        else:
+            rec.zones = (_zone(rec.buf, "trail", rec.trail_start, rec.trail_len),)
     return <tuple>rec.zones

@@ -135,9 +135,10 @@ class ZoneGuard:
 
     # -- watching and judging ----------------------------------------------------------------
 
-    def judge(self, zones: Sequence[Zone]) -> list[RedZoneViolation]:
-        """Wait for the device, then judge ``zones`` (a free's own, or a batch of the quarantine's)."""
-        return self._read(zones)
+    def judge(self, zones: Sequence[Zone], table: bytes | None = None) -> list[RedZoneViolation]:
+        """Wait for the device, then judge ``zones`` (a free's own, or a batch of the quarantine's); ``table``: their
+        scan table (`zone_table`) where the caller has it at hand, else it is made of them."""
+        return self._read(zones, table)
 
     def unwatch(self, index: int) -> tuple[Zone, ...]:
         """Stop watching the zones of allocation ``index``; returns them. The caller holds `lock`, and calls
@@ -214,16 +215,15 @@ class ZoneGuard:
             self._full_checked_all(found)
             return found
 
-    def _read(self, zones: Sequence[Zone] | None = None) -> list[RedZoneViolation]:
+    def _read(self, zones: Sequence[Zone] | None = None, table: bytes | None = None) -> list[RedZoneViolation]:
         """Wait for the device, then judge ``zones``: every watched zone (live or quarantined) when ``None``."""
         with self.lock:
-            table: bytes | None
             scanner = self._scanner
             if zones is None:
                 self._stats.redzone_scans += 1
                 version, zones, table = scanner.snapshot()
             else:
-                version, table = -1, None
+                version = -1
             if not zones:
                 return []
             self.sync_device()

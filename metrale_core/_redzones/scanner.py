@@ -113,7 +113,8 @@ class Scanner:
     def judge(
         self, zones: Sequence[Zone], table: bytes | None = None, version: int = -1
     ) -> list[RedZoneViolation]:
-        """Judge ``zones`` (the device idle); ``table`` and ``version`` come from `snapshot`, or none."""
+        """Judge ``zones`` (the device idle); ``table`` and ``version`` come from `snapshot`, or none (``version``
+        -1: ``table`` is the zones' own where given, else it is made of them)."""
         if len(zones) < _DEVICE_SCAN_MIN_ZONES:  # a free's own zones: one read beats three device calls
             return self._by_reads(zones)
         kernel = self.kernel()
@@ -167,7 +168,7 @@ class Scanner:
 
         - ``table``: the zones' (address, length) pairs. ``None``: the device's copy of the live-zone
           table is used if it holds ``version``, else it is built from ``zones``.
-        - ``version`` -1: zones of the caller's choosing; the table is always built.
+        - ``version`` -1: zones of the caller's choosing; their table (given, or built) is always copied.
         - Returns ``None`` when no zone changed (the common case): one compare of the results.
         """
         n = len(zones)
