@@ -236,9 +236,12 @@ cdef class RedZones:
         cdef _Rec rec
         cdef Py_ssize_t i, n = 0
         cdef uint64_t* at
+        cdef Py_ssize_t k
+        recs = [None] * len(indexes)  # (made before the lock, filled under it)
         acquire(&self._lock)
         try:
-            recs = [self._recs.get(index) for index in indexes]
+            for k in range(len(indexes)):
+                recs[k] = self._recs.get(indexes[k])
         finally:
             release(&self._lock)
         zones = []
@@ -273,46 +276,59 @@ cdef class RedZones:
         return index in self._recs
 
     cdef tuple _live(self):
-        """The slots' records in order, and which of them are leads (the caller holds the lock; their `Zone` objects
-        are made after it, by `_in_slot_order`)."""
-        cdef Py_ssize_t i
-        recs = list(self._slots)
-        leads = bytearray(len(recs))
-        for i in range(len(recs)):
-            leads[i] = (<_Rec>recs[i]).lead_slot == i
-        return recs, leads
+        """The slots' records in order, which of them are leads, and the version they are; their `Zone` objects are
+        made after, by
+        `_in_slot_order`. Takes the lock itself: the containers are made before it (making a container may run a
+        collection, whose finalizers may free a zoned buffer, which takes this lock), filled under it."""
+        cdef Py_ssize_t i, n
+        while True:
+            n = len(self._slots)
+            recs = [None] * n
+            leads = bytearray(n)
+            acquire(&self._lock)
+            try:
+                if len(self._slots) == n:  # (else it changed meanwhile: made again at its new size)
+                    for i in range(n):
+                        rec = self._slots[i]
+                        recs[i] = rec
+                        leads[i] = (<_Rec>rec).lead_slot == i
+                    return recs, leads, self.version
+            finally:
+                release(&self._lock)
 
     def live(self):
-        acquire(&self._lock)
-        try:
-            slots = self._live()
-        finally:
-            release(&self._lock)
-        return _in_slot_order(slots)
+        return _in_slot_order(self._live())
 
     def table(self):
         """``(version, count, table bytes)``: what the device-side table holds for this version."""
+        cdef long long version
         acquire(&self._lock)
-        try:
+        try:  # (bytes are no container: making them runs no collection)
+            version = self.version
             count = len(self._slots)
-            return self.version, count, PyBytes_FromStringAndSize(<char*>self._table, count * 16)
+            table = PyBytes_FromStringAndSize(<char*>self._table, count * 16)
         finally:
             release(&self._lock)
+        return version, count, table
 
     def snapshot(self, known_version):
         """``(version, zones, table)``: the live zones in slot order and, unless the version is still
         ``known_version``, the table's bytes for the device."""
-        acquire(&self._lock)
-        try:
-            version = self.version
+        cdef long long version
+        while True:
             slots = self._live()
-            table = None if version == known_version else PyBytes_FromStringAndSize(
-                <char*>self._table, len(self._slots) * 16)
-        finally:
-            release(&self._lock)
-        return version, _in_slot_order(slots), table
+            acquire(&self._lock)
+            try:  # the table of the same version as the slots read (else read again)
+                version = self.version
+                same = version == slots[2]
+                table = None if version == known_version or not same else PyBytes_FromStringAndSize(
+                    <char*>self._table, len(self._slots) * 16)
+            finally:
+                release(&self._lock)
+            if same:
+                return version, _in_slot_order(slots), table
 
-    def judge(self, zone, bytes data):
+    def judge(self, zone, data):
         """A violation if ``data`` (the zone read back) is not all fill bytes."""
         pattern = self._patterns.get(len(data))
         if pattern is None:
@@ -330,7 +346,7 @@ cdef class RedZones:
 cdef list _in_slot_order(tuple slots):
     """The zone in each slot, from `RedZones._live`'s records and leads."""
     cdef Py_ssize_t i
-    recs, leads = slots
+    recs, leads, _ = slots
     out = []
     for i in range(len(recs)):
         zones = _zones_of(<_Rec>recs[i])

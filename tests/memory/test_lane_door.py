@@ -27,6 +27,7 @@ from metrale_core import (
     Kernel,
     MetraleError,
     OutOfMemoryError,
+    RedZoneError,
     Stream,
     open_backend,
 )
@@ -139,7 +140,9 @@ def doors(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[GpuBa
     compiled_twin("lane")
     opened: list[GpuBackend] = []
 
-    def open_with(*, raises: bool = False, **capsule_args: object) -> tuple[GpuBackend, Door]:
+    def open_with(
+        *, raises: bool = False, settings: dict[str, object] | None = None, **capsule_args: object
+    ) -> tuple[GpuBackend, Door]:
         made: list[Door] = []
 
         capsules: list[object] = []
@@ -155,7 +158,8 @@ def doors(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[GpuBa
         from metrale_fake._device import FakeDevice
 
         monkeypatch.setattr(FakeDevice, "device_calls", device_calls)
-        gpu = open_backend("fake", settings=SETTINGS.updated(pure=False, fake_memory_bytes=TEST_CAPACITY, redzone=0))
+        changes: dict[str, object] = {"pure": False, "fake_memory_bytes": TEST_CAPACITY, "redzone": 0, **(settings or {})}
+        gpu = open_backend("fake", settings=SETTINGS.updated(**changes))
         opened.append(gpu)
         return gpu, (made[0] if made else Door(gpu.raw))
 
@@ -177,6 +181,40 @@ def test_a_plain_pair_goes_through_the_door(doors: Callable[..., tuple[GpuBacken
     assert door.frees == [buf.ptr]
     stats = gpu.stats()
     assert (stats.alloc_count, stats.free_count, stats.current_bytes["device"]) == (1, 1, 0)
+
+
+ZONED = {"redzone": 64, "redzone_lead": True, "redzone_min_idx": 0, "redzone_sample": 1, "redzone_action": "raise"}
+
+
+@pytest.mark.parametrize("decline", [False, True])
+def test_a_zoned_pair_fills_its_zones_through_the_door(
+    doors: Callable[..., tuple[GpuBackend, Door]], decline: bool
+) -> None:
+    """Red zones on: the lane fills each zone through the door's memset (declined: through the method), a free
+    goes to the quarantine, a kept block is zeroed and filled again; the zones hold the fill either way."""
+    gpu, door = doors(settings=ZONED)
+    door.decline = decline
+    buf = gpu.alloc(100)
+    fills = [(buf.ptr - 256, 0xA5, 256), (buf.ptr + 100, 0xA5, 64)]
+    assert door.memsets == ([] if decline else fills) and door.allocs == []  # (raw memory: the allocator's)
+    assert gpu.scan_redzones() == []
+    gpu.memset(buf.ptr + 100, 0, nbytes=1)  # one byte past the end
+    with pytest.raises(RedZoneError) as info:
+        gpu.scan_redzones()
+    assert [(v.index, v.side, v.offset) for v in info.value.violations] == [(buf.index, "trail", 0)]
+    gpu.memset(buf.ptr + 100, 0xA5, nbytes=1)  # mended: the block can be kept
+    gpu.free(buf)
+    assert gpu.stats().redzone_quarantined == 1 and door.frees == []
+    again = gpu.alloc(100)
+    gpu.free(again)
+    gpu.scan_redzones()  # the quarantine judged: both blocks intact, kept for reuse
+    kept = gpu.alloc(100)  # a kept block: zeroed, its zones filled again
+    if not decline:
+        assert door.memsets[-3:] == [(kept.ptr - 256, 0xA5, 256), (kept.ptr + 100, 0xA5, 64), (kept.ptr, 0, 100)]
+    data = bytearray(100)
+    gpu.copy_to_host(data, kept)
+    assert data == bytes(100) and gpu.scan_redzones() == []
+    gpu.free(kept)
 
 
 def test_a_plain_memset_goes_through_the_door(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:

@@ -660,3 +660,36 @@ def test_the_zone_table_twin_keeps_the_pure_table_s_slots(ops: list[tuple[str, i
         assert (twin.version, twin.filled) == (pure.version, pure.filled)
         assert twin.snapshot(twin.version) == pure.snapshot(pure.version)
         assert all(twin.zones_of(i) == pure.zones_of(i) and twin.watched(i) for i in live)
+
+
+_COLLECTED_INSIDE = """
+import gc, logging, sys
+from metrale_core import MetraleSettings, open_backend
+logging.disable(logging.CRITICAL)
+gpu = open_backend("fake", settings=MetraleSettings(redzone=64, pure=False, redzone_quarantine_bytes=1 << 20))
+zones = gpu._guard.zones
+class Owner:  # in a cycle: only a collection frees it, and its finalizer frees a zoned buffer
+    def __init__(self, buf):
+        self.buf, self.me = buf, self
+    def __del__(self):
+        gpu.free(self.buf)
+keep = [gpu.alloc(100) for _ in range(4)]
+for read in (zones.live, lambda: zones.snapshot(-1), zones.table, gpu.scan_redzones):
+    gc.collect(); gc.disable()
+    Owner(gpu.alloc(100))
+    gc.set_threshold(1); gc.enable()
+    read()  # its first container collects the cycle: never inside the table's lock
+    gc.set_threshold(700)
+print("done")
+"""
+
+
+def test_a_collection_while_the_zone_table_is_read_frees_a_zoned_buffer() -> None:
+    """The review's case: a finalizer that frees a zoned buffer runs in a collection that reading the zone table's
+    twin starts; it must not run while the table's lock is held (the lock is not reentrant: it would hang)."""
+    import subprocess
+    import sys
+
+    _twin("zones")
+    done = subprocess.run([sys.executable, "-c", _COLLECTED_INSIDE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
