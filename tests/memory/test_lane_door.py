@@ -158,7 +158,9 @@ def doors(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[GpuBa
         from metrale_fake._device import FakeDevice
 
         monkeypatch.setattr(FakeDevice, "device_calls", device_calls)
-        changes: dict[str, object] = {"pure": False, "fake_memory_bytes": TEST_CAPACITY, "redzone": 0, **(settings or {})}
+        changes: dict[str, object] = {
+            "pure": False, "fake_memory_bytes": TEST_CAPACITY, "redzone": 0, **(settings or {}),
+        }
         gpu = open_backend("fake", settings=SETTINGS.updated(**changes))
         opened.append(gpu)
         return gpu, (made[0] if made else Door(gpu.raw))
