@@ -48,3 +48,14 @@ cdef inline Py_ssize_t slot_named(object cls, str name) except? -2:
     if type(cls) is not type or not isinstance(cls.__dict__.get("__slots__"), tuple):
         return -1
     return slot_offset(cls.__dict__.get(name), cls)
+
+
+cdef inline list slots_to_build(object cls, tuple names):
+    """The offsets of ``names``, plain object slots of ``cls``, where an object of ``cls`` is made by storing them and
+    nothing more (each slot its own, no items, no ``__post_init__``, no ``__new__`` of its own); else ``None``: the
+    twins that build objects at C level (the packer's ``LaunchArg``, the zone table's ``Zone``) judge them so."""
+    offsets = [slot_named(cls, name) for name in names]
+    if (min(offsets) < 0 or len(set(offsets)) != len(offsets) or cls.__itemsize__ != 0
+            or hasattr(cls, "__post_init__") or cls.__new__ is not object.__new__):
+        return None
+    return offsets

@@ -16,7 +16,7 @@ cimport cython
 from cpython.object cimport PyObject, PyTypeObject
 
 from .._device._handle cimport FIELD_INDEX, FIELD_OWNER, FIELD_PTR, buffer_field
-from .._device._slots cimport slot_named, slot_set
+from .._device._slots cimport slot_set, slots_to_build
 from .._memory._ledger cimport Ledger
 
 from .._device.buffer import DeviceBuffer as _DeviceBuffer
@@ -36,13 +36,10 @@ cdef object _NONE = None
 # ``__post_init__``, no ``__new__`` of its own), and the class may be built so (`CLASS_SWAP`: the GIL); else through
 # ``LaunchArg._make``.
 cdef Py_ssize_t _ARG_SLOT[4]
-_offsets = [slot_named(_LaunchArg, name) for name in ("param", "data", "pointer", "tensor_map")]
-cdef bint _C_ARGS = (
-    bool(_CLASS_SWAP) and min(_offsets) >= 0 and len(set(_offsets)) == 4 and _LaunchArg.__itemsize__ == 0
-    and not hasattr(_LaunchArg, "__post_init__") and _LaunchArg.__new__ is object.__new__
-)
+_offsets = slots_to_build(_LaunchArg, ("param", "data", "pointer", "tensor_map"))
+cdef bint _C_ARGS = bool(_CLASS_SWAP) and _offsets is not None
 for _i in range(4):
-    _ARG_SLOT[_i] = _offsets[_i]
+    _ARG_SLOT[_i] = _offsets[_i] if _offsets is not None else -1
 
 #: Whether launch arguments are built at C level (else through ``LaunchArg._make``).
 C_ARGS = _C_ARGS

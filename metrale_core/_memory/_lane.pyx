@@ -134,20 +134,28 @@ cdef class DeviceLane:
             self._gate.leave_c(cell)
 
     cdef object _alloc(self, object n, object index):
-        ctx = self._ctx
         site = call_site_c(self._internal, self._caller_frames)  # (the facade's frame passed over where it has one)
         raw_ptr = None if self._door is NULL or self._gate.closed_c() else self._door_alloc(n)  # (closed: the method's error)
         if raw_ptr is None:  # no door, or it declined
             raw_ptr = self._plugin_alloc(n)
-        buf = make_buffer(raw_ptr, n, "device", index, site, self._ref)
-        # the commit: the backend is open now, or nothing of this allocation remains (judged under the ledger's
-        # lock, which the sweep's drain takes: the record is drained at close, or never added)
-        committed = self._ledger.add_c(index, buf, self._gate)
-        if committed:
+        return self._commit(make_buffer(raw_ptr, n, "device", index, site, self._ref), raw_ptr, site, False)
+
+    cdef object _commit(self, object buf, object raw_ptr, object site, bint zoned):
+        """The commit of ``buf`` (its raw memory at ``raw_ptr``): the backend is open now, or nothing of this
+        allocation remains. Judged under the ledger's lock, which the sweep's drain takes: the record is drained at
+        close, or never added. A zoned one's raw base goes first, so a sweep that drains its record finds it."""
+        index = buffer_field(buf, FIELD_INDEX)
+        n = buffer_field(buf, FIELD_NBYTES)
+        if zoned:
+            self._raw_base[index] = raw_ptr
+        if self._ledger.add_c(index, buf, self._gate):
             self._stats.allocated_c(KIND_DEVICE, n)
         else:
+            if zoned:
+                self._raw_base.pop(index, None)
+                self._guard.forget(index)
             self._allocator.release_quietly(raw_ptr, "device")
-            raise ctx.closed_error()
+            raise self._ctx.closed_error()
         if self._trace_idx is not None and self._trace_idx == index:
             self._allocator.trace(index, "alloc", n, site)
         return buf
@@ -163,7 +171,6 @@ cdef class DeviceLane:
         index = _next_index() if self._indexes is None else next(self._indexes)
         if index < zones.min_idx or index % zones.sample:
             return self._alloc(n, index)
-        ctx = self._ctx
         site = call_site_c(self._internal, self._caller_frames)
         raw_ptr = self._quarantine.reuse_c(raw_bytes)
         if raw_ptr is None:
@@ -181,18 +188,7 @@ cdef class DeviceLane:
             self._allocator.release_quietly(raw_ptr, "device")
             raise
         zones.add_c(buf, index, <uintptr_t>ptr, <size_t>n)
-        # the commit, as the plain one; the raw base first, so a sweep that drains the record finds it
-        self._raw_base[index] = raw_ptr
-        if self._ledger.add_c(index, buf, self._gate):
-            self._stats.allocated_c(KIND_DEVICE, n)
-        else:
-            self._raw_base.pop(index, None)
-            self._guard.forget(index)
-            self._allocator.release_quietly(raw_ptr, "device")
-            raise ctx.closed_error()
-        if self._trace_idx is not None and self._trace_idx == index:
-            self._allocator.trace(index, "alloc", n, site)
-        return buf
+        return self._commit(buf, raw_ptr, site, True)
 
     cdef int _memset(self, uintptr_t ptr, int value, size_t nbytes) except -1:
         """A fill on the default stream: through the plugin's C ``memset`` where it has one and takes it, else

@@ -137,9 +137,7 @@ class Allocator:
         zoning = ZonedParts(
             guard, guard.zones, self._quarantine, self._holdings.raw_base, guard.fill_stream, self._zeroes
         ) if self._zoned else None
-        return LaneParts(
-            self.ctx, self._holdings.ledger, self._stats, self._releases, self._zoned, self._trace_idx, zoning
-        )
+        return LaneParts(self.ctx, self._holdings.ledger, self._stats, self._releases, self._trace_idx, zoning)
 
     def _released(self, buf: DeviceBuffer) -> None:
         for observer in self._releases.active:

@@ -76,7 +76,7 @@ class LaneParts(NamedTuple):
     - ``ledger``, ``stats``: the allocator's holdings' ledger and the backend's counters.
     - ``releases``: the holdings' `ReleaseWatch`, whose ``active`` observers a free calls (read at each free: empty
       while no graph, export or tensor map lives).
-    - ``zoned``: whether device allocations may get red zones; ``zoning``: then, the parts they touch.
+    - ``zoning``: where device allocations may get red zones, the parts they touch; ``None`` where they may not.
     - ``trace_idx``: the ``redzone_trace_idx`` setting (its allocation goes to the allocator's log).
     - ``caller_frames``: frames above the lane that are the backend's own for certain, passed over by the call site's
       walk without a look (the facade's ``GpuBackend.alloc``, where it runs as Python: it says so; ``0`` else).
@@ -86,7 +86,6 @@ class LaneParts(NamedTuple):
     ledger: Ledger
     stats: StatsCounter
     releases: ReleaseWatch
-    zoned: bool
     trace_idx: int | None
     zoning: ZonedParts | None = None
     caller_frames: int = 0

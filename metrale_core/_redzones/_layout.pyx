@@ -17,7 +17,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale_core._device._lock cimport acquire, release
-from metrale_core._device._slots cimport slot_named, slot_set
+from metrale_core._device._slots cimport slot_set, slots_to_build
 
 from .._types import WORD_LIMIT as _WORD_LIMIT
 from .._types import RedZoneViolation as _RedZoneViolation
@@ -25,14 +25,15 @@ from .layout import ALIGN as _ALIGN
 from .layout import Layout as _Layout
 from .layout import Zone as _Zone
 
-# Zone's slots, in its fields' order (buffer, side, start, length): a zone is made by storing them in place, as the
-# handle twin makes a DeviceBuffer; where they are not plain slots, by its constructor.
-cdef Py_ssize_t _Z_BUFFER = slot_named(_Zone, "buffer")
-cdef Py_ssize_t _Z_SIDE = slot_named(_Zone, "side")
-cdef Py_ssize_t _Z_START = slot_named(_Zone, "start")
-cdef Py_ssize_t _Z_LENGTH = slot_named(_Zone, "length")
-cdef bint _Z_DIRECT = min(_Z_BUFFER, _Z_SIDE, _Z_START, _Z_LENGTH) >= 0 and tuple(
-    f.name for f in __import__("dataclasses").fields(_Zone)) == ("buffer", "side", "start", "length")
+# Zone's slots (buffer, side, start, length): a zone is made by storing them in place, as the packer twin makes a
+# LaunchArg; where a Zone is not made so (`slots_to_build`), by its constructor.
+_z = slots_to_build(_Zone, ("buffer", "side", "start", "length"))
+cdef bint _Z_DIRECT = _z is not None
+cdef Py_ssize_t _Z_BUFFER = _z[0] if _Z_DIRECT else -1
+cdef Py_ssize_t _Z_SIDE = _z[1] if _Z_DIRECT else -1
+cdef Py_ssize_t _Z_START = _z[2] if _Z_DIRECT else -1
+cdef Py_ssize_t _Z_LENGTH = _z[3] if _Z_DIRECT else -1
+del _z
 cdef object _new = object.__new__
 
 
