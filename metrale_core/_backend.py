@@ -450,6 +450,9 @@ class GpuBackend:
         memory or waits for the garbage collector; only [`raw`][metrale_core.GpuBackend.raw] keeps the raw device.
         """
         ctx = self._ctx
+        gate = ctx.gate
+        if not gate.closed and not gate.interrupted():
+            gate.run_later()  # frees deferred from finalizers: done, not swept as leaks
         if not ctx.shut():
             return
         # quiesce: nothing new starts; what runs is stopped or waited for. Then release: the handles first

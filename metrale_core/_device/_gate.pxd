@@ -18,6 +18,7 @@ cdef class Gate:
     cdef unsigned long long _last_thread  # the thread state whose cell `_last_cell` is (a cache under the GIL)
     cdef unsigned long long _last_forks  # the forks this process had seen then
     cdef _Cell _last_cell
+    cdef list _later  # deferred frees: (call, arg), oldest first
 
     cdef _Cell _cell(self)
 
@@ -25,5 +26,6 @@ cdef class Gate:
         return self._closed
 
     cdef _Cell enter_c(self, bint faulted_ok)
+    cdef bint interrupted_c(self) except -1
     cdef int leave_c(self, _Cell cell) except -1
     cdef int _count_out(self, _Cell cell) except -1

@@ -17,17 +17,36 @@ from cpython.pystate cimport PyThreadState, PyThreadState_Get
 
 cdef extern from "Python.h":
     unsigned long long PyThreadState_GetID(PyThreadState* tstate)
+    unsigned long PyThread_get_thread_ident()
 
 import contextlib
+import gc
+import logging
 import os
 import sys
 import threading
 import weakref
 
+from .._errors import MetraleError
+
 from ._capture cimport enter_c as _enter_call
 from ._capture cimport leave_c as _leave_call
 
 from .capture import resume_calls, suspend_calls, thread_calls
+from .gate import interrupted_error
+
+_log = logging.getLogger("metrale")
+
+#: As in ``gate.py``: the thread running a garbage collection, 0 while none runs (this module's own callback).
+cdef unsigned long _collector = 0
+
+
+def _on_collection(phase, info):
+    global _collector
+    _collector = PyThread_get_thread_ident() if phase == "start" else 0
+
+
+gc.callbacks.append(_on_collection)
 
 #: As in ``gate.py``: the counts without a lock under the GIL; a free-threaded build takes the lock.
 cdef bint LOCK_FREE = getattr(sys, "_is_gil_enabled", lambda: True)()
@@ -83,6 +102,7 @@ cdef class Gate:
         self._cond = threading.Condition(self._lock)
         self._cells = weakref.WeakSet()
         self._depth = _Depth(self._cells, self._lock)
+        self._later = []
 
     @property
     def closed(self):
@@ -111,6 +131,8 @@ cdef class Gate:
     cdef _Cell enter_c(self, bint faulted_ok):
         cdef _Cell cell = self._cell()
         cdef bint closed
+        if _collector != 0 and cell.depth and _collector == PyThread_get_thread_ident():
+            raise interrupted_error()
         if LOCK_FREE:
             cell.depth += 1
             closed = self._closed
@@ -125,7 +147,33 @@ cdef class Gate:
         if self._faulted and not faulted_ok:
             self.leave_c(cell)
             raise self._refusal()
+        if self._later and cell.depth == 1:
+            self.run_later()
         return cell
+
+    cdef bint interrupted_c(self) except -1:
+        return _collector != 0 and self._cell().depth > 0 and _collector == PyThread_get_thread_ident()
+
+    def interrupted(self):
+        """Whether a call made now comes from a finalizer that a collection runs in a call of this gate."""
+        return self.interrupted_c()
+
+    def defer(self, call, arg):
+        """Run ``call(arg)`` at the next call of this gate that starts outside a collection."""
+        self._later.append((call, arg))
+
+    def run_later(self):
+        """Run the deferred calls, oldest first; a failure is logged."""
+        later = self._later
+        while later:
+            try:
+                call, arg = later.pop(0)
+            except IndexError:
+                return
+            try:
+                call(arg)
+            except MetraleError as exc:
+                _log.warning("metrale: a free deferred from a garbage collection failed: %s", exc)
 
     cdef int leave_c(self, _Cell cell) except -1:
         _leave_call(cell.flag)  # (`leave_call`: the outermost call ends the thread's barred call)

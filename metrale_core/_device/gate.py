@@ -7,6 +7,10 @@
 - `Gate.shut` (``close()``) refuses every later call and waits for the calls of other threads to leave;
   the closing thread's own calls are not waited for (a callback may close its backend).
 - `Gate.outside` runs user code as if the thread were outside the gate.
+- `Gate.interrupted`, `Gate.defer`: a garbage collection may run a finalizer in the middle of a call of this
+  gate, while the call holds a lock of its backend; a ``free`` that finalizer makes is deferred (`defer`) to the
+  thread's next call of the gate that starts outside a collection, or to ``close()`` (`run_later`), and any other
+  call it makes is refused (`interrupted_error`): under a lock that is not re-entrant, it would wait forever.
 
 The counts are per thread (`_Cell`, one per thread that called, gone with the thread): a call writes only
 its own thread's count, so the hot path takes no lock under the GIL. ``_gate.pyx`` is its compiled twin.
@@ -15,6 +19,8 @@ its own thread's count, so the hot path takes no lock under the GIL. ``_gate.pyx
 from __future__ import annotations
 
 import contextlib
+import gc
+import logging
 import sys
 import threading
 import weakref
@@ -24,7 +30,29 @@ from typing import Final, final
 from .._errors import MetraleError
 from .capture import leave_call, resume_calls, suspend_calls, thread_calls
 
-__all__ = ["Gate"]
+__all__ = ["Gate", "interrupted_error"]
+
+_log = logging.getLogger("metrale")
+
+#: The thread running a garbage collection (``threading.get_ident``), 0 while none runs.
+_collector = 0
+
+
+def _on_collection(phase: str, info: object) -> None:
+    global _collector  # noqa: PLW0603 - one collection at a time per process: its state is global
+    _collector = threading.get_ident() if phase == "start" else 0
+
+
+gc.callbacks.append(_on_collection)  # (the twin registers its own: each reads only its own)
+
+
+def interrupted_error() -> MetraleError:
+    """The refusal of a call a finalizer makes while a collection interrupted a call of the same backend."""
+    return MetraleError(
+        "a finalizer called metrale during a garbage collection that interrupted a metrale call of the same "
+        "backend on this thread; only free() may be called there (it is done at the thread's next call): "
+        "release other resources outside finalizers, or with close() of the owner"
+    )
 
 #: Whether the gate counts without a lock: under the GIL, a cell's store and the ``closed`` flag's load
 #: are seen in order by ``shut()`` on another thread; a free-threaded build takes the lock instead.
@@ -63,7 +91,7 @@ class Gate:
     :param refusal: the error a refused call raises (called at the refusal: the owner words it).
     """
 
-    __slots__ = ("_cells", "_closed", "_cond", "_depth", "_faulted", "_lock", "_refusal")
+    __slots__ = ("_cells", "_closed", "_cond", "_depth", "_faulted", "_later", "_lock", "_refusal")
 
     def __init__(self, refusal: Callable[[], MetraleError]) -> None:
         self._refusal = refusal
@@ -73,6 +101,7 @@ class Gate:
         self._cond = threading.Condition(self._lock)  # for shut(), waiting for calls to leave
         self._cells: weakref.WeakSet[_Cell] = weakref.WeakSet()  # every thread's (a thread's goes with it)
         self._depth = _Depth(self._cells, self._lock)
+        self._later: list[tuple[Callable[[object], object], object]] = []  # deferred frees, in order
 
     @property
     def closed(self) -> bool:
@@ -90,6 +119,8 @@ class Gate:
         ``closed`` first, then reads the counts, so either this call is refused or `shut`
         waits for it."""
         cell = self._depth.cell
+        if _collector and cell.depth and _collector == threading.get_ident():
+            raise interrupted_error()
         if LOCK_FREE:
             cell.depth += 1
             closed = self._closed
@@ -104,6 +135,30 @@ class Gate:
         if self._faulted and not faulted_ok:
             self.leave()
             raise self._refusal()
+        if self._later and cell.depth == 1:
+            self.run_later()
+
+    def interrupted(self) -> bool:
+        """Whether a call made now comes from a finalizer that a garbage collection runs in the middle of a
+        call of this gate on this thread."""
+        return bool(_collector) and self._depth.cell.depth > 0 and _collector == threading.get_ident()
+
+    def defer(self, call: Callable[[object], object], arg: object) -> None:
+        """Run ``call(arg)`` at the next call of this gate that starts outside a collection (`run_later`)."""
+        self._later.append((call, arg))
+
+    def run_later(self) -> None:
+        """Run the deferred calls, oldest first; a failure is logged (a finalizer made the call)."""
+        later = self._later
+        while later:
+            try:
+                call, arg = later.pop(0)
+            except IndexError:  # another thread ran it
+                return
+            try:
+                call(arg)
+            except MetraleError as exc:
+                _log.warning("metrale: a free deferred from a garbage collection failed: %s", exc)
 
     def leave(self) -> None:
         """Count a call out."""

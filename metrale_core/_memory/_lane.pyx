@@ -229,7 +229,10 @@ cdef class DeviceLane:
             _raise_raw(ctx, ctx.name, "alloc", exc)
 
     def free(self, buf):
-        """``GpuBackend.free``."""
+        """``GpuBackend.free``; from a finalizer that a collection runs in a call of this backend, later."""
+        if self._gate.interrupted_c():
+            self._gate.defer(self.free, buf)
+            return
         cdef _Cell cell = self._gate.enter_c(False)
         try:
             forbid_c(cell.flag, "free")  # first, as the allocator checks it: before anything of ``buf`` is read

@@ -111,8 +111,13 @@ class DeviceLane:
             ctx.leave()
 
     def free(self, buf: object) -> None:
-        """``GpuBackend.free``."""
+        """``GpuBackend.free``; from a finalizer that a collection runs in a call of this backend, at the thread's
+        next call (`Gate.defer`)."""
         ctx = self._ctx
+        gate = ctx.gate
+        if gate.interrupted():
+            gate.defer(self.free, buf)
+            return
         ctx.enter()
         try:
             self._allocator.free(buf)

@@ -1,0 +1,68 @@
+"""Finalizers that call metrale while a garbage collection interrupts a metrale call of the same backend.
+
+The collection may start inside any call, at any object it makes, while the call holds a lock of its backend that
+is not re-entrant. A ``free`` made there is deferred to the thread's next call (or ``close()``); any other call is
+refused with a `MetraleError` (an "exception ignored" of the finalizer) instead of waiting forever. Each case runs in
+a subprocess, so that a hang fails the test instead of the run; on both builds where the twins are built.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from metrale_core._twins import built
+
+_SCRIPT = r"""
+import gc, logging, sys
+from metrale_core import MetraleError, MetraleSettings, open_backend
+logging.disable(logging.CRITICAL)
+pure = sys.argv[1] == "pure"
+gpu = open_backend("fake", settings=MetraleSettings(redzone=64, pure=pure, redzone_quarantine_bytes=1 << 20))
+freed, refused, hold = [], [], []
+class Owner:  # in a cycle: only a collection frees it; its finalizer frees its buffer and tries to allocate
+    def __init__(self, buf, left):
+        self.buf, self.me, self.left = buf, self, left
+    def __del__(self):
+        if self.left:  # a second cycle, for a later collection (an allocation: refused if interrupted)
+            try:
+                Owner(gpu.alloc(100), self.left - 1)
+            except MetraleError as exc:
+                refused.append(str(exc))
+        gpu.free(self.buf)
+        freed.append(self.buf.index)
+        hold.append([(i, i, i) for i in range(3000)])  # no free list: the next tuple anywhere is a collection
+keep = [gpu.alloc(100) for _ in range(4)]
+calls = (gpu.scan_redzones, lambda: gpu.alloc(100), gpu.ledger_report, gpu.stats, gpu.memory_summary,
+         lambda: gpu.free(gpu.alloc(300)))
+for call in calls:
+    gc.collect(); gc.disable()
+    Owner(gpu.alloc(100), 3)
+    gc.set_threshold(1); gc.enable()
+    call()
+    gc.set_threshold(700)
+gc.collect()
+gpu.live_alloc_len()  # a call: the frees deferred so far are done
+report = gpu.ledger_report()
+left = {r.index for r in report.live + report.swept}
+assert not left & set(freed), (sorted(left & set(freed)), sorted(freed))
+gpu.close()
+print("done", len(freed), len(refused) > 0)
+"""
+
+
+def _builds() -> list[str]:
+    twins = built()
+    return ["pure", *(["compiled"] if twins.get("lane") and twins.get("gate") else [])]
+
+
+@pytest.mark.parametrize("build", _builds())
+def test_finalizer_frees_in_an_interrupted_call_are_deferred(build: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, build], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    words = done.stdout.split()
+    assert words[0] == "done" and int(words[1]) > 0, done.stdout
