@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from ._memory.arena import Arena
     from ._memory.ledger import LedgerEvent, LedgerProbe
     from ._memory.meminfo import effective_free_bytes, parse_mem_available, read_mem_available
+    from ._memory.pool import MemoryPool, PoolStats
     from ._memory.pressure import OomWatchdog
     from ._memory.snapshot import MemorySnapshot, load_snapshot
     from ._placement import Placement, open_for_rank, placement
@@ -127,6 +128,7 @@ __all__ = [
     "LedgerProbe",
     "LedgerReport",
     "MemoryInfo",
+    "MemoryPool",
     "MemorySnapshot",
     "MemoryStats",
     "MergedReport",
@@ -138,6 +140,7 @@ __all__ = [
     "OutOfMemoryError",
     "Param",
     "Placement",
+    "PoolStats",
     "PtxImage",
     "RankSummary",
     "RawDevice",
@@ -193,6 +196,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_memory.arena": ("Arena",),
     "_memory.ledger": ("LedgerEvent", "LedgerProbe"),
     "_memory.meminfo": ("effective_free_bytes", "parse_mem_available", "read_mem_available"),
+    "_memory.pool": ("MemoryPool", "PoolStats"),
     "_memory.pressure": ("OomWatchdog",),
     "_memory.snapshot": ("MemorySnapshot", "load_snapshot"),
     "_placement": ("Placement", "open_for_rank", "placement"),

@@ -37,6 +37,7 @@ from ._memory.holdings import Holdings
 from ._memory.lane import DeviceLane
 from ._memory.ledger import LedgerProbe, origin_of
 from ._memory.monitor import MemoryMonitor
+from ._memory.pool import MemoryPool
 from ._memory.pressure import OomWatchdog
 from ._redzones.guard import ZoneGuard
 from ._reports.merge import LedgerReport, ledger_report
@@ -183,6 +184,13 @@ class GpuBackend:
         self._memory.free_arena(buf)
 
     @gated
+    def create_pool(self, *, release_threshold: int = 0) -> MemoryPool:
+        """A caching [`MemoryPool`][metrale_core.MemoryPool]: device memory carved from segments and cached after
+        free, each piece a ledger record of its own (kind ``"pool"``); a device-wide
+        [`synchronize`][metrale_core.GpuBackend.synchronize] leaves at most ``release_threshold`` bytes cached."""
+        return self._memory.create_pool(release_threshold, self._streams.resolve)
+
+    @gated
     def create_arena(self, capacity: int) -> Arena:
         """An [`Arena`][metrale_core.Arena] over one new ``alloc_arena`` block of ``capacity`` bytes."""
         return self._memory.create_arena(capacity)
@@ -296,8 +304,10 @@ class GpuBackend:
 
     @gated
     def synchronize(self) -> None:
-        """Wait for all work of this backend."""
+        """Wait for all work of this backend; then each memory pool keeps at most its ``release_threshold`` bytes
+        cached."""
         self._streams.synchronize()
+        self._memory.synchronized()
 
     @gated
     def begin_capture(self, stream: Stream | None = None) -> None:

@@ -60,7 +60,7 @@ def format_bytes(n: int) -> str:
 
 #: The kinds of device memory. ``"external"`` is reserved for memory metrale
 #: does not own.
-AllocKind = Literal["device", "managed", "arena"]
+AllocKind = Literal["device", "managed", "arena", "pool"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     ),
     "_redzones": (("layout",), ("_layout",), ("scanner",), ("ingraph", "queued"), ("guard",)),
     "_memory": (
-        ("meminfo", "ledger"),
+        ("meminfo", "ledger", "pool"),
         ("arena", "_ledger", "_site", "watch"),
         ("pressure", "_arena"),
         ("snapshot", "holdings"),
@@ -59,7 +59,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_commands": (("progress", "bench"), ("conformance", "selftest"), ("commands",), ("cli",)),
     "testing": (
         ("_faults",),
-        ("_model", "_bad_inputs", "_capabilities", "_tensormap_rules", "_memory_rules"),
+        ("_model", "_bad_inputs", "_capabilities", "_tensormap_rules", "_memory_rules", "_pool_rules"),
         ("_machine",),
         ("_pytest",),
         ("__init__",),

@@ -8,7 +8,7 @@ from metrale_core._device._lock cimport lock_t
 
 # the kinds, in KINDS's order (``stats.KINDS``; the twin checks it as it loads): an allocation's kind is one of them
 cdef enum:
-    N_KINDS = 3
+    N_KINDS = 4
     KIND_DEVICE = 0
 
 

@@ -12,7 +12,7 @@ from typing import Final, final
 __all__ = ["KINDS", "MemoryStats", "StatsCounter"]
 
 #: The kinds of allocation that ``stats()`` counts bytes for.
-KINDS: Final = ("device", "managed", "arena")
+KINDS: Final = ("device", "managed", "arena", "pool")
 
 
 @final
@@ -20,9 +20,10 @@ KINDS: Final = ("device", "managed", "arena")
 class MemoryStats:
     """What a backend has allocated since it opened (peaks since the last ``reset_peak()``).
 
-    :ivar alloc_count: allocations made: ``alloc``, ``alloc_managed``, ``alloc_arena``.
-    :ivar free_count: allocations released: ``free``, ``free_arena``, and each one a sweep took.
-    :ivar current_bytes: bytes live now, per kind (``"device"``, ``"managed"``, ``"arena"``).
+    :ivar alloc_count: allocations made: ``alloc``, ``alloc_managed``, ``alloc_arena``, ``MemoryPool.alloc``.
+    :ivar free_count: allocations released: ``free``, ``free_arena``, ``MemoryPool.free``, and each one a sweep took.
+    :ivar current_bytes: bytes live now, per kind (``"device"``, ``"managed"``, ``"arena"``, and ``"pool"``: the
+        pieces of memory pools out now, not the bytes the pools cache).
     :ivar peak_bytes: the most bytes live at once, per kind.
     :ivar peak_total_bytes: the most bytes live at once, all kinds together.
     :ivar arena_capacity: bytes of the open [`Arena`][metrale_core.Arena] objects.

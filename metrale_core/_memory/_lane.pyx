@@ -254,6 +254,9 @@ cdef class DeviceLane:
         if record is buf:  # the handle handed out: a device allocation of its recorded size
             self._stats.released_c(KIND_DEVICE, buffer_field(buf, FIELD_NBYTES))
             kind = "device"
+        elif record.kind == "pool":  # an equal handle of a pool's piece: back to its pool (as the allocator's)
+            self._allocator.piece_taken(buf, record, None)
+            return 0
         else:  # an equal handle: its record says what it was, and the method frees it so (as the allocator's)
             self._stats.released(record.kind, record.nbytes)
             kind = "managed" if record.kind == "managed" else "device"

@@ -106,7 +106,7 @@ cdef class Ledger:
             rec = records.get(buf.index)
             if rec is buf:
                 continue
-            if buf.kind not in ("device", "managed"):
+            if buf.kind not in ("device", "managed", "pool"):
                 return None
             if rec is None or rec.ptr != buf.ptr or rec.nbytes != buf.nbytes:
                 return False

@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from .._device.args import invalid_argument, positive_size
+from .._device.args import integer, invalid_argument, positive_size
 from .._device.buffer import DeviceBuffer
 from .._device.capture import forbid_during_capture
 from .._device.context import DeviceContext
@@ -38,11 +38,16 @@ from .arena import Arena
 from .holdings import Holdings
 from .lane import LaneParts, ZonedParts
 from .ledger import call_site_for, describe_sites, largest_sites, next_index
+from .pool import MemoryPool, size_class
 from .quarantine import Quarantine
 
 if TYPE_CHECKING:
+    from .._device.handles import Stream
     from .._redzones.guard import ZoneGuard
     from .monitor import MemoryMonitor
+
+#: How a pool finds the stream an argument names (the stream front's rule), ``None`` naming the default stream.
+StreamResolver = Callable[["Stream | None", str], "Stream"]
 
 __all__ = ["Allocator"]
 
@@ -55,6 +60,10 @@ SWEPT_KEPT: Final = 10_000
 #: The core's own folder; its frames (but not those of ``testing`` or the commands) are cut from a stack.
 _CORE_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _USER_DIRS: Final = tuple(os.path.join(_CORE_DIR, d) + os.sep for d in ("testing", "_commands"))
+
+
+def _no_streams(stream: Stream | None, what: str) -> Stream:  # pragma: no cover - no pool before create_pool
+    raise AssertionError(f"{what}: no pool was created")
 
 
 def _is_core_frame(filename: str) -> bool:
@@ -95,6 +104,7 @@ class Allocator:
         "_raw",
         "_reclaiming",
         "_releases",
+        "_resolve",
         "_stats",
         "_trace_idx",
         "_zeroes",
@@ -130,6 +140,8 @@ class Allocator:
         self._make = pick("handle", DeviceBuffer._make, ctx.settings.pure)
         #: How it finds an allocation's call site: ``ledger.call_site``, or its compiled twin.
         self._call_site = call_site_for(ctx.settings.pure)
+        #: How a pool's calls find their stream (the stream front's rule: given at the first `create_pool`).
+        self._resolve: StreamResolver = _no_streams
 
     def lane_parts(self) -> LaneParts:
         """What the backend's lane (``GpuBackend.alloc`` and ``free``) uses of this allocator's parts."""
@@ -227,7 +239,7 @@ class Allocator:
         callbacks are asked to free some, and a callback that says it did earns another try (at
         most ``oom_retries``). ``failed``: the caller's own first try already ran out of memory."""
         retries = 0
-        drained = False
+        drained = trimmed = False
         while True:
             try:
                 if failed is None:
@@ -239,6 +251,10 @@ class Allocator:
                     drained = True
                     # logged, not raised: the allocation goes on
                     self._quarantine.drain(f"{what}, out of memory", may_raise=False, give_back=True)
+                    continue
+                if not trimmed and any(pool.cached_bytes for pool in list(self._holdings.pools)):
+                    trimmed = True  # then the memory pools cache
+                    self._trim_pools(None)
                     continue
                 reclaimed = retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what)
                 if self.ctx.closed:  # a callback closed the backend
@@ -365,6 +381,9 @@ class Allocator:
                     f"Arena's reset() or close(), all pieces at once, and an Arena made by create_arena() with "
                     f"its close(); free() never takes arena memory"
                 )
+            if buf.kind == "pool":
+                self.free_piece(None, buf, None, "free")
+                return
             if buf.kind == "external":
                 raise InvalidBufferError(
                     f"free: allocation #{buf.index} is another library's memory (from wrap()); metrale never "
@@ -378,6 +397,9 @@ class Allocator:
                 f"{buf.site}) is not on this backend's ledger: already freed, swept, or not "
                 f"from this backend. Free each buffer once"
             )
+        if record.kind == "pool":  # an equal handle of a pool's piece: the piece goes back to its pool
+            self.piece_taken(buf, record, None)
+            return
         self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever the release says
         for observer in self._releases.active:  # (_released, written out: a hot path)
             observer(buf)
@@ -450,6 +472,177 @@ class Allocator:
         finally:
             self.ctx.leave()
 
+    # -- memory pools ---------------------------------------------------------------------------
+
+    def create_pool(self, release_threshold: object, resolve: StreamResolver) -> MemoryPool:
+        """A caching pool on this allocator's ledger (`MemoryPool`)."""
+        forbid_during_capture("create_pool")
+        threshold = integer(release_threshold, "create_pool", "release_threshold")
+        self._resolve = resolve
+        pool = MemoryPool(self, threshold)
+        with self.ctx.lock:
+            if self.ctx.closed:
+                raise self.ctx.closed_error()
+            with self._holdings.lock:
+                self._holdings.pools.append(pool)
+        return pool
+
+    def _open_pool(self, pool: MemoryPool, what: str) -> None:
+        forbid_during_capture(what)
+        if pool.closed:
+            raise InvalidArgumentError(f"{what}: {pool!r} is closed; create another with create_pool()")
+
+    def pool_alloc(self, pool: MemoryPool, nbytes: object, stream: Stream | None) -> DeviceBuffer:
+        """`MemoryPool.alloc`: a piece (cached or new) committed on the ledger as an allocation of its own."""
+        what = "MemoryPool.alloc"
+        ctx = self.ctx
+        ctx.enter()
+        try:
+            self._open_pool(pool, what)
+            n = positive_size(nbytes, what)
+            target = self._resolve(stream, what)
+            index = next_index()
+            site = self._call_site(ctx.internal, _OWN_FRAME)
+            size = size_class(n)
+            taken = pool.take(size, target)
+            if taken is None:  # a new segment, with reclaim-and-retry (which may trim this pool too)
+                nbytes_segment = pool.segment_bytes(size)
+                raw = self._raw_alloc(nbytes_segment, n, "device", what)
+                taken = pool.add_segment(raw, nbytes_segment, size)
+            ptr, segment = taken
+            buf = self._make(ptr, n, "pool", index, site, ctx.ref)
+            holdings = self._holdings
+            with ctx.lock:
+                committed = not ctx.closed and not pool.closed
+                if committed:
+                    with holdings.lock:
+                        holdings.pool_of[index] = pool
+                    pool.handed_out(index, ptr, size, segment, target)
+                    holdings.ledger.add(buf)
+                    self._stats.allocated("pool", n)
+            if not committed:
+                pool.give_untaken(ptr, size, segment)
+                if ctx.closed:
+                    raise ctx.closed_error()
+                raise InvalidArgumentError(f"{what}: {pool!r} was closed meanwhile")
+            if self._trace_idx == index:
+                self.trace(index, what, n, site)
+            return buf
+        finally:
+            ctx.leave()
+
+    def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None:
+        """`MemoryPool.free`."""
+        ctx = self.ctx
+        ctx.enter()
+        try:
+            forbid_during_capture(what)
+            self.free_piece(pool, buf, stream, what)
+        finally:
+            ctx.leave()
+
+    def free_piece(self, pool: MemoryPool | None, buf: object, stream: Stream | None, what: str) -> None:
+        """Free a piece (of ``pool``, or of any pool of this backend): off the ledger, back to its pool, cached
+        for ``stream``; refused, changing nothing, where it is no live piece (of ``pool``)."""
+        if not isinstance(buf, DeviceBuffer) or buf.kind != "pool":
+            raise InvalidBufferError(f"{what}: expected a piece of a MemoryPool (a DeviceBuffer of kind 'pool'), "
+                                     f"got {buf!r}")
+        holdings = self._holdings
+        with holdings.lock:
+            owner = holdings.pool_of.get(buf.index) if buf._owner is self.ctx.ref else None
+        if owner is not None and pool is not None and owner is not pool:
+            raise InvalidBufferError(
+                f"{what}: allocation #{buf.index} is a piece of another pool ({owner!r}); free it with that "
+                f"pool's free() or with GpuBackend.free()"
+            )
+        target = None if stream is None else self._resolve(stream, what)
+        record = None if owner is None else holdings.ledger.take(buf.index, buf.ptr, buf.nbytes)
+        if record is None:
+            raise InvalidBufferError(
+                f"{what}: allocation #{buf.index} ({buf.nbytes} bytes at {buf.ptr:#x}, from {buf.site}) is not a "
+                f"live piece of this backend's pools: already freed, swept, or not from this backend. Free each "
+                f"piece once"
+            )
+        self.piece_taken(buf, record, target)
+
+    def piece_taken(self, buf: DeviceBuffer, record: DeviceBuffer, stream: Stream | None) -> None:
+        """A piece's record is off the ledger (``buf`` freed it): the stats, the observers, and its pool."""
+        with self._holdings.lock:
+            pool = self._holdings.pool_of.pop(record.index)
+        self._stats.released("pool", record.nbytes)
+        for observer in self._releases.active:
+            observer(buf)
+        pool.give(record.index, stream)
+
+    def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int:
+        """`MemoryPool.trim`."""
+        what = "MemoryPool.trim"
+        ctx = self.ctx
+        ctx.enter()
+        try:
+            self._open_pool(pool, what)
+            keep = integer(keep_bytes, what, "keep_bytes")
+            return self._trim_pools(pool, keep)
+        finally:
+            ctx.leave()
+
+    def _trim_pools(self, only: MemoryPool | None, keep: int = 0, *, thresholds: bool = False) -> int:
+        """Wait for the device, then give back the free segments of ``only`` (or of every pool) beyond ``keep``
+        cached bytes (each pool's ``release_threshold`` with ``thresholds``); the bytes given back."""
+        pools = [only] if only is not None else list(self._holdings.pools)
+        if not any(pool.cached_bytes for pool in pools):
+            return 0
+        self._raw.synchronize()  # nothing still queued uses the memory given back, and any stream may reuse it
+        given = 0
+        for pool in pools:
+            pool.idle()
+            for ptr, nbytes in pool.release(pool.release_threshold if thresholds else keep):
+                self.ctx.quietly("free a memory pool's segment", self._raw.free, ptr, "device")
+                given += nbytes
+        return given
+
+    def synchronized(self) -> None:
+        """After a device-wide ``synchronize()``: every pool keeps at most its ``release_threshold`` cached."""
+        if self._holdings.pools:
+            self._trim_pools(None, thresholds=True)
+
+    def pool_close(self, pool: MemoryPool) -> None:
+        """`MemoryPool.close`: the pieces still out are swept (leaks), then the segments go back."""
+        what = "MemoryPool.close"
+        ctx = self.ctx
+        ctx.enter()
+        try:
+            forbid_during_capture(what)
+            if pool.closed:
+                return
+            holdings = self._holdings
+            out = set(pool.out())
+            leaks = [rec for rec in holdings.ledger.snapshot() if rec.index in out]
+            taken = []
+            for rec in leaks:
+                buf = holdings.ledger.take(rec.index, rec.ptr, rec.nbytes)
+                if buf is not None:
+                    taken.append(rec)
+                    with holdings.lock:
+                        holdings.pool_of.pop(rec.index, None)
+                    self._stats.released("pool", rec.nbytes)
+                    pool.give(rec.index, None)
+            if taken:
+                _log.warning(
+                    "MemoryPool.close on %s:%d: %d piece(s) totalling %s were still out; largest sites: %s",
+                    ctx.name, ctx.ordinal, len(taken), format_bytes(sum(r.nbytes for r in taken)),
+                    describe_sites(largest_sites(taken)),
+                )
+                self.swept.extend(taken)
+            with holdings.lock:
+                if pool in holdings.pools:
+                    holdings.pools.remove(pool)
+            ctx.quietly("synchronize before a pool's segments go", self._raw.synchronize)
+            for ptr, _ in pool.release_all():
+                ctx.quietly("free a memory pool's segment", self._raw.free, ptr, "device")
+        finally:
+            ctx.leave()
+
     # -- sweep and close ------------------------------------------------------------------------
 
     def sweep(self, *, judge: bool = True) -> int:
@@ -488,6 +681,12 @@ class Allocator:
             self.swept.extend(records)
         for rec in records:
             self._stats.released(rec.kind, rec.nbytes)
+            if rec.kind == "pool":  # the piece goes back to its pool, which gives its segments back
+                with self._holdings.lock:
+                    pool = self._holdings.pool_of.pop(rec.index, None)
+                if pool is not None:
+                    pool.give(rec.index, None)
+                continue
             with self._holdings.lock:
                 raw_ptr = self._holdings.raw_base.pop(rec.index, rec.ptr)
             self._guard.forget(rec.index)
@@ -510,6 +709,11 @@ class Allocator:
         for arena in arenas:
             arena._take_block()  # its block is among the blocks released below
         self.sweep(judge=False)
+        with holdings.lock:
+            pools, holdings.pools = holdings.pools, []
+        for pool in pools:  # the sweep gave their pieces back
+            for ptr, _ in pool.release_all():
+                ctx.quietly("free a memory pool's segment", self._raw.free, ptr, "device")
         self._quarantine.release()
         for buf in blocks.values():
             ctx.quietly("free_arena", self._raw.free, buf.ptr, "arena")

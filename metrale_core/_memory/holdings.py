@@ -31,11 +31,12 @@ from .watch import ReleaseWatch
 
 if TYPE_CHECKING:
     from .arena import Arena
+    from .pool import MemoryPool
 
 __all__ = ["Holdings", "Wrapped"]
 
 #: The kinds of memory on the ledger.
-_LEDGERED: Final = frozenset({"device", "managed"})
+_LEDGERED: Final = frozenset({"device", "managed", "pool"})
 
 #: Memory of another library that ``wrap`` took in: the buffer, the object kept alive, and its release.
 Wrapped = tuple[DeviceBuffer, object, "Callable[[], None] | None"]
@@ -45,7 +46,10 @@ class Holdings:
     """The live handles of one backend. Thread-safe; its own state only (the allocator and the
     export table mutate it through these methods)."""
 
-    __slots__ = ("_ctx", "_lock", "arena_blocks", "arenas", "external", "host", "ledger", "raw_base", "releases")
+    __slots__ = (
+        "_ctx", "_lock", "arena_blocks", "arenas", "external", "host", "ledger", "pool_of", "pools", "raw_base",
+        "releases",
+    )
 
     def __init__(self, ctx: DeviceContext) -> None:
         self._ctx = ctx
@@ -62,6 +66,9 @@ class Holdings:
         self.host: dict[int, HostBuffer] = {}
         #: Zoned allocations: creation index -> the raw pointer (the user's pointer is past the leading zone).
         self.raw_base: dict[int, int] = {}
+        #: The open memory pools, and the pool of each piece out (by creation index).
+        self.pools: list[MemoryPool] = []
+        self.pool_of: dict[int, MemoryPool] = {}
         #: The release observers with something to watch (the fronts switch theirs; the allocator calls them).
         self.releases = ReleaseWatch()
 

@@ -20,6 +20,7 @@ from .ledger import Ledger
 from .watch import ReleaseWatch
 
 if TYPE_CHECKING:
+    from .._device.handles import Stream
     from .._redzones.guard import ZoneGuard
     from .._redzones.layout import RedZones
     from .quarantine import Quarantine
@@ -35,6 +36,9 @@ class LaneWork(Protocol):
 
     def free(self, buf: object) -> None:
         """Every free: the whole work, the errors included."""
+
+    def piece_taken(self, buf: DeviceBuffer, record: DeviceBuffer, stream: Stream | None) -> None:
+        """A pool piece's record is off the ledger (an equal handle freed it): back to its pool."""
 
     def retry_alloc(self, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError) -> int:
         """A raw allocation whose first try ran out of memory: reclaim-and-retry."""

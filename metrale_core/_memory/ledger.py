@@ -290,7 +290,7 @@ class Ledger:
             rec = records.get(buf.index)
             if rec is buf:  # the very buffer the ledger handed out (the common case)
                 continue
-            if buf.kind not in ("device", "managed"):
+            if buf.kind not in ("device", "managed", "pool"):
                 return None
             if rec is None or rec.ptr != buf.ptr or rec.nbytes != buf.nbytes:
                 return False

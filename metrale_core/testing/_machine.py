@@ -215,8 +215,8 @@ class BackendMachine(TensorMapRules):
     @rule(kind=st.sampled_from(["device", "managed", "arena"]), code=st.sampled_from(
         ["CUDA_ERROR_UNKNOWN", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_INVALID_VALUE"]))
     def alloc_fails(self, kind: str, code: str) -> None:
-        if code == "CUDA_ERROR_OUT_OF_MEMORY" and (self.quarantine or self.reusable):
-            return  # the quarantine is released and the allocation tried again: alloc_drains_the_quarantine
+        if code == "CUDA_ERROR_OUT_OF_MEMORY" and (self.quarantine or self.reusable or self._pool_cached()):
+            return  # the quarantine is released (the pools trimmed) and the allocation tried again
         if self._reuses(kind, 128):
             return  # a checked block kept for reuse: the driver is not asked
         records = self.probe.records()
@@ -276,7 +276,7 @@ class BackendMachine(TensorMapRules):
 
     def _frees_at_once(self) -> Pool:
         """Live buffers whose ``free`` reaches the raw free at once (not into the quarantine)."""
-        return {i: v for i, v in self.live.items() if not self._quarantines(v[0])}
+        return {i: v for i, v in self.live.items() if not self._quarantines(v[0]) and v[0].kind != "pool"}
 
     @precondition(lambda self: self.can_inject and self._frees_at_once())
     @rule(data=st.data())
@@ -300,8 +300,8 @@ class BackendMachine(TensorMapRules):
         """An allocation that runs out of memory asks the on_out_of_memory callbacks, and one
         that says it freed memory earns another try (here the injected failure is gone by then);
         buffers in quarantine are released first, and then no callback is asked."""
-        if self.quarantine or self.reusable:
-            return  # alloc_drains_the_quarantine
+        if self.quarantine or self.reusable or self._pool_cached():
+            return  # alloc_drains_the_quarantine, alloc_trims_the_pools
         self.injector().inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")
         self.reclaim_answer, self.reclaimed = True, []
         try:

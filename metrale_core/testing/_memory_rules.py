@@ -21,7 +21,7 @@ from ._model import ARENA_BYTES, MAX_BYTES, Contents, MachineModel
 __all__ = ["MemoryRules"]
 
 #: How to allocate again a stale buffer's kind (wrapped memory is not allocated by metrale).
-_REALLOC = {"device": "alloc", "managed": "alloc_managed", "arena": "alloc_arena"}
+_REALLOC = {"device": "alloc", "managed": "alloc_managed", "arena": "alloc_arena", "pool": "pool"}
 
 
 class MemoryRules(MachineModel):
@@ -259,7 +259,12 @@ class MemoryRules(MachineModel):
         (CUDA does at once; the fake reuses the most recently freed range of a size class). The stale handle
         is still refused, whatever its address now holds, and the new allocation is untouched."""
         stale = data.draw(st.sampled_from([b for b in self.stale if b.kind in _REALLOC]), label="stale buffer")
-        fresh = getattr(self.gpu, _REALLOC[stale.kind])(stale.nbytes)
+        if stale.kind == "pool":  # a pool hands the freed piece's address out again at once (same size, stream)
+            assert self.pool is not None
+            fresh = self.pool.alloc(stale.nbytes)
+            self.piece_streams[fresh.index] = False
+        else:
+            fresh = getattr(self.gpu, _REALLOC[stale.kind])(stale.nbytes)
         self._allocated(fresh)
         contents = Contents(fresh.nbytes)
         (self.arena if fresh.kind == "arena" else self.live)[fresh.index] = (fresh, contents)

@@ -19,6 +19,7 @@ from .. import (
     GpuBackend,
     GraphExec,
     Kernel,
+    MemoryPool,
     MetraleError,
     MetraleSettings,
     RedZoneError,
@@ -124,6 +125,10 @@ class MachineModel(RuleBasedStateMachine):
         self.heard: list[RedZoneViolation] = []  # what the violation observer heard (cleared by the rules)
         self.gpu.on_redzone_violation(lambda name, violation: self.heard.append(violation))
         #: A second backend of the same plugin for peer copies, opened by the first rule that needs it.
+        self.pool: MemoryPool | None = None  # made at the first pool rule, with a second pool and a stream
+        self.other_pool: MemoryPool | None = None
+        self.pool_stream: Stream | None = None
+        self.piece_streams: dict[int, bool] = {}  # live pieces by index: allocated on pool_stream (else the default)
         self.peer: GpuBackend | None = None
         self.peer_pool: Pool = {}  # its live buffers, by index
         if self.redzone and self.redzone_sample > 1:
@@ -163,6 +168,8 @@ class MachineModel(RuleBasedStateMachine):
         self.peer, self.peer_pool = None, {}
         self.live, self.arena, self.pieces, self.stale, self.dirty = {}, {}, {}, [], {}
         self.quarantine, self.qdirty, self.heard, self.reusable = {}, {}, [], {}
+        self.pool = self.other_pool = self.pool_stream = None
+        self.piece_streams = {}
         self.fill = self.write_u8 = None
         MachineModel.programs += 1
         if MachineModel.programs % COLLECT_EVERY == 0:
@@ -289,10 +296,15 @@ class MachineModel(RuleBasedStateMachine):
         """Whether an allocation of ``kind`` and ``n`` bytes (zoned if the next index is) would take a kept block."""
         return kind == "device" and self.redzone > 0 and (n + self._zone_bytes_of(0)) in self.reusable
 
+    def _pool_cached(self) -> bool:
+        """Whether a pool of the machine caches memory (an allocation out of memory trims it first)."""
+        return any(pool is not None and pool.stats().cached_bytes for pool in (self.pool, self.other_pool))
+
     def _forget(self, buf: DeviceBuffer) -> None:
         self.live.pop(buf.index, None)
         self.arena.pop(buf.index, None)
         self.pieces.pop(buf.index, None)
+        self.piece_streams.pop(buf.index, None)
         self.dirty.pop((buf.index, "trail"), None)
         self.dirty.pop((buf.index, "lead"), None)
         self.stale.append(buf)
@@ -302,7 +314,7 @@ class MachineModel(RuleBasedStateMachine):
     @invariant()
     def stats_match_model(self) -> None:
         stats = self.gpu.stats()
-        for kind in ("device", "managed"):
+        for kind in ("device", "managed", "pool"):
             want = sum(b.nbytes for b, _ in self.live.values() if b.kind == kind)
             assert stats.current_bytes[kind] == want, (kind, stats.current_bytes, want)
         blocks = sum(b.nbytes for b, _ in self.arena.values()) + ARENA_BYTES

@@ -24,8 +24,8 @@ from .. import (
     TensorMapSpec,
 )
 from ._capabilities import backend_capabilities
-from ._memory_rules import MemoryRules
 from ._model import Contents
+from ._pool_rules import PoolRules
 
 __all__ = ["TensorMapRules"]
 
@@ -46,7 +46,7 @@ def _spec(rows: int, cols: int) -> TensorMapSpec:
     return TensorMapSpec("uint8", (rows, cols), (cols, 1), BOX)
 
 
-class TensorMapRules(MemoryRules):
+class TensorMapRules(PoolRules):
     """Rules for tensor maps, on backends that have them and run the shipped TMA kernel (compute 9.0 or later)."""
 
     def _setup(self, settings: MetraleSettings) -> None:

@@ -1,0 +1,290 @@
+"""Caching pools: device memory carved from segments and cached after free, every piece on the ledger.
+
+- `MemoryPool` is the handle [`GpuBackend.create_pool`][metrale_core.GpuBackend.create_pool] returns. Its calls
+  go to the allocator (`PoolFront`), which owns the ledger front (a record per piece, its own creation index and
+  call site, reclaim-and-retry, the sweep); the pool owns its memory: segments, the pieces carved from them and
+  out now, the pieces cached.
+- Sizes round up to 512 bytes. A piece of up to 1 MiB is carved from a 2 MiB segment; a larger one is a
+  segment of its own. A segment goes back to the driver only when none of its pieces is out: at `trim`, at a
+  device-wide ``synchronize()`` beyond ``release_threshold`` cached bytes, when an allocation runs out of
+  memory, and at ``close()``.
+- Reuse is stream-ordered, as in PyTorch's caching allocator: a piece freed on a stream is cached for that
+  stream and taken again only by an allocation on it (the stream runs the earlier work first). Once the
+  device went idle (the pool waits for it before it gives memory back), every cached piece serves any stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import TYPE_CHECKING, Final, Protocol, final
+
+if TYPE_CHECKING:
+    from .._device.buffer import DeviceBuffer
+    from .._device.handles import Stream
+
+__all__ = ["LARGE", "MemoryPool", "PoolFront", "PoolStats", "SEGMENT", "size_class"]
+
+#: Pieces of at most this many bytes are carved from shared segments; larger ones are segments of their own.
+LARGE: Final = 1 << 20
+#: The size of a shared segment.
+SEGMENT: Final = 2 << 20
+_ROUND: Final = 512
+
+
+def size_class(nbytes: int) -> int:
+    """The bytes a piece of ``nbytes`` takes: rounded up to 512."""
+    return (nbytes + _ROUND - 1) & ~(_ROUND - 1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolStats:
+    """A [`MemoryPool`][metrale_core.MemoryPool]'s counters, as [`stats`][metrale_core.MemoryPool.stats] gives
+    them.
+
+    :param segments: segments held from the driver now.
+    :param segment_bytes: their bytes.
+    :param pieces: pieces out now (on the ledger).
+    :param piece_bytes: the bytes they take (each size rounded up to 512).
+    :param cached_bytes: bytes of the pieces cached for reuse.
+    :param hits: allocations a cached piece served.
+    :param misses: allocations that carved a new piece.
+    :param given_back: bytes given back to the driver so far (trims, synchronizes, out-of-memory reclaims).
+    :param release_threshold: the cached bytes a device-wide ``synchronize()`` leaves in the pool.
+    """
+
+    segments: int
+    segment_bytes: int
+    pieces: int
+    piece_bytes: int
+    cached_bytes: int
+    hits: int
+    misses: int
+    given_back: int
+    release_threshold: int
+
+
+class PoolFront(Protocol):
+    """What a pool asks of its allocator (the ledger front, the gate, the raw memory)."""
+
+    def pool_alloc(self, pool: MemoryPool, nbytes: object, stream: Stream | None) -> DeviceBuffer: ...
+
+    def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None: ...
+
+    def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int: ...
+
+    def pool_close(self, pool: MemoryPool) -> None: ...
+
+
+@final
+class _Segment:
+    __slots__ = ("nbytes", "out", "ptr", "used")
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.used = 0  # bytes carved so far
+        self.out = 0  # pieces carved from it and out now
+
+
+@final
+class MemoryPool:
+    """A caching pool of device memory on the ledger. Made by
+    [`GpuBackend.create_pool`][metrale_core.GpuBackend.create_pool].
+
+    ``alloc(nbytes, stream=None)`` hands out a [`DeviceBuffer`][metrale_core.DeviceBuffer] of kind ``"pool"``,
+    usable in every operation of its backend and freed one by one, by ``free`` or by ``GpuBackend.free``.
+    Thread-safe. A context manager (``close()`` on exit).
+    """
+
+    __slots__ = ("__weakref__", "_closed", "_free", "_front", "_large", "_lock", "_out", "_segments", "_small",
+                 "cached_bytes", "given_back", "hits", "misses", "release_threshold")
+
+    def __init__(self, front: PoolFront, release_threshold: int) -> None:
+        self._front = front
+        self._lock = threading.Lock()
+        self._closed = False
+        self._segments: dict[int, _Segment] = {}  # by address
+        self._small: list[_Segment] = []  # shared segments, the newest last (carving goes there)
+        self._large: dict[int, _Segment] = {}
+        #: Cached pieces: (stream, size) -> [(address, segment)]; stream ``None``: any stream.
+        self._free: dict[tuple[object, int], list[tuple[int, _Segment]]] = {}
+        #: Pieces out: creation index -> (address, size, segment, the stream it was allocated on).
+        self._out: dict[int, tuple[int, int, _Segment, object]] = {}
+        self.cached_bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.given_back = 0
+        self.release_threshold = release_threshold
+
+    # -- the public face --------------------------------------------------------------------
+
+    def alloc(self, nbytes: int, *, stream: Stream | None = None) -> DeviceBuffer:
+        """A piece of ``nbytes`` bytes (a cached one freed on ``stream``, or a new one), on the ledger with the
+        caller's site; ``stream`` (the default stream if ``None``) is where its first use is ordered."""
+        return self._front.pool_alloc(self, nbytes, stream)
+
+    def free(self, buf: DeviceBuffer, *, stream: Stream | None = None) -> None:
+        """Free a piece of this pool: off the ledger at once, cached for ``stream`` (the stream it was allocated
+        on if ``None``): allocations on that stream take it again."""
+        self._front.pool_free(self, buf, stream, "MemoryPool.free")
+
+    def trim(self, keep_bytes: int = 0) -> int:
+        """Wait for the device, then give back whole free segments until at most ``keep_bytes`` stay cached;
+        returns the bytes given back."""
+        return self._front.pool_trim(self, keep_bytes)
+
+    def stats(self) -> PoolStats:
+        """The pool's counters now."""
+        with self._lock:
+            return PoolStats(
+                segments=len(self._segments), segment_bytes=sum(s.nbytes for s in self._segments.values()),
+                pieces=len(self._out), piece_bytes=self._piece_bytes(), cached_bytes=self.cached_bytes,
+                hits=self.hits, misses=self.misses, given_back=self.given_back,
+                release_threshold=self.release_threshold,
+            )
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Release the pool: pieces still out are swept (each a leak, named in a warning), and every segment goes
+        back to the driver. Idempotent."""
+        if not self._closed:
+            self._front.pool_close(self)
+
+    def __enter__(self) -> MemoryPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._out)} pieces out, {self.cached_bytes} bytes cached"
+        return f"<MemoryPool {state}>"
+
+    # -- the memory (the allocator's calls, the context's gate passed) -----------------------
+
+    def _piece_bytes(self) -> int:
+        return sum(size for _, size, _, _ in self._out.values())
+
+    def take(self, size: int, stream: object) -> tuple[int, object] | None:
+        """A cached piece of ``size`` bytes for ``stream`` (or for any), or a new one carved from a shared segment
+        with room; ``None`` where a new segment is needed (`add_segment`)."""
+        with self._lock:
+            for key in ((stream, size), (None, size)):
+                cached = self._free.get(key)
+                if cached:
+                    ptr, segment = cached.pop()
+                    self.cached_bytes -= size
+                    self.hits += 1
+                    segment.out += 1
+                    return ptr, segment
+            if size <= LARGE and self._small:
+                segment = self._small[-1]
+                if segment.used + size <= segment.nbytes:
+                    return self._carve(segment, size)
+            return None
+
+    def segment_bytes(self, size: int) -> int:
+        """The bytes of the segment a new piece of ``size`` needs."""
+        return SEGMENT if size <= LARGE else size
+
+    def add_segment(self, ptr: int, nbytes: int, size: int) -> tuple[int, object]:
+        """A new segment from the driver, and the piece of ``size`` carved from it."""
+        segment = _Segment(ptr, nbytes)
+        with self._lock:
+            self._segments[ptr] = segment
+            if size <= LARGE:
+                self._small.append(segment)
+            else:
+                self._large[ptr] = segment
+            return self._carve(segment, size)
+
+    def _carve(self, segment: _Segment, size: int) -> tuple[int, object]:
+        ptr = segment.ptr + segment.used
+        segment.used += size
+        segment.out += 1
+        self.misses += 1
+        return ptr, segment
+
+    def handed_out(self, index: int, ptr: int, size: int, segment: object, stream: object) -> None:
+        """The piece at ``ptr`` of ``segment`` (just taken) is allocation ``index``, allocated on ``stream``."""
+        assert isinstance(segment, _Segment)
+        with self._lock:
+            self._out[index] = (ptr, size, segment, stream)
+
+    def give(self, index: int, stream: object | None) -> None:
+        """Allocation ``index`` is off the ledger: its piece cached for ``stream`` (its own if ``None``)."""
+        with self._lock:
+            ptr, size, segment, own = self._out.pop(index)
+            segment.out -= 1
+            self._free.setdefault((own if stream is None else stream, size), []).append((ptr, segment))
+            self.cached_bytes += size
+
+    def give_untaken(self, ptr: int, size: int, segment: object) -> None:
+        """A piece taken for an allocation that did not commit: cached for any stream (nothing used it)."""
+        assert isinstance(segment, _Segment)
+        with self._lock:
+            segment.out -= 1
+            self._free.setdefault((None, size), []).append((ptr, segment))
+            self.cached_bytes += size
+
+    def owns(self, index: int) -> bool:
+        with self._lock:
+            return index in self._out
+
+    def out(self) -> list[int]:
+        """The creation indexes of the pieces out now."""
+        with self._lock:
+            return list(self._out)
+
+    def idle(self) -> None:
+        """The device went idle: every cached piece serves any stream."""
+        with self._lock:
+            merged: dict[tuple[object, int], list[tuple[int, _Segment]]] = {}
+            for (_, size), pieces in self._free.items():
+                merged.setdefault((None, size), []).extend(pieces)
+            self._free = merged
+
+    def release(self, keep_bytes: int) -> list[tuple[int, int]]:
+        """Take whole free segments out (the newest shared one last) until at most ``keep_bytes`` stay cached;
+        the caller gives back the ``(address, nbytes)`` returned, having waited for the device."""
+        gone: list[tuple[int, int]] = []
+        with self._lock:
+            candidates = [s for s in self._segments.values() if s.out == 0]
+            candidates.sort(key=lambda s: s is (self._small[-1] if self._small else None))
+            for segment in candidates:
+                if self.cached_bytes <= keep_bytes:
+                    break
+                freed = 0
+                for key, pieces in list(self._free.items()):
+                    kept = [p for p in pieces if p[1] is not segment]
+                    freed += (len(pieces) - len(kept)) * key[1]
+                    if kept:
+                        self._free[key] = kept
+                    else:
+                        del self._free[key]
+                self.cached_bytes -= freed
+                del self._segments[segment.ptr]
+                self._large.pop(segment.ptr, None)
+                if segment in self._small:
+                    self._small.remove(segment)
+                self.given_back += segment.nbytes
+                gone.append((segment.ptr, segment.nbytes))
+        return gone
+
+    def release_all(self) -> list[tuple[int, int]]:
+        """At close: every segment (no piece is out any more)."""
+        with self._lock:
+            gone = [(s.ptr, s.nbytes) for s in self._segments.values()]
+            self.given_back += sum(n for _, n in gone)
+            self._segments.clear()
+            self._small.clear()
+            self._large.clear()
+            self._free.clear()
+            self._out.clear()
+            self.cached_bytes = 0
+            self._closed = True
+        return gone

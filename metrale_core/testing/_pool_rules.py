@@ -1,0 +1,136 @@
+"""The state machine's rules for a caching memory pool: pieces on the ledger, freed and reused, trimmed.
+
+The pool's pieces live in the model's ``live`` table beside ``alloc``'s buffers, so every memory rule (frees with
+``GpuBackend.free``, data movement, out-of-bounds, stale handles over reused addresses, sweeps) takes them too.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, precondition, rule
+
+from .. import DeviceBuffer, InvalidBufferError, MemoryPool, Stream
+from .._memory.pool import size_class
+from ._memory_rules import MemoryRules
+from ._model import MAX_BYTES, Contents
+
+__all__ = ["PoolRules"]
+
+
+class PoolRules(MemoryRules):
+    """A pool of the backend (and a second one, for frees sent to the wrong pool), on the default stream and one
+    more."""
+
+    def _pool(self) -> MemoryPool:
+        if self.pool is None:
+            self.pool = self.gpu.create_pool()
+            self.other_pool = self.gpu.create_pool()
+            self.pool_stream = self.gpu.create_stream()
+        return self.pool
+
+    def _pool_pieces(self) -> list[DeviceBuffer]:
+        return [buf for buf, _ in self.live.values() if buf.kind == "pool"]
+
+    def _stream_of(self, on_stream: bool) -> Stream | None:
+        return self.pool_stream if on_stream else None
+
+    @rule(n=st.integers(1, MAX_BYTES), on_stream=st.booleans())
+    def pool_alloc(self, n: int, on_stream: bool) -> None:
+        pool = self._pool()
+        before = pool.stats()
+        buf = pool.alloc(n, stream=self._stream_of(on_stream))
+        assert buf.nbytes == n and buf.kind == "pool" and buf.ptr % 256 == 0 and buf.ptr != 0
+        assert buf.index not in self._all(), "a creation index was handed out twice"
+        assert buf.site.rpartition(":")[2].isdigit(), f"the call site {buf.site!r} is not file:line"
+        for other in self._pool_pieces():  # no two pieces out share a byte
+            assert (buf.ptr + size_class(n) <= other.ptr or other.ptr + size_class(other.nbytes) <= buf.ptr), (
+                f"piece #{buf.index} overlaps piece #{other.index}")
+        after = pool.stats()
+        assert after.hits + after.misses == before.hits + before.misses + 1
+        self.live[buf.index] = (buf, Contents(n))
+        self.piece_streams[buf.index] = on_stream
+
+    @precondition(lambda self: any(b.kind == "pool" for b, _ in self.live.values()))
+    @rule(data=st.data(), again=st.booleans())
+    def pool_free_and_reuse(self, data: st.DataObject, again: bool) -> None:
+        """``MemoryPool.free``; then, ``again``, an allocation of the same size on the same stream takes the very
+        piece back (at its address), and the freed handle stays refused."""
+        assert self.pool is not None
+        piece = data.draw(st.sampled_from(self._pool_pieces()), label="piece")
+        on_stream = self.piece_streams.pop(piece.index, False)
+        self.pool.free(piece)
+        self._forget(piece)
+        if not again:
+            return
+        fresh = self.pool.alloc(piece.nbytes, stream=self._stream_of(on_stream))
+        assert fresh.ptr == piece.ptr, "a piece freed on a stream was not reused by that stream's next allocation"
+        self.live[fresh.index] = (fresh, Contents(fresh.nbytes))
+        self.piece_streams[fresh.index] = on_stream
+        self.gpu.memset(fresh, 0x5A)
+        self.live[fresh.index][1].write(0, b"\x5a" * fresh.nbytes)
+        for op in ("memset", "free"):
+            try:
+                if op == "memset":
+                    self.gpu.memset(piece, 0)
+                else:
+                    self.gpu.free(piece)
+            except InvalidBufferError:
+                pass
+            else:
+                raise AssertionError(f"a {op} of freed piece #{piece.index} was not refused once its address was "
+                                     f"handed out again")
+        self.live[fresh.index][1].check(self._read(fresh), fresh)
+
+    @precondition(lambda self: any(b.kind == "pool" for b, _ in self.live.values()))
+    @rule(data=st.data())
+    def pool_free_in_the_wrong_pool(self, data: st.DataObject) -> None:
+        assert self.other_pool is not None
+        piece = data.draw(st.sampled_from(self._pool_pieces()), label="piece")
+        before = self.gpu.live_alloc_len()
+        try:
+            self.other_pool.free(piece)
+        except InvalidBufferError:
+            pass
+        else:
+            raise AssertionError(f"piece #{piece.index} was freed by another pool")
+        assert self.gpu.live_alloc_len() == before
+
+    @precondition(lambda self: self.pool is not None)
+    @rule(keep=st.sampled_from([0, 4096, 1 << 30]))
+    def pool_trim(self, keep: int) -> None:
+        assert self.pool is not None
+        before = self.pool.stats()
+        given = self.pool.trim(keep)
+        after = self.pool.stats()
+        assert given == after.given_back - before.given_back >= 0
+        assert after.segment_bytes == before.segment_bytes - given
+        assert (after.pieces, after.piece_bytes) == (before.pieces, before.piece_bytes)
+        if given:
+            assert after.cached_bytes < before.cached_bytes
+        if keep == 0:  # every segment none of whose pieces is out went back
+            assert after.segments <= after.pieces and (after.cached_bytes == 0 or after.pieces), after
+
+    @precondition(lambda self: self.can_inject and self._pool_cached() and not (self.quarantine or self.reusable))
+    @rule(kind=st.sampled_from(["device", "managed", "arena"]))
+    def alloc_trims_the_pools(self, kind: str) -> None:
+        """Out of memory with memory cached in a pool: the pools give their free segments back and the allocation
+        is tried again before any on_out_of_memory callback is asked."""
+        assert self.pool is not None
+        before = self.pool.stats()
+        self.injector().inject_fault("alloc", code="CUDA_ERROR_OUT_OF_MEMORY")
+        self.reclaimed = []
+        self.alloc(kind, 128)
+        assert self.reclaimed == [], "the callbacks were asked before the pools were trimmed"
+        after = self.pool.stats()
+        assert after.segments <= after.pieces and after.given_back >= before.given_back, (before, after)
+
+    @invariant()
+    def pool_matches_model(self) -> None:
+        if self.pool is None:
+            return
+        stats = self.pool.stats()
+        pieces = self._pool_pieces()
+        assert stats.pieces == len(pieces), (stats, len(pieces))
+        assert stats.piece_bytes == sum(size_class(b.nbytes) for b in pieces), stats
+        assert stats.cached_bytes + stats.piece_bytes <= stats.segment_bytes, stats
+        assert self.gpu.stats().current_bytes["pool"] == sum(b.nbytes for b in pieces)

@@ -1,0 +1,209 @@
+"""Memory pools: pieces on the ledger, stream-ordered reuse, trims, thresholds, reclaim, close, bad input.
+
+Each test runs on every available backend; the state machine (``metrale_core.testing``) drives pools at random too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from metrale_core import (
+    DeviceBuffer,
+    GpuBackend,
+    InvalidArgumentError,
+    InvalidBufferError,
+    MemoryPool,
+    PoolStats,
+    open_backend,
+)
+from metrale_core._memory.pool import LARGE, SEGMENT, size_class
+from tests._support import MIB, SETTINGS, read_bytes
+
+
+def test_a_piece_is_an_allocation_of_its_own(gpu: GpuBackend) -> None:
+    pool = gpu.create_pool()
+    a, b = pool.alloc(1000), pool.alloc(3000)
+    assert (a.kind, a.nbytes, b.nbytes) == ("pool", 1000, 3000)
+    line = test_a_piece_is_an_allocation_of_its_own.__code__.co_firstlineno + 2
+    assert a.index != b.index and a.site.endswith(f"test_pool.py:{line}")
+    assert {r.index: r.kind for r in gpu.ledger_probe().records()} == {a.index: "pool", b.index: "pool"}
+    assert gpu.stats().current_bytes["pool"] == 4000
+    gpu.memset(b, 7)
+    assert read_bytes(gpu, b, 3000) == b"\x07" * 3000
+    assert pool.stats() == PoolStats(segments=1, segment_bytes=SEGMENT, pieces=2, piece_bytes=1024 + 3072,
+                                     cached_bytes=0, hits=0, misses=2, given_back=0, release_threshold=0)
+    pool.free(a)
+    gpu.free(b)  # GpuBackend.free takes a piece too
+    assert gpu.live_alloc_len() == 0 and pool.stats().cached_bytes == 1024 + 3072
+    pool.close()
+
+
+def test_a_freed_piece_is_reused_by_its_stream_and_the_old_handle_is_refused(gpu: GpuBackend) -> None:
+    pool = gpu.create_pool()
+    old = pool.alloc(5000)
+    pool.free(old)
+    new = pool.alloc(4700)  # the same size class, the same (default) stream: the same piece
+    assert new.ptr == old.ptr and new.index != old.index and pool.stats().hits == 1
+    gpu.memset(new, 1)
+    for op in (lambda: gpu.memset(old, 0), lambda: gpu.free(old), lambda: pool.free(old)):
+        with pytest.raises(InvalidBufferError):
+            op()
+    assert read_bytes(gpu, new, 4700) == b"\x01" * 4700
+    pool.close()
+
+
+def test_reuse_is_stream_ordered(gpu: GpuBackend) -> None:
+    """A piece freed on one stream serves that stream at once; another stream only once the device went idle."""
+    pool = gpu.create_pool()
+    s1, s2 = gpu.create_stream(), gpu.create_stream()
+    piece = pool.alloc(1 << 16, stream=s1)
+    pool.free(piece)  # cached for s1, the stream it was allocated on
+    other = pool.alloc(1 << 16, stream=s2)
+    assert other.ptr != piece.ptr
+    again = pool.alloc(1 << 16, stream=s1)
+    assert again.ptr == piece.ptr
+    pool.free(again, stream=s2)  # cached for s2 now
+    assert pool.alloc(1 << 16, stream=s1).ptr != piece.ptr
+    assert pool.alloc(1 << 16, stream=s2).ptr == piece.ptr
+    freed = pool.alloc(1 << 16, stream=s1)
+    pool.free(freed)
+    gpu.synchronize()  # idle: any stream takes it (the threshold trims only segments with nothing out)
+    assert pool.alloc(1 << 16, stream=s2).ptr == freed.ptr
+    pool.close()
+
+
+def test_large_pieces_are_segments_of_their_own_and_trim_gives_back_free_segments(gpu: GpuBackend) -> None:
+    pool = gpu.create_pool()
+    big = pool.alloc(LARGE + 1)
+    small = pool.alloc(100)
+    assert pool.stats().segments == 2
+    assert pool.stats().segment_bytes == size_class(LARGE + 1) + SEGMENT
+    pool.free(big)
+    assert pool.trim() == size_class(LARGE + 1)  # the shared segment has a piece out: it stays
+    pool.free(small)
+    assert pool.trim(keep_bytes=1 << 30) == 0
+    assert pool.trim() == SEGMENT
+    stats = pool.stats()
+    assert (stats.segments, stats.cached_bytes, stats.given_back) == (0, 0, size_class(LARGE + 1) + SEGMENT)
+    pool.close()
+
+
+def test_synchronize_keeps_the_release_threshold(gpu: GpuBackend) -> None:
+    keep = gpu.create_pool(release_threshold=1 << 30)
+    drop = gpu.create_pool()
+    for pool in (keep, drop):
+        pool.free(pool.alloc(LARGE * 2))
+    gpu.synchronize()
+    assert keep.stats().cached_bytes == LARGE * 2 and drop.stats().cached_bytes == 0
+    assert drop.stats().given_back == LARGE * 2
+    keep.close()
+    drop.close()
+
+
+def test_out_of_memory_trims_the_pools_before_the_callbacks() -> None:
+    with open_backend("fake", settings=SETTINGS.updated(fake_memory_bytes=64 * MIB)) as gpu:
+        asked: list[int] = []
+        gpu.on_out_of_memory(lambda n: asked.append(n) or False)
+        pool = gpu.create_pool()
+        pool.free(pool.alloc(48 * MIB))  # cached: the driver's memory is mostly the pool's
+        buf = gpu.alloc(40 * MIB)
+        assert asked == [] and pool.stats().cached_bytes == 0 and pool.stats().given_back == 48 * MIB
+        gpu.free(buf)
+
+
+def test_close_sweeps_the_pieces_still_out(gpu: GpuBackend, caplog: pytest.LogCaptureFixture) -> None:
+    pool = gpu.create_pool()
+    kept = pool.alloc(777)
+    with caplog.at_level(logging.WARNING, logger="metrale"):
+        pool.close()
+    assert "1 piece(s)" in caplog.text and kept.site in caplog.text
+    assert gpu.live_alloc_len() == 0 and pool.closed
+    assert [r.index for r in gpu.ledger_report().swept] == [kept.index]
+    with pytest.raises(InvalidBufferError):
+        gpu.free(kept)
+    with pytest.raises(InvalidArgumentError, match="closed"):
+        pool.alloc(1)
+    pool.close()  # idempotent
+
+
+def test_backend_close_releases_pools_and_sweeps_their_pieces() -> None:
+    gpu = open_backend("fake", settings=SETTINGS)
+    pool = gpu.create_pool()
+    pool.alloc(10)
+    pool.free(pool.alloc(20))
+    gpu.close()
+    assert pool.closed and pool.stats().segments == 0
+
+
+def test_a_piece_of_another_pool_or_no_piece_is_refused_and_nothing_changes(gpu: GpuBackend) -> None:
+    one, two = gpu.create_pool(), gpu.create_pool()
+    piece = one.alloc(64)
+    plain = gpu.alloc(64)
+    for bad in (lambda: two.free(piece), lambda: one.free(plain), lambda: one.free("x")):  # type: ignore[arg-type]
+        with pytest.raises(InvalidBufferError):
+            bad()
+    assert gpu.live_alloc_len() == 2 and one.stats().pieces == 1
+    stranger = DeviceBuffer(piece.ptr, piece.nbytes, "pool", piece.index + 10_000, piece.site)
+    with pytest.raises(InvalidBufferError):
+        gpu.free(stranger)
+    one.free(piece)
+    gpu.free(plain)
+    one.close()
+    two.close()
+
+
+def test_an_equal_handle_of_a_piece_frees_it_back_to_its_pool(gpu: GpuBackend) -> None:
+    """A handle equal to a piece's (same index, address and size; here of kind "device") frees the piece into its
+    pool, never to the driver: the pool still owns the segment."""
+    pool = gpu.create_pool()
+    piece = pool.alloc(300)
+    twin = DeviceBuffer(piece.ptr, piece.nbytes, "device", piece.index, piece.site, piece._owner)
+    gpu.free(twin)
+    assert gpu.live_alloc_len() == 0 and pool.stats().cached_bytes == 512
+    assert pool.alloc(300).ptr == piece.ptr
+    pool.close()
+
+
+@pytest.mark.parametrize(("call", "error"), [
+    (lambda gpu, pool: pool.alloc(0), InvalidBufferError),
+    (lambda gpu, pool: pool.alloc(-1), InvalidBufferError),
+    (lambda gpu, pool: pool.alloc("8"), InvalidBufferError),
+    (lambda gpu, pool: pool.alloc(8, stream="s"), InvalidArgumentError),
+    (lambda gpu, pool: pool.trim(-1), InvalidArgumentError),
+    (lambda gpu, pool: pool.trim("all"), InvalidArgumentError),
+    (lambda gpu, pool: gpu.create_pool(release_threshold=-1), InvalidArgumentError),
+    (lambda gpu, pool: gpu.create_pool(release_threshold=1.5), InvalidArgumentError),
+])
+def test_bad_input_is_refused_and_changes_nothing(gpu: GpuBackend, call: object, error: type[Exception]) -> None:
+    pool = gpu.create_pool()
+    before = pool.stats()
+    with pytest.raises(error):
+        call(gpu, pool)  # type: ignore[operator]
+    assert pool.stats() == before and gpu.live_alloc_len() == 0
+    pool.close()
+
+
+def test_pool_calls_are_refused_during_a_capture(gpu: GpuBackend) -> None:
+    from metrale_core import CaptureError
+
+    pool = gpu.create_pool()
+    piece = pool.alloc(64)
+    stream = gpu.create_stream()
+    gpu.begin_capture(stream)
+    for call in (lambda: pool.alloc(64), lambda: pool.free(piece), pool.trim, gpu.create_pool):
+        with pytest.raises(CaptureError):
+            call()
+    with pytest.raises(CaptureError, match="invalidated"):  # as CUDA: a forbidden call invalidates the capture
+        gpu.end_capture(stream)
+    assert pool.stats().pieces == 1
+    pool.free(piece)
+    pool.close()
+
+
+def test_the_pool_is_a_context_manager(gpu: GpuBackend) -> None:
+    with gpu.create_pool() as pool:
+        assert isinstance(pool, MemoryPool)
+        pool.free(pool.alloc(8))
+    assert pool.closed and "closed" in repr(pool)
