@@ -306,8 +306,9 @@ class GpuBackend:
     def synchronize(self) -> None:
         """Wait for all work of this backend; then each memory pool keeps at most its ``release_threshold`` bytes
         cached."""
+        marks = self._memory.mark_pools()
         self._streams.synchronize()
-        self._memory.synchronized()
+        self._memory.synchronized(marks)
 
     @gated
     def begin_capture(self, stream: Stream | None = None) -> None:

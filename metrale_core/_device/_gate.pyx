@@ -27,12 +27,10 @@ import sys
 import threading
 import weakref
 
-from .._errors import MetraleError
-
 from ._capture cimport enter_c as _enter_call
 from ._capture cimport leave_c as _leave_call
 
-from .capture import resume_calls, suspend_calls, thread_calls
+from .capture import active_captures, resume_calls, suspend_calls, thread_calls
 from .gate import interrupted_error
 
 _log = logging.getLogger("metrale")
@@ -148,7 +146,11 @@ cdef class Gate:
             self.leave_c(cell)
             raise self._refusal()
         if self._later and cell.depth == 1:
-            self.run_later()
+            try:
+                self.run_later()
+            except BaseException:  # (an interrupt): counted out, as a call that raised
+                self.leave_c(cell)
+                raise
         return cell
 
     cdef bint interrupted_c(self) except -1:
@@ -165,6 +167,8 @@ cdef class Gate:
     def run_later(self):
         """Run the deferred calls, oldest first; a failure is logged."""
         later = self._later
+        if active_captures():  # a free is refused while a capture runs, and would end it: kept for later
+            return
         while later:
             try:
                 call, arg = later.pop(0)
@@ -172,7 +176,7 @@ cdef class Gate:
                 return
             try:
                 call(arg)
-            except MetraleError as exc:
+            except Exception as exc:
                 _log.warning("metrale: a free deferred from a garbage collection failed: %s", exc)
 
     cdef int leave_c(self, _Cell cell) except -1:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Final, final
 
 from .._errors import MetraleError
-from .capture import leave_call, resume_calls, suspend_calls, thread_calls
+from .capture import active_captures, leave_call, resume_calls, suspend_calls, thread_calls
 
 __all__ = ["Gate", "interrupted_error"]
 
@@ -136,7 +136,11 @@ class Gate:
             self.leave()
             raise self._refusal()
         if self._later and cell.depth == 1:
-            self.run_later()
+            try:
+                self.run_later()
+            except BaseException:  # (an interrupt): counted out, as a call that raised
+                self.leave()
+                raise
 
     def interrupted(self) -> bool:
         """Whether a call made now comes from a finalizer that a garbage collection runs in the middle of a
@@ -150,6 +154,8 @@ class Gate:
     def run_later(self) -> None:
         """Run the deferred calls, oldest first; a failure is logged (a finalizer made the call)."""
         later = self._later
+        if active_captures():  # a free is refused while a capture runs, and would end it: kept for later
+            return
         while later:
             try:
                 call, arg = later.pop(0)
@@ -157,7 +163,7 @@ class Gate:
                 return
             try:
                 call(arg)
-            except MetraleError as exc:
+            except Exception as exc:  # (a finalizer made the call: its error is logged, as Python logs a finalizer's)
                 _log.warning("metrale: a free deferred from a garbage collection failed: %s", exc)
 
     def leave(self) -> None:

@@ -62,6 +62,10 @@ _CORE_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _USER_DIRS: Final = tuple(os.path.join(_CORE_DIR, d) + os.sep for d in ("testing", "_commands"))
 
 
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
 def _no_streams(stream: Stream | None, what: str) -> Stream:  # pragma: no cover - no pool before create_pool
     raise AssertionError(f"{what}: no pool was created")
 
@@ -254,7 +258,7 @@ class Allocator:
                     continue
                 if not trimmed and any(pool.cached_bytes for pool in list(self._holdings.pools)):
                     trimmed = True  # then the memory pools cache
-                    self._trim_pools(None)
+                    self._trim_pools(None, 0)
                     continue
                 reclaimed = retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what)
                 if self.ctx.closed:  # a callback closed the backend
@@ -509,6 +513,9 @@ class Allocator:
                 nbytes_segment = pool.segment_bytes(size)
                 raw = self._raw_alloc(nbytes_segment, n, "device", what)
                 taken = pool.add_segment(raw, nbytes_segment, size)
+                if taken is None:  # the pool closed meanwhile
+                    self.release_quietly(raw, "device")
+                    raise InvalidArgumentError(f"{what}: {pool!r} was closed meanwhile")
             ptr, segment = taken
             buf = self._make(ptr, n, "pool", index, site, ctx.ref)
             holdings = self._holdings
@@ -586,25 +593,47 @@ class Allocator:
         finally:
             ctx.leave()
 
-    def _trim_pools(self, only: MemoryPool | None, keep: int = 0, *, thresholds: bool = False) -> int:
+    def _trim_pools(
+        self, only: MemoryPool | None, keep: int | None, *, marks: dict[MemoryPool, int] | None = None
+    ) -> int:
         """Wait for the device, then give back the free segments of ``only`` (or of every pool) beyond ``keep``
-        cached bytes (each pool's ``release_threshold`` with ``thresholds``); the bytes given back."""
+        cached bytes (``None``: each pool's ``release_threshold``); the bytes given back. ``marks``: the wait was
+        made already (a ``synchronize()``), after each pool's mark."""
         pools = [only] if only is not None else list(self._holdings.pools)
-        if not any(pool.cached_bytes for pool in pools):
-            return 0
-        self._raw.synchronize()  # nothing still queued uses the memory given back, and any stream may reuse it
+        if marks is None:
+            if not any(pool.cached_bytes for pool in pools):
+                return 0
+            marks = {pool: pool.mark() for pool in pools}
+            self._raw.synchronize()  # nothing queued before it uses what was cached: any stream may reuse it
         given = 0
         for pool in pools:
-            pool.idle()
-            for ptr, nbytes in pool.release(pool.release_threshold if thresholds else keep):
-                self.ctx.quietly("free a memory pool's segment", self._raw.free, ptr, "device")
-                given += nbytes
+            mark = marks.get(pool)
+            if mark is None:  # created since the marks were taken
+                continue
+            pool.idle(mark)
+            for ptr, nbytes in pool.release(pool.release_threshold if keep is None else keep, mark):
+                given += self._give_segment(pool, ptr, nbytes)
         return given
 
-    def synchronized(self) -> None:
-        """After a device-wide ``synchronize()``: every pool keeps at most its ``release_threshold`` cached."""
-        if self._holdings.pools:
-            self._trim_pools(None, thresholds=True)
+    def _give_segment(self, pool: MemoryPool, ptr: int, nbytes: int) -> int:
+        """A pool's segment back to the driver; the bytes it took back (0 where the release failed: logged)."""
+        try:
+            self._raw.free(ptr, "device")
+        except MetraleError as exc:
+            self.ctx.quietly(f"free a memory pool's segment at {ptr:#x}", _raise, exc)
+            return 0
+        pool.gave_back(nbytes)
+        return nbytes
+
+    def mark_pools(self) -> dict[MemoryPool, int]:
+        """Before a device-wide ``synchronize()``: each pool's mark (`synchronized`)."""
+        return {pool: pool.mark() for pool in list(self._holdings.pools)}
+
+    def synchronized(self, marks: dict[MemoryPool, int]) -> None:
+        """A device-wide ``synchronize()`` that began after ``marks`` returned: every pool keeps at most its
+        ``release_threshold`` cached."""
+        if marks:
+            self._trim_pools(None, None, marks=marks)
 
     def pool_close(self, pool: MemoryPool) -> None:
         """`MemoryPool.close`: the pieces still out are swept (leaks), then the segments go back."""
@@ -613,8 +642,9 @@ class Allocator:
         ctx.enter()
         try:
             forbid_during_capture(what)
-            if pool.closed:
-                return
+            with ctx.lock:  # allocations commit under this lock: none commits into the pool after this
+                if not pool.shut():
+                    return
             holdings = self._holdings
             out = set(pool.out())
             leaks = [rec for rec in holdings.ledger.snapshot() if rec.index in out]
@@ -638,8 +668,8 @@ class Allocator:
                 if pool in holdings.pools:
                     holdings.pools.remove(pool)
             ctx.quietly("synchronize before a pool's segments go", self._raw.synchronize)
-            for ptr, _ in pool.release_all():
-                ctx.quietly("free a memory pool's segment", self._raw.free, ptr, "device")
+            for ptr, nbytes in pool.release_all():
+                self._give_segment(pool, ptr, nbytes)
         finally:
             ctx.leave()
 
@@ -712,8 +742,9 @@ class Allocator:
         with holdings.lock:
             pools, holdings.pools = holdings.pools, []
         for pool in pools:  # the sweep gave their pieces back
-            for ptr, _ in pool.release_all():
-                ctx.quietly("free a memory pool's segment", self._raw.free, ptr, "device")
+            pool.shut()
+            for ptr, nbytes in pool.release_all():
+                self._give_segment(pool, ptr, nbytes)
         self._quarantine.release()
         for buf in blocks.values():
             ctx.quietly("free_arena", self._raw.free, buf.ptr, "arena")

@@ -77,7 +77,7 @@ class ExportTable:
                 elif stream != NO_SYNC:
                     self._order(stream)
             memory = self._raw.export_memory(buf.ptr, buf.nbytes)
-            if wait and buf.kind in ("device", "managed"):  # exported (not only asked where): free() warns
+            if wait and buf.kind in ("device", "managed", "pool"):  # exported (not only asked where): free() warns
                 with ctx.lock:
                     self._viewed.setdefault(buf.index, weakref.WeakSet()).add(view)
                     self._holdings.releases.watch(self.warn_if_exported, True)
@@ -136,7 +136,7 @@ class ExportTable:
     def warn_if_exported(self, buf: DeviceBuffer) -> None:
         """An allocator release observer, switched on while something is exported: warn when other libraries still
         hold views of ``buf``."""
-        if buf.kind not in ("device", "managed"):
+        if buf.kind not in ("device", "managed", "pool"):
             return
         if not self._exported and not self._viewed:  # nothing exported: switched off, under the lock exports take
             with self.ctx.lock:

@@ -10,7 +10,11 @@
   memory, and at ``close()``.
 - Reuse is stream-ordered, as in PyTorch's caching allocator: a piece freed on a stream is cached for that
   stream and taken again only by an allocation on it (the stream runs the earlier work first). Once the
-  device went idle (the pool waits for it before it gives memory back), every cached piece serves any stream.
+  device went idle (the pool waits for it before it gives memory back), every piece cached before that wait
+  serves any stream: each cached piece carries the pool's epoch at its free, and a wait counts only for the
+  pieces cached before it began (`mark`).
+- Its lock guards only integer and container updates that make no new objects that a collection could follow:
+  `stats` reads counters, so a finalizer that frees a piece during a collection never waits on it.
 """
 
 from __future__ import annotations
@@ -97,8 +101,8 @@ class MemoryPool:
     Thread-safe. A context manager (``close()`` on exit).
     """
 
-    __slots__ = ("__weakref__", "_closed", "_free", "_front", "_large", "_lock", "_out", "_segments", "_small",
-                 "cached_bytes", "given_back", "hits", "misses", "release_threshold")
+    __slots__ = ("__weakref__", "_cached", "_closed", "_epoch", "_free", "_front", "_given_back", "_hits", "_large",
+                 "_lock", "_misses", "_out", "_piece_bytes", "_segment_bytes", "_segments", "_small", "_threshold")
 
     def __init__(self, front: PoolFront, release_threshold: int) -> None:
         self._front = front
@@ -107,15 +111,13 @@ class MemoryPool:
         self._segments: dict[int, _Segment] = {}  # by address
         self._small: list[_Segment] = []  # shared segments, the newest last (carving goes there)
         self._large: dict[int, _Segment] = {}
-        #: Cached pieces: (stream, size) -> [(address, segment)]; stream ``None``: any stream.
-        self._free: dict[tuple[object, int], list[tuple[int, _Segment]]] = {}
+        #: Cached pieces: (stream, size) -> [(address, segment, epoch at the free)]; stream ``None``: any stream.
+        self._free: dict[tuple[object, int], list[tuple[int, _Segment, int]]] = {}
         #: Pieces out: creation index -> (address, size, segment, the stream it was allocated on).
         self._out: dict[int, tuple[int, int, _Segment, object]] = {}
-        self.cached_bytes = 0
-        self.hits = 0
-        self.misses = 0
-        self.given_back = 0
-        self.release_threshold = release_threshold
+        self._epoch = 0  # bumped by each `mark`: a wait that began after a piece's free makes it any stream's
+        self._cached = self._hits = self._misses = self._given_back = self._segment_bytes = self._piece_bytes = 0
+        self._threshold = release_threshold
 
     # -- the public face --------------------------------------------------------------------
 
@@ -136,13 +138,20 @@ class MemoryPool:
 
     def stats(self) -> PoolStats:
         """The pool's counters now."""
-        with self._lock:
-            return PoolStats(
-                segments=len(self._segments), segment_bytes=sum(s.nbytes for s in self._segments.values()),
-                pieces=len(self._out), piece_bytes=self._piece_bytes(), cached_bytes=self.cached_bytes,
-                hits=self.hits, misses=self.misses, given_back=self.given_back,
-                release_threshold=self.release_threshold,
-            )
+        with self._lock:  # (integers only: nothing made under the lock)
+            numbers = (len(self._segments), self._segment_bytes, len(self._out), self._piece_bytes, self._cached,
+                       self._hits, self._misses, self._given_back)
+        return PoolStats(*numbers, release_threshold=self._threshold)
+
+    @property
+    def release_threshold(self) -> int:
+        """The cached bytes a device-wide ``synchronize()`` leaves in the pool."""
+        return self._threshold
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of the pieces cached now."""
+        return self._cached
 
     @property
     def closed(self) -> bool:
@@ -161,13 +170,10 @@ class MemoryPool:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._out)} pieces out, {self.cached_bytes} bytes cached"
+        state = "closed" if self._closed else f"{len(self._out)} pieces out, {self._cached} bytes cached"
         return f"<MemoryPool {state}>"
 
-    # -- the memory (the allocator's calls, the context's gate passed) -----------------------
-
-    def _piece_bytes(self) -> int:
-        return sum(size for _, size, _, _ in self._out.values())
+    # -- the memory (the allocator's calls, inside the gate) ----------------------------------
 
     def take(self, size: int, stream: object) -> tuple[int, object] | None:
         """A cached piece of ``size`` bytes for ``stream`` (or for any), or a new one carved from a shared segment
@@ -176,9 +182,10 @@ class MemoryPool:
             for key in ((stream, size), (None, size)):
                 cached = self._free.get(key)
                 if cached:
-                    ptr, segment = cached.pop()
-                    self.cached_bytes -= size
-                    self.hits += 1
+                    ptr, segment, _ = cached.pop()
+                    self._cached -= size
+                    self._piece_bytes += size
+                    self._hits += 1
                     segment.out += 1
                     return ptr, segment
             if size <= LARGE and self._small:
@@ -191,11 +198,15 @@ class MemoryPool:
         """The bytes of the segment a new piece of ``size`` needs."""
         return SEGMENT if size <= LARGE else size
 
-    def add_segment(self, ptr: int, nbytes: int, size: int) -> tuple[int, object]:
-        """A new segment from the driver, and the piece of ``size`` carved from it."""
+    def add_segment(self, ptr: int, nbytes: int, size: int) -> tuple[int, object] | None:
+        """A new segment from the driver, and the piece of ``size`` carved from it; ``None`` where the pool closed
+        meanwhile (the caller gives the segment back)."""
         segment = _Segment(ptr, nbytes)
         with self._lock:
+            if self._closed:
+                return None
             self._segments[ptr] = segment
+            self._segment_bytes += nbytes
             if size <= LARGE:
                 self._small.append(segment)
             else:
@@ -206,7 +217,8 @@ class MemoryPool:
         ptr = segment.ptr + segment.used
         segment.used += size
         segment.out += 1
-        self.misses += 1
+        self._misses += 1
+        self._piece_bytes += size
         return ptr, segment
 
     def handed_out(self, index: int, ptr: int, size: int, segment: object, stream: object) -> None:
@@ -216,47 +228,71 @@ class MemoryPool:
             self._out[index] = (ptr, size, segment, stream)
 
     def give(self, index: int, stream: object | None) -> None:
-        """Allocation ``index`` is off the ledger: its piece cached for ``stream`` (its own if ``None``)."""
+        """Allocation ``index`` is off the ledger: its piece cached for ``stream`` (its own if ``None``). Nothing
+        where the pool closed meanwhile (its memory went with the segments)."""
         with self._lock:
-            ptr, size, segment, own = self._out.pop(index)
-            segment.out -= 1
-            self._free.setdefault((own if stream is None else stream, size), []).append((ptr, segment))
-            self.cached_bytes += size
+            held = self._out.pop(index, None)
+            if held is None:
+                return
+            ptr, size, segment, own = held
+            self._cache(ptr, size, segment, own if stream is None else stream)
 
     def give_untaken(self, ptr: int, size: int, segment: object) -> None:
         """A piece taken for an allocation that did not commit: cached for any stream (nothing used it)."""
         assert isinstance(segment, _Segment)
         with self._lock:
-            segment.out -= 1
-            self._free.setdefault((None, size), []).append((ptr, segment))
-            self.cached_bytes += size
+            if not self._closed:
+                self._cache(ptr, size, segment, None)
 
-    def owns(self, index: int) -> bool:
-        with self._lock:
-            return index in self._out
+    def _cache(self, ptr: int, size: int, segment: _Segment, stream: object) -> None:
+        segment.out -= 1
+        self._piece_bytes -= size
+        self._free.setdefault((stream, size), []).append((ptr, segment, self._epoch))
+        self._cached += size
 
     def out(self) -> list[int]:
         """The creation indexes of the pieces out now."""
         with self._lock:
             return list(self._out)
 
-    def idle(self) -> None:
-        """The device went idle: every cached piece serves any stream."""
+    def shut(self) -> bool:
+        """Refuse every later commit (the caller holds the context's lock, under which allocations commit);
+        ``False`` where it was shut already."""
         with self._lock:
-            merged: dict[tuple[object, int], list[tuple[int, _Segment]]] = {}
-            for (_, size), pieces in self._free.items():
-                merged.setdefault((None, size), []).extend(pieces)
-            self._free = merged
+            if self._closed:
+                return False
+            self._closed = True
+            return True
 
-    def release(self, keep_bytes: int) -> list[tuple[int, int]]:
-        """Take whole free segments out (the newest shared one last) until at most ``keep_bytes`` stay cached;
-        the caller gives back the ``(address, nbytes)`` returned, having waited for the device."""
+    def mark(self) -> int:
+        """Before a wait for the device: the pieces cached so far are idle once it returns (`idle`, `release`)."""
+        with self._lock:
+            self._epoch += 1
+            return self._epoch
+
+    def idle(self, mark: int) -> None:
+        """The wait that began at ``mark`` returned: the pieces cached before it serve any stream."""
+        with self._lock:
+            for key in [k for k in self._free if k[0] is not None]:
+                pieces = self._free[key]
+                done = [p for p in pieces if p[2] < mark]
+                if done:
+                    self._free.setdefault((None, key[1]), []).extend(done)
+                    kept = [p for p in pieces if p[2] >= mark]
+                    if kept:
+                        self._free[key] = kept
+                    else:
+                        del self._free[key]
+
+    def release(self, keep_bytes: int, mark: int) -> list[tuple[int, int]]:
+        """Take out whole segments none of whose pieces is out and all of whose cached pieces were cached before
+        ``mark`` (a wait since), until at most ``keep_bytes`` stay cached; the caller gives back the
+        ``(address, nbytes)`` returned and counts each one it could (`gave_back`)."""
         gone: list[tuple[int, int]] = []
         with self._lock:
-            candidates = [s for s in self._segments.values() if s.out == 0]
-            candidates.sort(key=lambda s: s is (self._small[-1] if self._small else None))
-            for segment in candidates:
-                if self.cached_bytes <= keep_bytes:
+            busy = {id(p[1]) for pieces in self._free.values() for p in pieces if p[2] >= mark}
+            for segment in [s for s in self._segments.values() if s.out == 0 and id(s) not in busy]:
+                if self._cached <= keep_bytes:
                     break
                 freed = 0
                 for key, pieces in list(self._free.items()):
@@ -266,25 +302,29 @@ class MemoryPool:
                         self._free[key] = kept
                     else:
                         del self._free[key]
-                self.cached_bytes -= freed
+                self._cached -= freed
                 del self._segments[segment.ptr]
+                self._segment_bytes -= segment.nbytes
                 self._large.pop(segment.ptr, None)
                 if segment in self._small:
                     self._small.remove(segment)
-                self.given_back += segment.nbytes
                 gone.append((segment.ptr, segment.nbytes))
         return gone
 
+    def gave_back(self, nbytes: int) -> None:
+        """The driver took back a segment of ``nbytes``."""
+        with self._lock:
+            self._given_back += nbytes
+
     def release_all(self) -> list[tuple[int, int]]:
-        """At close: every segment (no piece is out any more)."""
+        """At close (shut, no piece out any more): every segment."""
         with self._lock:
             gone = [(s.ptr, s.nbytes) for s in self._segments.values()]
-            self.given_back += sum(n for _, n in gone)
             self._segments.clear()
             self._small.clear()
             self._large.clear()
             self._free.clear()
             self._out.clear()
-            self.cached_bytes = 0
+            self._cached = self._segment_bytes = self._piece_bytes = 0
             self._closed = True
         return gone

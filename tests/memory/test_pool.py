@@ -207,3 +207,63 @@ def test_the_pool_is_a_context_manager(gpu: GpuBackend) -> None:
         assert isinstance(pool, MemoryPool)
         pool.free(pool.alloc(8))
     assert pool.closed and "closed" in repr(pool)
+
+
+def test_a_wait_counts_only_for_the_pieces_cached_before_it_began(fake: GpuBackend) -> None:
+    """A piece freed on a stream while a trim waits for the device (after its mark) stays that stream's: work
+    queued on it after the wait began may still use it."""
+    pool = fake.create_pool()
+    s1, s2 = fake.create_stream(), fake.create_stream()
+    before, after = pool.alloc(4096, stream=s1), pool.alloc(4096, stream=s1)
+    pool.free(before)
+    mark = pool.mark()  # a wait begins here
+    pool.free(after)  # freed during the wait
+    pool.idle(mark)
+    assert pool.alloc(4096, stream=s2).ptr == before.ptr
+    assert pool.alloc(4096, stream=s2).ptr != after.ptr
+    assert pool.release(0, mark) == []  # its segment holds a piece cached after the mark (and pieces out)
+    pool.close()
+
+
+def test_close_racing_an_allocation_that_needs_a_segment_leaves_nothing(
+    fake: GpuBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review's race: ``close()`` runs while another thread's allocation fetches a new segment; the allocation
+    is refused and its segment goes back to the driver."""
+    import threading
+
+    pool = fake.create_pool()
+    inside, go = threading.Event(), threading.Event()
+    add_segment = MemoryPool.add_segment
+
+    def late(self: MemoryPool, *args: int) -> object:
+        inside.set()
+        go.wait(10)
+        return add_segment(self, *args)
+
+    monkeypatch.setattr(MemoryPool, "add_segment", late)
+    errors: list[BaseException] = []
+
+    def allocate() -> None:
+        try:
+            pool.alloc(LARGE + 1)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=allocate)
+    thread.start()
+    assert inside.wait(10)
+    pool.close()
+    go.set()
+    thread.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], InvalidArgumentError), errors
+    assert fake.live_alloc_len() == 0 and fake.stats().current_bytes["pool"] == 0
+    assert fake.memory_info().free == fake.memory_info().total  # the segment went back
+
+
+def test_a_segment_whose_release_fails_is_not_counted_as_given_back(fake: GpuBackend) -> None:
+    pool = fake.create_pool()
+    pool.free(pool.alloc(100))
+    fake.inject_fault("free")  # type: ignore[attr-defined]
+    assert pool.trim() == 0 and pool.stats().given_back == 0
+    pool.close()
