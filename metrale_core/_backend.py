@@ -26,6 +26,7 @@ from ._device.context import DeviceContext, gated, gated_read
 from ._device.handles import Event, Graph, HostBuffer, Stream
 from ._device.raw import RawDevice
 from ._device.stats import MemoryStats, StatsCounter
+from ._errors import MetraleError
 from ._launch.front import KernelFront
 from ._launch.lane import LaunchLane
 from ._launch.registry import Kernel, KernelRegistry, RunMetrics
@@ -463,7 +464,12 @@ class GpuBackend:
         ctx = self._ctx
         gate = ctx.gate
         if not gate.closed and not gate.interrupted():
-            gate.run_later()  # frees deferred from finalizers: done, not swept as leaks
+            try:
+                ctx.enter()  # its outermost call runs the frees deferred from finalizers: done, not swept as leaks
+            except MetraleError:  # faulted: the sweep takes them
+                pass
+            else:
+                ctx.leave()
         if not ctx.shut():
             return
         # quiesce: nothing new starts; what runs is stopped or waited for. Then release: the handles first

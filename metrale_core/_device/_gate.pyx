@@ -30,7 +30,7 @@ import weakref
 from ._capture cimport enter_c as _enter_call
 from ._capture cimport leave_c as _leave_call
 
-from .capture import active_captures, resume_calls, suspend_calls, thread_calls
+from .capture import may_wait, resume_calls, suspend_calls, thread_calls
 from .gate import interrupted_error
 
 _log = logging.getLogger("metrale")
@@ -167,7 +167,7 @@ cdef class Gate:
     def run_later(self):
         """Run the deferred calls, oldest first; a failure is logged."""
         later = self._later
-        if active_captures():  # a free is refused while a capture runs, and would end it: kept for later
+        if not later or not may_wait():  # a capture runs or begins: a free would be refused and end it; later
             return
         while later:
             try:
@@ -242,6 +242,7 @@ cdef class Gate:
             if self._closed:
                 return None
             self._closed = True
+            self._later.clear()  # frees deferred and not run by close(): the sweep takes their records
             if self._cond.wait_for(lambda: self._others_inside(own) == 0, timeout=timeout):
                 return 0
             return self._others_inside(own)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Final, final
 
 from .._errors import MetraleError
-from .capture import active_captures, leave_call, resume_calls, suspend_calls, thread_calls
+from .capture import leave_call, may_wait, resume_calls, suspend_calls, thread_calls
 
 __all__ = ["Gate", "interrupted_error"]
 
@@ -152,9 +152,11 @@ class Gate:
         self._later.append((call, arg))
 
     def run_later(self) -> None:
-        """Run the deferred calls, oldest first; a failure is logged (a finalizer made the call)."""
+        """Run the deferred calls, oldest first, inside a call of this gate (the caller's: `may_wait` marks the
+        thread inside a barred call until it leaves); none while a capture runs. A failure is logged (a finalizer
+        made the call)."""
         later = self._later
-        if active_captures():  # a free is refused while a capture runs, and would end it: kept for later
+        if not later or not may_wait():  # a capture runs or begins: a free would be refused and end it; later
             return
         while later:
             try:
@@ -227,6 +229,7 @@ class Gate:
             if self._closed:
                 return None
             self._closed = True
+            self._later.clear()  # frees deferred and not run by close(): the sweep takes their records
             if self._cond.wait_for(lambda: self._others_inside(own) == 0, timeout=timeout):
                 return 0
             return self._others_inside(own)

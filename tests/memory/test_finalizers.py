@@ -66,3 +66,49 @@ def test_finalizer_frees_in_an_interrupted_call_are_deferred(build: str) -> None
     assert done.returncode == 0, done.stderr[-3000:]
     words = done.stdout.split()
     assert words[0] == "done" and int(words[1]) > 0, done.stdout
+
+
+_IN_A_CAPTURE = r"""
+import gc, logging, sys
+from metrale_core import MetraleSettings, open_backend
+logging.disable(logging.CRITICAL)
+gpu = open_backend("fake", settings=MetraleSettings(pure=sys.argv[1] == "pure"))
+stream = gpu.create_stream()
+work = gpu.alloc(4096)
+ran = []
+class Owner:  # in a cycle: only a collection frees it; its finalizer frees its buffer
+    def __init__(self, buf):
+        self.buf, self.me = buf, self
+    def __del__(self):
+        ran.append(1)
+        gpu.free(self.buf)
+doomed = gpu.alloc(100)
+index = doomed.index
+gpu.begin_capture(stream)
+for j in range(40):  # a collection inside a capturable call on the capturing stream
+    gc.collect(); gc.disable()
+    if j == 0:
+        Owner(doomed)
+        del doomed
+    gc.set_threshold(gc.get_count()[0] + j); gc.enable()
+    gpu.memset(work, 0, stream=stream)
+    gc.set_threshold(700)
+    if ran:
+        break
+gpu.memset(work, 1, stream=stream)  # a call during the capture: the deferred free waits
+gpu.end_capture(stream).close()  # not invalidated
+gpu.live_alloc_len()  # the next call outside the capture runs it
+assert index not in [r.index for r in gpu.ledger_probe().records()]
+gpu.free(work)
+gpu.close()
+print("done", len(ran))
+"""
+
+
+@pytest.mark.parametrize("build", _builds())
+def test_a_deferred_free_waits_while_a_capture_runs(build: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _IN_A_CAPTURE, build], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["done", "1"], done.stdout
