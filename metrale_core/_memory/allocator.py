@@ -16,6 +16,7 @@ another thread's ``close()`` waited for it) releases its memory and raises
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import threading
@@ -539,14 +540,22 @@ class Allocator:
             ctx.leave()
 
     def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None:
-        """`MemoryPool.free`."""
+        """`MemoryPool.free`; from a finalizer that a collection runs in a call of this backend, at the thread's
+        next call (`Gate.defer`), as ``GpuBackend.free``."""
         ctx = self.ctx
+        gate = ctx.gate
+        if gate.interrupted():
+            gate.defer(functools.partial(self._pool_free_later, pool, stream, what), buf)
+            return
         ctx.enter()
         try:
             forbid_during_capture(what)
             self.free_piece(pool, buf, stream, what)
         finally:
             ctx.leave()
+
+    def _pool_free_later(self, pool: MemoryPool, stream: Stream | None, what: str, buf: object) -> None:
+        self.pool_free(pool, buf, stream, what)
 
     def free_piece(self, pool: MemoryPool | None, buf: object, stream: Stream | None, what: str) -> None:
         """Free a piece (of ``pool``, or of any pool of this backend): off the ledger, back to its pool, cached

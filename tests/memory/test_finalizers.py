@@ -112,3 +112,41 @@ def test_a_deferred_free_waits_while_a_capture_runs(build: str) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["done", "1"], done.stdout
+
+
+_POOL_PIECE = r"""
+import gc, logging, sys
+from metrale_core import MetraleSettings, open_backend
+logging.disable(logging.CRITICAL)
+gpu = open_backend("fake", settings=MetraleSettings(pure=sys.argv[1] == "pure"))
+pool = gpu.create_pool()
+freed, hold = [], []
+class Owner:  # in a cycle: its finalizer frees its piece with MemoryPool.free
+    def __init__(self, buf):
+        self.buf, self.me = buf, self
+    def __del__(self):
+        pool.free(self.buf)
+        freed.append(self.buf.index)
+        hold.append([(i, i, i) for i in range(3000)])
+for call in (lambda: pool.alloc(100), gpu.scan_redzones, lambda: gpu.free(gpu.alloc(300))):
+    gc.collect(); gc.disable()
+    Owner(pool.alloc(64))
+    gc.set_threshold(1); gc.enable()
+    call()
+    gc.set_threshold(700)
+gc.collect()
+gpu.live_alloc_len()
+left = {r.index for r in gpu.ledger_probe().records()}
+assert not left & set(freed), (left, freed)
+gpu.close()
+print("done", len(freed))
+"""
+
+
+@pytest.mark.parametrize("build", _builds())
+def test_a_finalizer_may_free_a_pool_piece_too(build: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _POOL_PIECE, build], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[0] == "done" and int(done.stdout.split()[1]) > 0, done.stdout
