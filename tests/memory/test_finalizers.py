@@ -58,14 +58,19 @@ def _builds() -> list[str]:
     return ["pure", *(["compiled"] if twins.get("lane") and twins.get("gate") else [])]
 
 
-@pytest.mark.parametrize("build", _builds())
-def test_finalizer_frees_in_an_interrupted_call_are_deferred(build: str) -> None:
+def _run(script: str, build: str) -> list[str]:
+    """``script`` in a subprocess on ``build`` (a hang fails the test at its timeout); the words it printed."""
     done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, build], check=False, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script, build], check=False, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    words = done.stdout.split()
-    assert words[0] == "done" and int(words[1]) > 0, done.stdout
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize("build", _builds())
+def test_finalizer_frees_in_an_interrupted_call_are_deferred(build: str) -> None:
+    words = _run(_SCRIPT, build)
+    assert words[0] == "done" and int(words[1]) > 0, words
 
 
 _IN_A_CAPTURE = r"""
@@ -107,11 +112,7 @@ print("done", len(ran))
 
 @pytest.mark.parametrize("build", _builds())
 def test_a_deferred_free_waits_while_a_capture_runs(build: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _IN_A_CAPTURE, build], check=False, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["done", "1"], done.stdout
+    assert _run(_IN_A_CAPTURE, build) == ["done", "1"]
 
 
 _POOL_PIECE = r"""
@@ -145,8 +146,5 @@ print("done", len(freed))
 
 @pytest.mark.parametrize("build", _builds())
 def test_a_finalizer_may_free_a_pool_piece_too(build: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _POOL_PIECE, build], check=False, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[0] == "done" and int(done.stdout.split()[1]) > 0, done.stdout
+    words = _run(_POOL_PIECE, build)
+    assert words[0] == "done" and int(words[1]) > 0, words
