@@ -31,7 +31,7 @@ from .._device.context import DeviceContext
 from .._device.guarded import raise_raw
 from .._device.handles import HostBuffer
 from .._device.stats import StatsCounter
-from .._errors import InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
+from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
 from .._redzones.layout import Layout, Zone
 from .._twins import pick
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
@@ -39,7 +39,7 @@ from .arena import Arena
 from .holdings import Holdings
 from .lane import LaneParts, ZonedParts
 from .ledger import call_site_for, describe_sites, largest_sites, next_index
-from .pool import MemoryPool, size_class
+from .pool import MemoryPool, PoolStats, size_class
 from .quarantine import Quarantine
 
 if TYPE_CHECKING:
@@ -589,6 +589,18 @@ class Allocator:
         for observer in self._releases.active:
             observer(buf)
         pool.give(record.index, stream)
+
+    def pool_stats(self, pool: MemoryPool) -> PoolStats:
+        """`MemoryPool.stats`, inside the gate (it answers after a fault and once the pool closed)."""
+        ctx = self.ctx
+        try:
+            ctx.enter(True)
+        except BackendClosedError:  # the backend closed: its pools hold nothing any more
+            return pool.counters()
+        try:
+            return pool.counters()
+        finally:
+            ctx.leave()
 
     def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int:
         """`MemoryPool.trim`."""

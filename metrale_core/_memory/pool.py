@@ -13,8 +13,8 @@
   device went idle (the pool waits for it before it gives memory back), every piece cached before that wait
   serves any stream: each cached piece carries the pool's epoch at its free, and a wait counts only for the
   pieces cached before it began (`mark`).
-- Its lock guards only integer and container updates that make no new objects that a collection could follow:
-  `stats` reads counters, so a finalizer that frees a piece during a collection never waits on it.
+- Every call that takes its lock passes the backend's gate first (`stats` too), so a finalizer that a collection
+  runs under the lock defers its free (`Gate.defer`) instead of waiting for the lock.
 """
 
 from __future__ import annotations
@@ -77,6 +77,8 @@ class PoolFront(Protocol):
 
     def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int: ...
 
+    def pool_stats(self, pool: MemoryPool) -> PoolStats: ...
+
     def pool_close(self, pool: MemoryPool) -> None: ...
 
 
@@ -138,10 +140,16 @@ class MemoryPool:
 
     def stats(self) -> PoolStats:
         """The pool's counters now."""
-        with self._lock:  # (integers only: nothing made under the lock)
-            numbers = (len(self._segments), self._segment_bytes, len(self._out), self._piece_bytes, self._cached,
-                       self._hits, self._misses, self._given_back)
-        return PoolStats(*numbers, release_threshold=self._threshold)
+        return self._front.pool_stats(self)
+
+    def counters(self) -> PoolStats:
+        """`stats`, read inside the gate (the allocator's call): a finalizer that a collection runs under the
+        pool's lock then defers its free instead of waiting for the lock."""
+        with self._lock:
+            segments, segment_bytes, pieces = len(self._segments), self._segment_bytes, len(self._out)
+            piece_bytes, cached, hits, misses, given = self._piece_bytes, self._cached, self._hits, self._misses, \
+                self._given_back
+        return PoolStats(segments, segment_bytes, pieces, piece_bytes, cached, hits, misses, given, self._threshold)
 
     @property
     def release_threshold(self) -> int:
