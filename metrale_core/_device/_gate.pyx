@@ -21,7 +21,6 @@ cdef extern from "Python.h":
 
 import contextlib
 import gc
-import logging
 import os
 import sys
 import threading
@@ -30,10 +29,8 @@ import weakref
 from ._capture cimport enter_c as _enter_call
 from ._capture cimport leave_c as _leave_call
 
-from .capture import may_wait, resume_calls, suspend_calls, thread_calls
-from .gate import interrupted_error
-
-_log = logging.getLogger("metrale")
+from .capture import resume_calls, suspend_calls, thread_calls
+from .gate import interrupted_error, run_deferred
 
 #: As in ``gate.py``: the thread running a garbage collection, 0 while none runs (this module's own callback).
 cdef unsigned long _collector = 0
@@ -165,19 +162,8 @@ cdef class Gate:
         self._later.append((call, arg))
 
     def run_later(self):
-        """Run the deferred calls, oldest first; a failure is logged."""
-        later = self._later
-        if not later or not may_wait():  # a capture runs or begins: a free would be refused and end it; later
-            return
-        while later:
-            try:
-                call, arg = later.pop(0)
-            except IndexError:
-                return
-            try:
-                call(arg)
-            except Exception as exc:
-                _log.warning("metrale: a free deferred from a garbage collection failed: %s", exc)
+        """Run the deferred calls (the pure module's `run_deferred`)."""
+        run_deferred(self._later)
 
     cdef int leave_c(self, _Cell cell) except -1:
         _leave_call(cell.flag)  # (`leave_call`: the outermost call ends the thread's barred call)

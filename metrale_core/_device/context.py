@@ -224,14 +224,16 @@ class DeviceContext:
             )
         return DeviceFaultError(f"{exc.message}; the first fault was: {self._fault}", code=exc.code, name=exc.name)
 
-    def quietly(self, what: str, fn: Callable[..., object], *args: object) -> None:
-        """Call ``fn``; a failure is logged, not raised (teardown, rollback)."""
+    def quietly(self, what: str, fn: Callable[..., object], *args: object) -> bool:
+        """Call ``fn``; a failure is logged, not raised (teardown, rollback). Whether it succeeded."""
         try:
             fn(*args)
         except MetraleError as exc:
             # after a device fault every call fails: that is expected, not news
             level = logging.DEBUG if self._fault is not None else logging.WARNING
             _log.log(level, "%s failed: %s", what, exc)
+            return False
+        return True
 
     # -- the gate ---------------------------------------------------------------------------
 

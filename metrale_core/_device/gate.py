@@ -30,7 +30,7 @@ from typing import Final, final
 from .._errors import MetraleError
 from .capture import leave_call, may_wait, resume_calls, suspend_calls, thread_calls
 
-__all__ = ["Gate", "interrupted_error"]
+__all__ = ["Gate", "interrupted_error", "run_deferred"]
 
 _log = logging.getLogger("metrale")
 
@@ -53,6 +53,23 @@ def interrupted_error() -> MetraleError:
         "backend on this thread; only free() may be called there (it is done at the thread's next call): "
         "release other resources outside finalizers, or with close() of the owner"
     )
+
+def run_deferred(later: list[tuple[Callable[[object], object], object]]) -> None:
+    """Run a gate's deferred calls, oldest first, inside a call of that gate (`may_wait` marks the thread inside
+    a barred call until it leaves); none while a capture runs or begins (a free would be refused and end it). A
+    failure is logged: a finalizer made the call. The pure gate and its twin both run theirs here."""
+    if not later or not may_wait():
+        return
+    while later:
+        try:
+            call, arg = later.pop(0)
+        except IndexError:  # another thread ran it
+            return
+        try:
+            call(arg)
+        except Exception as exc:  # (as Python logs a finalizer's error)
+            _log.warning("metrale: a free deferred from a garbage collection failed: %s", exc)
+
 
 #: Whether the gate counts without a lock: under the GIL, a cell's store and the ``closed`` flag's load
 #: are seen in order by ``shut()`` on another thread; a free-threaded build takes the lock instead.
@@ -152,21 +169,8 @@ class Gate:
         self._later.append((call, arg))
 
     def run_later(self) -> None:
-        """Run the deferred calls, oldest first, inside a call of this gate (the caller's: `may_wait` marks the
-        thread inside a barred call until it leaves); none while a capture runs. A failure is logged (a finalizer
-        made the call)."""
-        later = self._later
-        if not later or not may_wait():  # a capture runs or begins: a free would be refused and end it; later
-            return
-        while later:
-            try:
-                call, arg = later.pop(0)
-            except IndexError:  # another thread ran it
-                return
-            try:
-                call(arg)
-            except Exception as exc:  # (a finalizer made the call: its error is logged, as Python logs a finalizer's)
-                _log.warning("metrale: a free deferred from a garbage collection failed: %s", exc)
+        """Run the deferred calls (`run_deferred`)."""
+        run_deferred(self._later)
 
     def leave(self) -> None:
         """Count a call out."""

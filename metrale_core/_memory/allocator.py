@@ -63,10 +63,6 @@ _CORE_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _USER_DIRS: Final = tuple(os.path.join(_CORE_DIR, d) + os.sep for d in ("testing", "_commands"))
 
 
-def _raise(exc: BaseException) -> None:
-    raise exc
-
-
 def _no_streams(stream: Stream | None, what: str) -> Stream:  # pragma: no cover - no pool before create_pool
     raise AssertionError(f"{what}: no pool was created")
 
@@ -545,7 +541,7 @@ class Allocator:
         ctx = self.ctx
         gate = ctx.gate
         if gate.interrupted():
-            gate.defer(functools.partial(self._pool_free_later, pool, stream, what), buf)
+            gate.defer(functools.partial(self.pool_free, pool, stream=stream, what=what), buf)
             return
         ctx.enter()
         try:
@@ -553,9 +549,6 @@ class Allocator:
             self.free_piece(pool, buf, stream, what)
         finally:
             ctx.leave()
-
-    def _pool_free_later(self, pool: MemoryPool, stream: Stream | None, what: str, buf: object) -> None:
-        self.pool_free(pool, buf, stream, what)
 
     def free_piece(self, pool: MemoryPool | None, buf: object, stream: Stream | None, what: str) -> None:
         """Free a piece (of ``pool``, or of any pool of this backend): off the ledger, back to its pool, cached
@@ -638,10 +631,7 @@ class Allocator:
 
     def _give_segment(self, pool: MemoryPool, ptr: int, nbytes: int) -> int:
         """A pool's segment back to the driver; the bytes it took back (0 where the release failed: logged)."""
-        try:
-            self._raw.free(ptr, "device")
-        except MetraleError as exc:
-            self.ctx.quietly(f"free a memory pool's segment at {ptr:#x}", _raise, exc)
+        if not self.ctx.quietly(f"free a memory pool's segment at {ptr:#x}", self._raw.free, ptr, "device"):
             return 0
         pool.gave_back(nbytes)
         return nbytes

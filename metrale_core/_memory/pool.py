@@ -103,8 +103,8 @@ class MemoryPool:
     Thread-safe. A context manager (``close()`` on exit).
     """
 
-    __slots__ = ("__weakref__", "_cached", "_closed", "_epoch", "_free", "_front", "_given_back", "_hits", "_large",
-                 "_lock", "_misses", "_out", "_piece_bytes", "_segment_bytes", "_segments", "_small", "_threshold")
+    __slots__ = ("__weakref__", "_cached", "_closed", "_epoch", "_free", "_front", "_given_back", "_hits", "_lock",
+                 "_misses", "_out", "_piece_bytes", "_segment_bytes", "_segments", "_small", "_threshold")
 
     def __init__(self, front: PoolFront, release_threshold: int) -> None:
         self._front = front
@@ -112,7 +112,6 @@ class MemoryPool:
         self._closed = False
         self._segments: dict[int, _Segment] = {}  # by address
         self._small: list[_Segment] = []  # shared segments, the newest last (carving goes there)
-        self._large: dict[int, _Segment] = {}
         #: Cached pieces: (stream, size) -> [(address, segment, epoch at the free)]; stream ``None``: any stream.
         self._free: dict[tuple[object, int], list[tuple[int, _Segment, int]]] = {}
         #: Pieces out: creation index -> (address, size, segment, the stream it was allocated on).
@@ -217,8 +216,6 @@ class MemoryPool:
             self._segment_bytes += nbytes
             if size <= LARGE:
                 self._small.append(segment)
-            else:
-                self._large[ptr] = segment
             return self._carve(segment, size)
 
     def _carve(self, segment: _Segment, size: int) -> tuple[int, object]:
@@ -313,7 +310,6 @@ class MemoryPool:
                 self._cached -= freed
                 del self._segments[segment.ptr]
                 self._segment_bytes -= segment.nbytes
-                self._large.pop(segment.ptr, None)
                 if segment in self._small:
                     self._small.remove(segment)
                 gone.append((segment.ptr, segment.nbytes))
@@ -330,7 +326,6 @@ class MemoryPool:
             gone = [(s.ptr, s.nbytes) for s in self._segments.values()]
             self._segments.clear()
             self._small.clear()
-            self._large.clear()
             self._free.clear()
             self._out.clear()
             self._cached = self._segment_bytes = self._piece_bytes = 0
