@@ -37,6 +37,7 @@ __all__ = [
     "CaptureError",
     "ConfigError",
     "DeviceFaultError",
+    "DoorError",
     "DriverError",
     "InvalidArgumentError",
     "InvalidBufferError",
@@ -89,6 +90,12 @@ class ConfigError(MetraleError):
 class MissingPackageError(MetraleError):
     """An optional package is not installed (matplotlib or plotly, for ``metrale report``'s plots); the
     message names the extra of the ``metrale`` distribution that brings it. Not a setting: no ``ConfigError``."""
+
+
+@final
+class DoorError(MetraleError):
+    """A framework's allocator door (``metrale_core.allocators``) cannot be installed: the framework already
+    allocated device memory its own way, or the backend's memory is not the framework's device memory."""
 
 
 @final

@@ -30,7 +30,7 @@ WINGS: tuple[tuple[str, ...], ...] = (
     ("_backend",),  # the facade
     ("_registration", "hookspec", "_discovery", "_placement"),  # finding and opening backends
     ("__init__", "plugin"),  # the public API
-    ("_commands", "__main__", "testing"),  # on top: they use the public API as a user does
+    ("_commands", "__main__", "testing", "allocators"),  # on top: they use the public API as a user does
 )
 
 #: Inside each wing, bottom first: its modules (by their name in the wing) and their floors.
@@ -56,7 +56,8 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_streams": (("graph_lane", "_graph_lane"), ("graphs",), ("front",), ("lane", "_lane")),
     "_reports": (("merge", "timeline"), ("summary",)),
     "_launch": (("tensormaps",), ("registry",), ("_pack", "lane", "_lane"), ("front",)),
-    "_commands": (("progress", "bench"), ("conformance", "selftest"), ("commands",), ("cli",)),
+    "_commands": (("progress", "bench"), ("conformance", "selftest", "runner"), ("commands",), ("cli",)),
+    "allocators": (("_door",), ("__init__", "torch", "cupy")),
     "testing": (
         ("_faults",),
         ("_model", "_bad_inputs", "_capabilities", "_tensormap_rules", "_memory_rules", "_pool_rules"),

@@ -1,5 +1,5 @@
 """The ``metrale`` command line: ``backends``, ``info``, ``stats``, ``selftest``, ``preflight``, ``conformance``,
-``report``, ``bench``.
+``report``, ``bench``, ``run``.
 
 - The parser and the dispatch live here; each command's body is in `commands`, imported once parsed.
 - Start-up is kept short: ``--help`` imports neither pydantic nor a backend.
@@ -128,6 +128,33 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the measurements and exit")
 
 
+def _size(text: str) -> int:
+    from .._settings.parsing import Size
+
+    import pydantic
+
+    try:
+        value: int = pydantic.TypeAdapter(Size).validate_python(text)
+    except pydantic.ValidationError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a size in bytes (4096, 4KiB, 0x1000), not {text!r}")
+    return value
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--torch", action="store_true",
+                        help="allocate PyTorch's CUDA tensors from a metrale pool (metrale_core.allocators.torch)")
+    parser.add_argument("--cupy", action="store_true",
+                        help="allocate CuPy's arrays from a metrale pool (metrale_core.allocators.cupy)")
+    parser.add_argument("--redzone", type=_size, default=None, metavar="BYTES",
+                        help="red zones of this many bytes (the redzone setting; 0: off)")
+    parser.add_argument("--top", type=_positive, default=10, metavar="N",
+                        help="call sites listed in the report (default 10)")
+    parser.add_argument("script", metavar="SCRIPT", help="the Python script, run as `python SCRIPT ARGS...` runs it")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
+
+
 class _Version(argparse.Action):
     """``--version``: print ``commands.versions()`` and exit (before a command is asked for; nothing imported early)."""
 
@@ -162,6 +189,9 @@ def _parser() -> argparse.ArgumentParser:
                    "timeline of live memory by call site", declare=_report_arguments)
     sub.add_parser("bench", help="time metrale's operations next to the raw driver, CuPy and PyTorch; print medians "
                    "and ratios", declare=_bench_arguments)
+    sub.add_parser("run", help="run a Python script under metrale (its torch and CuPy tensors on the ledger with "
+                   "--torch, --cupy), then report leaks, red-zone violations and the peak; exits with the script's "
+                   "status", declare=_run_arguments)
     return parser
 
 
@@ -195,6 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return commands.report(args)
         if args.command == "bench":
             return commands.bench(settings, args)
+        if args.command == "run":
+            from .runner import run_script
+
+            return run_script(settings, args.script, args.args, torch=args.torch, cupy=args.cupy,
+                              redzone=args.redzone, top=args.top)
         if args.command == "selftest":
             return commands.selftest(settings, args.snapshot)
         return {"backends": commands.backends, "info": commands.info}[args.command](settings, args.json)

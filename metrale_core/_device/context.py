@@ -120,7 +120,7 @@ class DeviceContext:
         #: They call it inside the gate and turn its exceptions with `raise_raw`: a frame less per call.
         self.plugin: RawDevice = target
         #: Top-level packages whose frames are not call sites.
-        self.internal: Final = CORE_PACKAGES | internal
+        self.internal: Final = CORE_PACKAGES | internal | frozenset(settings.site_skip)
         #: For bookkeeping that spans parts (short sections; never held across a wait).
         self.lock: Final = threading.RLock()
         #: The last launches, for a fault report (formatted only then: launches are a hot path).

@@ -493,15 +493,26 @@ class Allocator:
         if pool.closed:
             raise InvalidArgumentError(f"{what}: {pool!r} is closed; create another with create_pool()")
 
-    def pool_alloc(self, pool: MemoryPool, nbytes: object, stream: Stream | None) -> DeviceBuffer:
-        """`MemoryPool.alloc`: a piece (cached or new) committed on the ledger as an allocation of its own."""
-        what = "MemoryPool.alloc"
+    def pool_alloc(
+        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None
+    ) -> DeviceBuffer:
+        """`MemoryPool.alloc` (``foreign`` ``None``) and `MemoryPool.alloc_on` (``foreign`` a stream's handle made
+        by another library): a piece (cached or new) committed on the ledger as an allocation of its own."""
+        what = "MemoryPool.alloc" if foreign is None else "MemoryPool.alloc_on"
         ctx = self.ctx
         ctx.enter()
         try:
             self._open_pool(pool, what)
             n = positive_size(nbytes, what)
-            target = self._resolve(stream, what)
+            target: object
+            if foreign is None:
+                target = self._resolve(stream, what)
+            else:  # the piece's reuse is ordered on that stream: its handle is the cache's key
+                handle = integer(foreign, what, "foreign_stream")
+                if handle >= WORD_LIMIT:
+                    raise InvalidArgumentError(f"{what}: foreign_stream must be a stream's handle (below 2**64), "
+                                               f"got {handle}")
+                target = ("foreign", handle)
             index = next_index()
             site = self._call_site(ctx.internal, _OWN_FRAME)
             size = size_class(n)

@@ -71,7 +71,9 @@ class PoolStats:
 class PoolFront(Protocol):
     """What a pool asks of its allocator (the ledger front, the gate, the raw memory)."""
 
-    def pool_alloc(self, pool: MemoryPool, nbytes: object, stream: Stream | None) -> DeviceBuffer: ...
+    def pool_alloc(
+        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None
+    ) -> DeviceBuffer: ...
 
     def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None: ...
 
@@ -126,6 +128,12 @@ class MemoryPool:
         """A piece of ``nbytes`` bytes (a cached one freed on ``stream``, or a new one), on the ledger with the
         caller's site; ``stream`` (the default stream if ``None``) is where its first use is ordered."""
         return self._front.pool_alloc(self, nbytes, stream)
+
+    def alloc_on(self, nbytes: int, foreign_stream: int) -> DeviceBuffer:
+        """As `alloc`, for a stream another library made (its raw handle: torch's ``Stream.cuda_stream``, CuPy's
+        ``Stream.ptr``): the piece is cached for that stream at its free (``free`` without a stream) and taken
+        again by allocations on it, as metrale's own streams are. The allocator doors use it."""
+        return self._front.pool_alloc(self, nbytes, None, foreign_stream)
 
     def free(self, buf: DeviceBuffer, *, stream: Stream | None = None) -> None:
         """Free a piece of this pool: off the ledger at once, cached for ``stream`` (the stream it was allocated

@@ -22,7 +22,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_serializer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .._errors import ConfigError, InvalidArgumentError
-from .parsing import Size, config_error, plain_integers, problems
+from .parsing import Packages, Size, config_error, plain_integers, problems
 from .plugins import ENV_PREFIX, PluginModel, PluginSettings, installed_models
 
 __all__ = ["LaunchEnvironment", "MetraleSettings", "installed_plugin_settings"]
@@ -178,6 +178,13 @@ class MetraleSettings(BaseSettings):
         None,
         description="On an out-of-memory error, save a memory snapshot in this folder (created if missing) "
         "and name the file in the error.",
+    )
+    site_skip: Packages = Field(
+        ("torch", "transformers", "accelerate", "triton", "cupy", "cupyx"),
+        description="Top-level packages whose frames an allocation's call site passes over, comma-separated "
+        "(`none`: none): the site is the first frame outside them and outside metrale. The default names the "
+        "frameworks whose tensors the allocator doors serve, so a tensor's site is the application's line; add "
+        "your own helper packages to have their callers named instead.",
     )
     target_hw: str = Field(
         "",

@@ -20,14 +20,14 @@ import annotated_types
 import pydantic
 import pydantic_core
 from pydantic import BeforeValidator, PlainValidator, WrapValidator
-from pydantic_settings import BaseSettings
+from pydantic_settings import BaseSettings, NoDecode
 
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
-__all__ = ["Size", "config_error", "is_size", "plain_integers", "problems"]
+__all__ = ["Packages", "Size", "config_error", "is_size", "plain_integers", "problems"]
 
 _SIZE_RE: Final = re.compile(r"^\s*(0[xX][0-9a-fA-F]+|-?\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
 _UNITS: Final = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
@@ -67,6 +67,27 @@ _SIZE_VALIDATOR: Final = BeforeValidator(_size)
 #: The type of a setting that is a size in bytes: an ``int`` written in decimal or
 #: ``0x`` hex, optionally with ``KiB``/``MiB``/``GiB`` (``"2 GiB"``, ``"0x10 KiB"``).
 Size: TypeAlias = Annotated[int, _SIZE_VALIDATOR]
+
+
+_PACKAGE_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _packages(value: Any) -> Any:
+    """Top-level package names, comma-separated in a variable (``none``: no package), or a sequence of them."""
+    if isinstance(value, str):
+        text = value.strip()
+        value = [] if text.lower() == "none" else [p.strip() for p in text.split(",") if p.strip()]
+    if isinstance(value, (list, tuple)):
+        for name in value:
+            if not (isinstance(name, str) and _PACKAGE_RE.fullmatch(name)):
+                raise ValueError(f"expected top-level package names (a Python identifier each), got {name!r}")
+        return tuple(dict.fromkeys(value))
+    return value
+
+
+#: The type of a setting that names top-level packages: ``"torch,transformers"`` in a variable (``none`` for
+#: no package), a tuple of names in a keyword.
+Packages: TypeAlias = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_packages)]
 
 
 def is_size(field: FieldInfo) -> bool:

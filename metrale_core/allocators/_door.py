@@ -1,0 +1,127 @@
+"""The door a framework's allocator hook goes through: a metrale pool whose pieces are found by address.
+
+- `Door` owns a [`MemoryPool`][metrale_core.MemoryPool] of one backend and the pieces out, by address: a
+  framework hands back an address, never a metrale buffer.
+- ``alloc(nbytes, stream)`` never raises: a framework's C allocator hook cannot take a Python exception. A
+  refused allocation answers 0, logs the error (an out-of-memory error names the sites holding memory) and
+  keeps it in `last_error`, and the framework raises its own out-of-memory error.
+- ``take(nbytes, stream)`` is the same allocation for a Python hook (CuPy's): it raises metrale's typed error.
+- ``free(address)`` gives the piece back to the pool, cached for the stream it was allocated on. It may run from
+  a finalizer that a garbage collection starts anywhere, inside a call of the door too: the door takes no lock
+  of its own (a dict's item set and pop are atomic), and the pool defers a free that a collection runs inside
+  one of its calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, final
+
+from .._errors import DoorError, MetraleError
+
+if TYPE_CHECKING:
+    from .. import DeviceBuffer, GpuBackend, MemoryPool
+
+__all__ = ["Door", "require_cuda"]
+
+_log = logging.getLogger("metrale")
+
+
+def require_cuda(gpu: GpuBackend, framework: str) -> None:
+    """Refuse a backend whose memory is not the CUDA device memory ``framework`` runs its kernels on (the fake's
+    addresses are not)."""
+    if not gpu.origin.device_uuid.startswith("GPU-"):
+        raise DoorError(
+            f"{framework} allocator: {gpu!r} is no CUDA device (its memory is not device memory {framework}'s "
+            f"kernels can use); open the cuda backend (METRALE_BACKEND=cuda)"
+        )
+
+
+@final
+class Door:
+    """One backend's caching pool behind a framework's allocator hook.
+
+    :param gpu: the backend whose pool serves the framework.
+    :param framework: the framework's name, for messages.
+    :param release_threshold: the pool's ``release_threshold``.
+    """
+
+    __slots__ = ("_gpu", "_out", "_pool", "failures", "framework", "last_error")
+
+    def __init__(self, gpu: GpuBackend, framework: str, *, release_threshold: int = 0) -> None:
+        self._gpu = gpu
+        self._pool: MemoryPool = gpu.create_pool(release_threshold=release_threshold)
+        self._out: dict[int, DeviceBuffer] = {}
+        self.framework = framework
+        #: Allocations and frees refused so far.
+        self.failures = 0
+        #: The last refusal's error, or ``None``.
+        self.last_error: MetraleError | None = None
+
+    @property
+    def gpu(self) -> GpuBackend:
+        return self._gpu
+
+    @property
+    def pool(self) -> MemoryPool:
+        return self._pool
+
+    def take(self, nbytes: int, stream: int) -> DeviceBuffer:
+        """A piece of ``nbytes`` for the framework's stream ``stream`` (its raw handle), on the ledger with the
+        caller's site; refused with metrale's typed error."""
+        buf = self._pool.alloc_on(nbytes, stream)
+        self._out[buf.ptr] = buf
+        return buf
+
+    def alloc(self, nbytes: int, stream: int) -> int:
+        """As `take`, for a C hook: the piece's address; 0 for 0 bytes, and 0 where metrale refuses (logged, kept
+        in `last_error`)."""
+        if nbytes <= 0:
+            return 0
+        try:
+            return self.take(nbytes, stream).ptr
+        except MetraleError as exc:
+            self._failed("alloc", exc)
+            return 0
+
+    def free(self, address: int) -> None:
+        """Give back the piece at ``address`` (cached for the stream it was allocated on). An address that is no
+        piece out of this door is logged and changes nothing; after the backend closed (its pools swept), a free
+        changes nothing."""
+        buf = self._out.pop(address, None)
+        if buf is None:
+            if address and not self._gpu.closed:
+                self._failed("free", DoorError(
+                    f"{self.framework} freed {address:#x}, which is no piece of its metrale pool out now"))
+            return
+        if self._gpu.closed:
+            return
+        try:
+            self._pool.free(buf)
+        except MetraleError as exc:  # swept meanwhile: the sweep named it
+            self._failed("free", exc)
+
+    def piece(self, address: int) -> DeviceBuffer | None:
+        """The piece out at ``address`` (the ledger's record of a framework's tensor), or ``None``."""
+        return self._out.get(address)
+
+    def out(self) -> int:
+        """How many pieces are out now."""
+        return len(self._out)
+
+    def close(self) -> None:
+        """Close the pool: pieces still out are swept, each a leak named in a warning."""
+        self._out.clear()
+        self._pool.close()
+
+    def refuse(self, what: str, why: str) -> None:
+        """Count and log a call the framework's hook refuses before it reaches the pool (``why`` says why)."""
+        self._failed(what, DoorError(why))
+
+    def _failed(self, what: str, exc: MetraleError) -> None:
+        self.failures += 1
+        self.last_error = exc
+        _log.error("%s allocator: %s refused: %s", self.framework, what, exc)
+
+    def __repr__(self) -> str:
+        return f"<Door for {self.framework}: {self.out()} pieces out of {self._pool!r}>"

@@ -1,0 +1,111 @@
+"""PyTorch's CUDA tensors from a metrale pool: every tensor a ledger record with the application's call site.
+
+- `allocator(gpu)` is a ``torch.cuda.memory.CUDAPluggableAllocator`` whose two C functions are ctypes callbacks
+  into a `Door` of ``gpu``; `install(gpu)` makes it torch's current allocator (torch allows that only before it
+  first uses CUDA) and returns the door.
+- Each tensor's site is the first frame outside metrale and the packages of the ``site_skip`` setting (torch,
+  transformers and the like by default): the application's line that made it.
+- An allocation metrale refuses answers torch with no memory, and torch raises its own out-of-memory error; the
+  door logs metrale's (it names the sites holding memory) and keeps it in ``Door.last_error``.
+- Streams: a tensor's piece is cached for the stream torch allocated it on and reused there (torch frees it with
+  that stream). torch's pluggable allocator does not forward ``Tensor.record_stream``: as with any allocator
+  torch plugs in, a tensor used on a second stream must be synchronized by the application before its free.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .._errors import DoorError, MissingPackageError
+from ._door import Door, require_cuda
+
+if TYPE_CHECKING:
+    from .. import GpuBackend
+
+__all__ = ["allocator", "door_of", "install"]
+
+_log = logging.getLogger("metrale")
+
+#: ``void* alloc(ssize_t size, int device, cudaStream_t stream)`` and ``void free(void*, ssize_t, int,
+#: cudaStream_t)``: the functions ``CUDAPluggableAllocator`` calls.
+_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
+_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise MissingPackageError(
+            "metrale_core.allocators.torch needs PyTorch: pip install torch (a CUDA build)") from None
+    return torch
+
+
+def allocator(gpu: GpuBackend, *, release_threshold: int = 0) -> Any:
+    """A ``torch.cuda.memory.CUDAPluggableAllocator`` serving torch's tensors on ``gpu``'s device from a new
+    pool of ``gpu`` (its door: `door_of`).
+
+    :raises MissingPackageError: torch is not installed.
+    :raises DoorError: ``gpu`` is no CUDA device.
+    """
+    torch = _torch()
+    require_cuda(gpu, "torch")
+    door = Door(gpu, "torch", release_threshold=release_threshold)
+    ordinal = gpu.ordinal
+
+    def alloc(size: int, device: int, stream: int | None) -> int | None:
+        try:
+            if device != ordinal:
+                door.refuse("alloc", f"torch asked for memory on device {device}; this door serves device "
+                            f"{ordinal} (install one allocator per process, for its device)")
+                return None
+            return door.alloc(size, stream or 0) or None
+        except BaseException:  # nothing may cross into torch's C++: the bug is logged
+            _log.exception("torch allocator: alloc of %d bytes failed", size)
+            return None
+
+    def free(ptr: int | None, size: int, device: int, stream: int | None) -> None:
+        try:
+            door.free(ptr or 0)
+        except BaseException:
+            _log.exception("torch allocator: free of %#x failed", ptr or 0)
+
+    alloc_fn, free_fn = _ALLOC(alloc), _FREE(free)
+    pluggable = torch.cuda.memory.CUDAPluggableAllocator
+    made = pluggable.__new__(pluggable)  # its own __init__ loads a shared library by name; the base takes pointers
+    torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(
+        ctypes.cast(alloc_fn, ctypes.c_void_p).value, ctypes.cast(free_fn, ctypes.c_void_p).value))
+    made._metrale = (door, alloc_fn, free_fn)  # the callbacks live as long as the allocator
+    return made
+
+
+def door_of(torch_allocator: Any) -> Door:
+    """The `Door` of an allocator made by `allocator`."""
+    held = getattr(torch_allocator, "_metrale", None)
+    if held is None:
+        raise DoorError(f"{torch_allocator!r} is no allocator made by metrale_core.allocators.torch.allocator")
+    door: Door = held[0]
+    return door
+
+
+def install(gpu: GpuBackend, *, release_threshold: int = 0) -> Door:
+    """Make torch allocate every CUDA tensor from a pool of ``gpu``; returns its `Door`.
+
+    :raises DoorError: torch already used CUDA (its allocator can be changed only before), or ``gpu`` is no CUDA
+        device.
+    :raises MissingPackageError: torch is not installed.
+    """
+    torch = _torch()
+    if torch.cuda.is_initialized():
+        raise DoorError(
+            "torch allocator: torch already initialized CUDA, and its allocator can only be changed before that; "
+            "install it before the first CUDA tensor, or run the script under `metrale run --torch`")
+    made = allocator(gpu, release_threshold=release_threshold)
+    try:
+        torch.cuda.memory.change_current_allocator(made)
+    except RuntimeError as exc:
+        door_of(made).close()
+        raise DoorError(f"torch allocator: torch refused it: {exc}") from None
+    return door_of(made)

@@ -1,0 +1,219 @@
+"""The allocator doors: a framework's allocations from a metrale pool, found by address, each on the ledger.
+
+- `Door` on every backend: addresses out and back, stream-ordered reuse, refusals that change nothing, sites.
+- PyTorch and CuPy for real, on the GPU only (each in a subprocess: torch's allocator can be changed only before
+  torch first uses CUDA); elsewhere they skip with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from metrale_core import (
+    DoorError,
+    GpuBackend,
+    MissingPackageError,
+    OutOfMemoryError,
+    available_backends,
+    open_backend,
+)
+from metrale_core.allocators import Door
+from tests._support import SETTINGS
+
+
+def test_a_door_hands_out_pieces_by_address(gpu: GpuBackend) -> None:
+    door = Door(gpu, "test")
+    a = door.alloc(1000, 7)
+    line = test_a_door_hands_out_pieces_by_address.__code__.co_firstlineno + 2
+    piece = door.piece(a)
+    assert piece is not None and (piece.kind, piece.nbytes, piece.ptr) == ("pool", 1000, a)
+    assert piece.site.endswith(f"test_doors.py:{line}")
+    assert door.alloc(0, 7) == 0 and door.out() == 1
+    door.free(a)
+    assert door.out() == 0 and gpu.live_alloc_len() == 0
+    assert door.alloc(1000, 7) == a  # cached for stream 7, taken again there
+    assert door.alloc(1000, 8) != a  # not by another stream before the device went idle
+    door.close()
+    assert gpu.live_alloc_len() == 0
+
+
+def test_a_refusal_answers_zero_and_keeps_the_error(gpu: GpuBackend, caplog: pytest.LogCaptureFixture) -> None:
+    door = Door(gpu, "test")
+    kept = door.alloc(4096, 0)
+    with caplog.at_level(logging.ERROR, logger="metrale"):
+        assert door.alloc(1 << 60, 0) == 0
+        door.free(0x1234)  # no piece of this door: logged, nothing changes
+    assert door.failures == 2 and isinstance(door.last_error, DoorError)
+    assert "test allocator: alloc refused" in caplog.text and "test allocator: free refused" in caplog.text
+    assert door.out() == 1 and gpu.live_alloc_len() == 1
+    door.free(kept)
+    door.close()
+
+
+def test_an_out_of_memory_refusal_names_the_sites(gpu: GpuBackend) -> None:
+    door = Door(gpu, "test")
+    kept = door.alloc(4096, 0)
+    assert door.alloc(1 << 60, 0) == 0
+    assert isinstance(door.last_error, OutOfMemoryError)
+    assert "test_doors.py:" in str(door.last_error)
+    door.free(kept)
+    door.close()
+
+
+def test_the_site_skips_the_packages_the_setting_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A framework's own frames (here a package standing in for one) are passed over: the site is the line that
+    called into the framework."""
+    package = tmp_path / "framework_stand_in"
+    package.mkdir()
+    (package / "__init__.py").write_text("def empty(door, n):\n    return door.alloc(n, 0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import framework_stand_in  # type: ignore[import-not-found]
+
+    settings = SETTINGS.updated(site_skip=("framework_stand_in",))
+    with open_backend("fake", settings=settings) as gpu:
+        door = Door(gpu, "test")
+        address = framework_stand_in.empty(door, 64)
+        line = test_the_site_skips_the_packages_the_setting_names.__code__.co_firstlineno + 12
+        piece = door.piece(address)
+        assert piece is not None and piece.site.endswith(f"test_doors.py:{line}")
+    with open_backend("fake", settings=SETTINGS.updated(site_skip=())) as gpu:
+        door = Door(gpu, "test")
+        piece = door.piece(framework_stand_in.empty(door, 64))
+        assert piece is not None and "framework_stand_in" in piece.site
+
+
+def test_a_free_after_the_backend_closed_changes_nothing() -> None:
+    gpu = open_backend("fake", settings=SETTINGS)
+    door = Door(gpu, "test")
+    address = door.alloc(100, 0)
+    gpu.close()  # the pool's pieces were swept
+    door.free(address)
+    door.free(0x1234)
+    assert door.failures == 0
+
+
+def test_the_framework_doors_refuse_a_backend_that_is_no_cuda_device(fake: GpuBackend) -> None:
+    from metrale_core.allocators import cupy as cupy_door
+    from metrale_core.allocators import torch as torch_door
+
+    for module, name in ((torch_door, "torch"), (cupy_door, "cupy")):
+        if importlib.util.find_spec(name) is None:
+            with pytest.raises(MissingPackageError, match=f"needs {'PyTorch' if name == 'torch' else 'CuPy'}"):
+                module.allocator(fake)
+        else:
+            with pytest.raises(DoorError, match="no CUDA device"):
+                module.allocator(fake)
+    assert fake.live_alloc_len() == 0
+
+
+def _cuda_with(package: str) -> str | None:
+    """Why a framework door cannot be tried here, or ``None``."""
+    info = available_backends(SETTINGS).get("cuda")
+    if info is None or not info.available:
+        return "no CUDA backend here" + (f" ({info.reason})" if info is not None and info.reason else "")
+    if importlib.util.find_spec(package) is None:
+        return f"{package} is not installed"
+    return None
+
+
+def _python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+
+
+@pytest.mark.skipif(_cuda_with("torch") is not None, reason=str(_cuda_with("torch")))
+def test_torch_tensors_come_from_the_pool_with_their_sites() -> None:
+    done = _python("""
+        import gc, torch
+        from metrale_core import open_backend, DoorError
+        from metrale_core.allocators import torch as door_of_torch
+        gpu = open_backend("cuda")
+        door = door_of_torch.install(gpu)
+        a = torch.zeros(1000, device="cuda")             # line 7
+        b = torch.ones(256, 256, device="cuda") @ torch.ones(256, 256, device="cuda")
+        piece = door.piece(a.data_ptr())
+        assert piece is not None and piece.kind == "pool" and piece.nbytes == 4000, piece
+        assert piece.site.endswith("<string>:7"), piece.site
+        assert float(b[0, 0]) == 256.0
+        out = door.out()
+        del a, b
+        gc.collect()
+        assert door.out() < out, (door.out(), out)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            c = torch.empty(1 << 20, device="cuda")
+        assert door.piece(c.data_ptr()) is not None
+        del c
+        try:
+            door_of_torch.install(gpu)
+        except DoorError as exc:
+            print("refused:", exc)
+        torch.cuda.synchronize()
+        print("live", gpu.live_alloc_len(), "failures", door.failures)
+        gpu.close()
+    """)
+    assert done.returncode == 0, done.stderr
+    assert "refused: torch allocator: torch already initialized CUDA" in done.stdout
+    assert "failures 0" in done.stdout
+
+
+@pytest.mark.skipif(_cuda_with("cupy") is not None, reason=str(_cuda_with("cupy")))
+def test_cupy_arrays_come_from_the_pool_and_go_back() -> None:
+    done = _python("""
+        import gc, cupy
+        from metrale_core import open_backend, OutOfMemoryError
+        from metrale_core.allocators import cupy as door_of_cupy
+        gpu = open_backend("cuda")
+        door = door_of_cupy.install(gpu)
+        a = cupy.arange(1000, dtype=cupy.float32)      # line 7
+        piece = door.piece(a.data.ptr)
+        assert piece is not None and piece.site.endswith("<string>:7"), piece
+        assert float(a.sum()) == 499500.0
+        del a
+        gc.collect()
+        cupy.cuda.Device().synchronize()
+        try:
+            cupy.empty(1 << 50, dtype=cupy.uint8)
+        except OutOfMemoryError as exc:
+            print("oom names", "<string>" in str(exc))
+        print("live", gpu.live_alloc_len(), "failures", door.failures)
+        cupy.cuda.set_allocator(None)
+        gpu.close()
+    """)
+    assert done.returncode == 0, done.stderr
+    assert "live 0 failures 0" in done.stdout and "oom names" in done.stdout
+
+
+@pytest.mark.skipif(_cuda_with("transformers") is not None or _cuda_with("torch") is not None,
+                    reason=str(_cuda_with("transformers") or _cuda_with("torch")))
+def test_metrale_run_torch_runs_an_unmodified_model_script(tmp_path: Path) -> None:
+    """A transformers Llama from a config (random weights, no download) generates under ``metrale run --torch``;
+    the report follows, and the status is the script's."""
+    script = tmp_path / "generate.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+        model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+        ids = torch.randint(0, 1000, (2, 8), device="cuda")
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+        print("tokens", out.shape[1])
+        sys.exit(5)
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
+    done = subprocess.run([sys.executable, "-m", "metrale_core", "run", "--torch", str(script)], capture_output=True,
+                          text=True, env={**env, "METRALE_BACKEND": "cuda"}, timeout=300, check=False)
+    assert done.returncode == 5, done.stderr
+    assert "tokens 16" in done.stdout
+    assert "exited with status 5" in done.stderr and "torch: " in done.stderr and "metrale memory summary" in done.stderr
