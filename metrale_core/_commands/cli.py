@@ -129,9 +129,9 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _size(text: str) -> int:
-    from .._settings.parsing import Size
-
     import pydantic
+
+    from .._settings.parsing import Size
 
     try:
         value: int = pydantic.TypeAdapter(Size).validate_python(text)

@@ -77,7 +77,7 @@ def _settle(doors: list[Door]) -> None:
     gc.collect()
     for door in doors:
         if door.framework == "torch":
-            import torch
+            import torch  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
             torch.cuda.synchronize()
 

@@ -24,7 +24,7 @@ __all__ = ["allocator", "install"]
 
 def _cupy() -> Any:
     try:
-        import cupy
+        import cupy  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError:
         raise MissingPackageError(
             "metrale_core.allocators.cupy needs CuPy: pip install cupy-cuda12x (or the build for your CUDA)") from None

@@ -36,7 +36,7 @@ _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, 
 
 def _torch() -> Any:
     try:
-        import torch
+        import torch  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError:
         raise MissingPackageError(
             "metrale_core.allocators.torch needs PyTorch: pip install torch (a CUDA build)") from None
