@@ -18,6 +18,7 @@ cdef class Quarantine:
     cdef object _bound
     cdef list _held
     cdef dict _reuse
+    cdef object _pieces
 
     cdef object reuse_c(self, object raw_bytes)
     cdef int free_c(self, object buf, object index, object nbytes, object raw_ptr, object kind) except -1

@@ -1,7 +1,7 @@
 """Stub of the compiled twin of `metrale_core._memory.quarantine.Quarantine` (``_quarantine.pyx``): the same
 interface."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import final
 
 from .._device.buffer import DeviceBuffer
@@ -16,6 +16,7 @@ class Quarantine:
     def __init__(self, ctx: DeviceContext, stats: StatsCounter, guard: ZoneGuard) -> None: ...
     @property
     def held_bytes(self) -> int: ...
+    def give_pieces_to(self, callback: Callable[[int], None]) -> None: ...
     def reuse(self, layout: Layout) -> int | None: ...
     def free(self, buf: DeviceBuffer, raw_ptr: int, kind: AllocKind) -> None: ...
     def drain(

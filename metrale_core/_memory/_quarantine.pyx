@@ -56,7 +56,12 @@ cdef class Quarantine:
         self._bound = ctx.settings.redzone_quarantine_bytes  # (settings are fixed for the backend's life)
         self._held = []
         self._reuse = {}
+        self._pieces = None
         guard.on_full_check(self.full_check)
+
+    def give_pieces_to(self, callback):
+        """Where a pool's piece goes once let go of: ``callback(index)`` (the allocator's, which gives it back)."""
+        self._pieces = callback
 
     @property
     def held_bytes(self):
@@ -117,7 +122,10 @@ cdef class Quarantine:
                 try:
                     violations = guard.judge(zones)
                 finally:
-                    self._raw.free(raw_ptr, kind)
+                    if kind == "pool":
+                        self._pieces(index)
+                    else:
+                        self._raw.free(raw_ptr, kind)
                     guard.zones_released()
                 when = f"free of allocation #{index}"
         guard.report(violations, when)
@@ -182,6 +190,8 @@ cdef class Quarantine:
                     (<list>blocks).append(held.raw_ptr)
                 kept += 1
                 kept_bytes += held.raw_bytes
+            elif held.kind == "pool":
+                ctx.quietly(f"giving back the pool's piece #{held.index}", self._pieces, held.index)
             else:
                 ctx.quietly(f"releasing quarantined allocation #{held.index}", self._raw.free, held.raw_ptr,
                             held.kind)

@@ -123,6 +123,7 @@ class Allocator:
         self._stats = stats
         self._guard = guard
         self._quarantine: Quarantine = pick("quarantine", Quarantine, ctx.settings.pure)(ctx, stats, guard)
+        self._quarantine.give_pieces_to(self._piece_judged)
         self._monitor = monitor
         self._callbacks: list[Callable[[int], object]] = []
         #: The release observers switched on (the fronts' own switches), read at each release.
@@ -515,7 +516,10 @@ class Allocator:
                 target = ("foreign", handle)
             index = next_index()
             site = self._call_site(ctx.internal, _OWN_FRAME)
-            size = size_class(n)
+            layout = self._guard.layout(n, index) if self._zoned else None
+            if layout is not None and layout.raw_bytes >= WORD_LIMIT:
+                raise InvalidArgumentError(f"{what}: {n} bytes and their red zones do not fit 64 bits: ask for less")
+            size = size_class(n if layout is None else layout.raw_bytes)
             taken = pool.take(size, target)
             if taken is None:  # a new segment, with reclaim-and-retry (which may trim this pool too)
                 nbytes_segment = pool.segment_bytes(size)
@@ -525,17 +529,32 @@ class Allocator:
                     self.release_quietly(raw, "device")
                     raise InvalidArgumentError(f"{what}: {pool!r} was closed meanwhile")
             ptr, segment = taken
-            buf = self._make(ptr, n, "pool", index, site, ctx.ref)
+            if layout is None:
+                buf = self._make(ptr, n, "pool", index, site, ctx.ref)
+            else:
+                buf = self._make(ptr + layout.lead, n, "pool", index, site, ctx.ref)
+                try:
+                    self._guard.guard(buf, layout)  # filled on the default stream, which metrale's streams follow
+                    if foreign is not None:  # another library's stream follows nothing of metrale's: order it
+                        self._guard.order_foreign(target[1] or 1)  # type: ignore[index]  # (0: the legacy default)
+                except MetraleError:
+                    self._guard.forget(index)
+                    pool.give_untaken(ptr, size, segment)
+                    raise
             holdings = self._holdings
             with ctx.lock:
                 committed = not ctx.closed and not pool.closed
                 if committed:
                     with holdings.lock:
                         holdings.pool_of[index] = pool
+                        if layout is not None:
+                            holdings.raw_base[index] = ptr
                     pool.handed_out(index, ptr, size, segment, target)
                     holdings.ledger.add(buf)
                     self._stats.allocated("pool", n)
             if not committed:
+                if layout is not None:
+                    self._guard.forget(index)
                 pool.give_untaken(ptr, size, segment)
                 if ctx.closed:
                     raise ctx.closed_error()
@@ -586,13 +605,42 @@ class Allocator:
         self.piece_taken(buf, record, target)
 
     def piece_taken(self, buf: DeviceBuffer, record: DeviceBuffer, stream: Stream | None) -> None:
-        """A piece's record is off the ledger (``buf`` freed it): the stats, the observers, and its pool."""
-        with self._holdings.lock:
-            pool = self._holdings.pool_of.pop(record.index)
+        """A piece's record is off the ledger (``buf`` freed it): the stats, the observers, and its pool; a zoned
+        piece goes to the quarantine first, and back to its pool once its zones were judged (`_piece_judged`)."""
+        holdings = self._holdings
+        with holdings.lock:
+            pool = holdings.pool_of.pop(record.index)
+            raw_ptr = holdings.raw_base.pop(record.index, None)
         self._stats.released("pool", record.nbytes)
         for observer in self._releases.active:
             observer(buf)
-        pool.give(record.index, stream)
+        if raw_ptr is None:
+            pool.give(record.index, stream)
+            return
+        if stream is not None:
+            pool.aim(record.index, stream)
+        with holdings.lock:
+            holdings.judging[record.index] = pool
+        self._quarantine.free(record, raw_ptr, "pool")
+
+    def _piece_swept(self, index: int) -> None:
+        """Piece ``index`` was taken off the ledger by a sweep (its zones judged with the sweep's, or not at all):
+        its zones unwatched, back to its pool."""
+        holdings = self._holdings
+        with holdings.lock:
+            pool = holdings.pool_of.pop(index, None)
+            zoned = holdings.raw_base.pop(index, None) is not None
+        if zoned:
+            self._guard.forget(index)
+        if pool is not None:
+            pool.give(index, None)
+
+    def _piece_judged(self, index: int) -> None:
+        """The quarantine let go of zoned piece ``index`` (its zones judged, or at close): back to its pool."""
+        with self._holdings.lock:
+            pool = self._holdings.judging.pop(index, None)
+        if pool is not None:
+            pool.give(index, None)
 
     def pool_stats(self, pool: MemoryPool) -> PoolStats:
         """`MemoryPool.stats`, inside the gate (it answers after a fault and once the pool closed)."""
@@ -675,10 +723,8 @@ class Allocator:
                 buf = holdings.ledger.take(rec.index, rec.ptr, rec.nbytes)
                 if buf is not None:
                     taken.append(rec)
-                    with holdings.lock:
-                        holdings.pool_of.pop(rec.index, None)
                     self._stats.released("pool", rec.nbytes)
-                    pool.give(rec.index, None)
+                    self._piece_swept(rec.index)
             if taken:
                 _log.warning(
                     "MemoryPool.close on %s:%d: %d piece(s) totalling %s were still out; largest sites: %s",
@@ -689,6 +735,9 @@ class Allocator:
             with holdings.lock:
                 if pool in holdings.pools:
                     holdings.pools.remove(pool)
+                judging = any(owner is pool for owner in holdings.judging.values())
+            if judging:  # its freed zoned pieces are judged before their memory goes (a failed read is logged)
+                self._quarantine.drain(what, may_raise=False)
             ctx.quietly("synchronize before a pool's segments go", self._raw.synchronize)
             for ptr, nbytes in pool.release_all():
                 self._give_segment(pool, ptr, nbytes)
@@ -734,10 +783,7 @@ class Allocator:
         for rec in records:
             self._stats.released(rec.kind, rec.nbytes)
             if rec.kind == "pool":  # the piece goes back to its pool, which gives its segments back
-                with self._holdings.lock:
-                    pool = self._holdings.pool_of.pop(rec.index, None)
-                if pool is not None:
-                    pool.give(rec.index, None)
+                self._piece_swept(rec.index)
                 continue
             with self._holdings.lock:
                 raw_ptr = self._holdings.raw_base.pop(rec.index, rec.ptr)

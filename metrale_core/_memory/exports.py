@@ -46,7 +46,7 @@ _INVALID_DEVICE = cuda_code("CUDA_ERROR_INVALID_DEVICE")
 class ExportTable:
     """Exports and wrapped memory of one backend (the ``BufferOwner`` of its buffers)."""
 
-    __slots__ = ("_exported", "_guard", "_holdings", "_orders", "_raw", "_viewed", "ctx")
+    __slots__ = ("_exported", "_guard", "_holdings", "_raw", "_viewed", "ctx")
 
     def __init__(self, ctx: DeviceContext, holdings: Holdings, guard: ZoneGuard) -> None:
         self.ctx = ctx
@@ -55,7 +55,6 @@ class ExportTable:
         self._guard = guard
         self._exported: dict[int, int] = {}  # creation index -> DLPack tensors not yet released
         self._viewed: dict[int, weakref.WeakSet[DeviceArray]] = {}  # creation index -> views exported
-        self._orders = True  # whether the backend orders foreign streams (until it says CUDA_ERROR_NOT_SUPPORTED)
 
     # -- BufferOwner ----------------------------------------------------------------------
 
@@ -75,7 +74,7 @@ class ExportTable:
                 if stream is None:
                     self._guard.sync_device()
                 elif stream != NO_SYNC:
-                    self._order(stream)
+                    self._guard.order_foreign(stream)
             memory = self._raw.export_memory(buf.ptr, buf.nbytes)
             if wait and buf.kind in ("device", "managed", "pool"):  # exported (not only asked where): free() warns
                 with ctx.lock:
@@ -110,19 +109,6 @@ class ExportTable:
 
     def peer_is_live(self, buf: DeviceBuffer) -> bool:
         return not self.ctx.closed and self._holdings.is_live(buf)
-
-    def _order(self, stream: int) -> None:
-        """Order the consumer's stream ``stream`` after the backend's work, on the device; a backend without
-        the primitive (``CUDA_ERROR_NOT_SUPPORTED``) waits for its work on the host instead."""
-        if self._orders:
-            try:
-                self._raw.order_foreign_stream(stream)
-                return
-            except MetraleError as exc:
-                if exc.name != "CUDA_ERROR_NOT_SUPPORTED":
-                    raise
-                self._orders = False
-        self._guard.sync_device()
 
     def export_held(self, index: int, delta: int) -> None:
         with self.ctx.lock:

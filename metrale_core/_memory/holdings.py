@@ -47,8 +47,8 @@ class Holdings:
     export table mutate it through these methods)."""
 
     __slots__ = (
-        "_ctx", "_lock", "arena_blocks", "arenas", "external", "host", "ledger", "pool_of", "pools", "raw_base",
-        "releases",
+        "_ctx", "_lock", "arena_blocks", "arenas", "external", "host", "judging", "ledger", "pool_of", "pools",
+        "raw_base", "releases",
     )
 
     def __init__(self, ctx: DeviceContext) -> None:
@@ -69,6 +69,8 @@ class Holdings:
         #: The open memory pools, and the pool of each piece out (by creation index).
         self.pools: list[MemoryPool] = []
         self.pool_of: dict[int, MemoryPool] = {}
+        #: Zoned pieces freed and waiting in the quarantine for their zones' check: creation index -> their pool.
+        self.judging: dict[int, MemoryPool] = {}
         #: The release observers with something to watch (the fronts switch theirs; the allocator calls them).
         self.releases = ReleaseWatch()
 

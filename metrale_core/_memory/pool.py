@@ -48,7 +48,7 @@ class PoolStats:
 
     :param segments: segments held from the driver now.
     :param segment_bytes: their bytes.
-    :param pieces: pieces out now (on the ledger).
+    :param pieces: pieces out now (on the ledger, or freed with red zones that wait for their check).
     :param piece_bytes: the bytes they take (each size rounded up to 512).
     :param cached_bytes: bytes of the pieces cached for reuse.
     :param hits: allocations a cached piece served.
@@ -249,6 +249,13 @@ class MemoryPool:
                 return
             ptr, size, segment, own = held
             self._cache(ptr, size, segment, own if stream is None else stream)
+
+    def aim(self, index: int, stream: object) -> None:
+        """Allocation ``index`` (freed, its zones waiting for their check) is to be cached for ``stream``."""
+        with self._lock:
+            held = self._out.get(index)
+            if held is not None:
+                self._out[index] = (*held[:3], stream)
 
     def give_untaken(self, ptr: int, size: int, segment: object) -> None:
         """A piece taken for an allocation that did not commit: cached for any stream (nothing used it)."""

@@ -7,6 +7,8 @@
   previous owner may have written there since the check: never blamed on the new owner).
 - After a full check (``scan_redzones()``, a bad in-graph verdict, ``close()``) the guard tells the
   quarantine what it found (`Quarantine.full_check`), and the batch goes as after its own check.
+- A memory pool's zoned piece waits here too (kind ``"pool"``); once judged, or at close, it goes back to its
+  pool (`give_pieces_to`), never to the driver nor to the blocks kept for reuse.
 - Out of memory, the allocator drains it and gives every kept block back, then tries again, as
   CuPy's ``SingleDeviceMemoryPool._try_malloc`` does.
 - A check that cannot read the zones (a driver error) releases nothing: every buffer stays here,
@@ -18,7 +20,7 @@ Everything here runs under the guard's lock: no check may read a zone whose memo
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, final
 
 from .._device.buffer import DeviceBuffer
@@ -30,6 +32,10 @@ from .._redzones.layout import Layout, Zone
 from .._types import AllocKind, RedZoneViolation
 
 __all__ = ["QUARANTINE_MAX_BUFFERS", "Quarantine"]
+
+
+def _no_pieces(index: int) -> None:  # pragma: no cover - the allocator sets its own as it builds the quarantine
+    raise AssertionError(f"a pool's piece #{index} reached a quarantine that knows no pools")
 
 #: The quarantine is checked and released once it holds more buffers than this (or more bytes than
 #: ``redzone_quarantine_bytes``).
@@ -58,7 +64,7 @@ class _Held:
 class Quarantine:
     """Freed zoned blocks of one backend: held until checked, then kept for reuse or released."""
 
-    __slots__ = ("_bound", "_ctx", "_guard", "_held", "_raw", "_reuse", "_stats")
+    __slots__ = ("_bound", "_ctx", "_guard", "_held", "_pieces", "_raw", "_reuse", "_stats")
 
     def __init__(self, ctx: DeviceContext, stats: StatsCounter, guard: ZoneGuard) -> None:
         self._ctx = ctx
@@ -69,7 +75,12 @@ class Quarantine:
         self._held: list[_Held] = []
         #: Checked freed blocks by layout, kept for the next allocation of that layout (oldest layout first).
         self._reuse: dict[Layout, list[int]] = {}
+        self._pieces: Callable[[int], None] = _no_pieces
         guard.on_full_check(self.full_check)
+
+    def give_pieces_to(self, callback: Callable[[int], None]) -> None:
+        """Where a pool's piece goes once let go of: ``callback(index)`` (the allocator's, which gives it back)."""
+        self._pieces = callback
 
     @property
     def held_bytes(self) -> int:
@@ -118,7 +129,10 @@ class Quarantine:
                 try:
                     violations = guard.judge(zones)
                 finally:
-                    self._raw.free(raw_ptr, kind)
+                    if kind == "pool":
+                        self._pieces(buf.index)
+                    else:
+                        self._raw.free(raw_ptr, kind)
                     guard.zones_released()
                 when = f"free of allocation #{buf.index}"
         guard.report(violations, when)
@@ -178,6 +192,8 @@ class Quarantine:
             if bad is not None and held.buf.index not in bad and held.kind == "device" and bound:
                 self._reuse.setdefault(held.layout, []).append(held.raw_ptr)
                 self._stats.reusable(1, held.layout.raw_bytes)
+            elif held.kind == "pool":
+                self._ctx.quietly(f"giving back the pool's piece #{held.buf.index}", self._pieces, held.buf.index)
             else:
                 self._ctx.quietly(f"releasing quarantined allocation #{held.buf.index}", self._raw.free,
                                   held.raw_ptr, held.kind)

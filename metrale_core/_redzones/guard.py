@@ -50,8 +50,8 @@ class ZoneGuard:
 
     __slots__ = (
         "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_settled",
-        "_full_checked", "_observers", "_queued", "_raw", "_scan_graphs", "_scanner", "_stats", "fills", "lock",
-        "zones",
+        "_full_checked", "_observers", "_orders", "_queued", "_raw", "_scan_graphs", "_scanner", "_stats", "fills",
+        "lock", "zones",
     )
 
     def __init__(self, ctx: DeviceContext, stats: StatsCounter, default: Stream) -> None:
@@ -75,6 +75,7 @@ class ZoneGuard:
         self._fills_settled = 0  # of the fills queued on the default stream (``zones.filled``), those known done
         self._checks: GraphChecks | None = None  # the in-graph checks, once open
         self._checks_off = ""  # why graphs are not checked inside ("": not tried yet, or on)
+        self._orders = True  # whether the backend orders foreign streams (until it says CUDA_ERROR_NOT_SUPPORTED)
         stats.redzone_sample = ctx.settings.redzone_sample
 
     # -- fills ------------------------------------------------------------------------------
@@ -122,6 +123,21 @@ class ZoneGuard:
         if issued != self._fills_settled and may_wait():  # the check and the wait are one step
             self._raw.stream_synchronize(self._default)
             self._fills_done(issued)
+
+    def order_foreign(self, stream: int) -> None:
+        """Order another library's stream ``stream`` (DLPack's numbering: 1 the legacy default stream, 2 the
+        per-thread one, else a ``CUstream``'s address) after the backend's work so far, the fills included, on the
+        device; a backend without the primitive (``CUDA_ERROR_NOT_SUPPORTED``) waits for its work on the host
+        instead."""
+        if self._orders:
+            try:
+                self._raw.order_foreign_stream(stream)
+                return
+            except MetraleError as exc:
+                if exc.name != "CUDA_ERROR_NOT_SUPPORTED":
+                    raise
+                self._orders = False
+        self.sync_device()
 
     def sync_device(self) -> None:
         """Wait for all of the backend's work (``RawDevice.synchronize``); the fills issued before are done."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
@@ -53,7 +55,9 @@ class MemoryRules(MachineModel):
         for index in picked:
             self._free(self.live[index][0])
 
-    def _free(self, buf: DeviceBuffer) -> None:
+    def _free(self, buf: DeviceBuffer, call: Callable[[DeviceBuffer], None] | None = None) -> None:
+        """Free ``buf`` with ``call`` (``GpuBackend.free`` if ``None``), the quarantine and the reports modelled."""
+        free = self.gpu.free if call is None else call
         dirty = {(index, side): off for (index, side), off in self.dirty.items() if index == buf.index}
         if self._quarantines(buf):  # into the quarantine; past its bound, the whole batch is checked
             self.quarantine[buf.index] = (buf, self._zone_bytes(buf))
@@ -67,13 +71,13 @@ class MemoryRules(MachineModel):
         self.heard.clear()
         if expected and self.gpu.settings.redzone_action == "raise":
             try:
-                self.gpu.free(buf)
+                free(buf)
             except RedZoneError as exc:
                 assert {(v.index, v.side): v.offset for v in exc.violations} == expected, (exc.violations, expected)
             else:
                 raise AssertionError(f"free of allocation #{buf.index}, which found changed zones, did not raise")
         else:
-            self.gpu.free(buf)  # a changed zone is logged (redzone_action="warn")
+            free(buf)  # a changed zone is logged (redzone_action="warn")
         heard = {(v.index, v.side): v.offset for v in self.heard}
         assert heard == expected and len(heard) == len(self.heard), f"free reported {self.heard}, expected {expected}"
         stats = self.gpu.stats()

@@ -248,7 +248,7 @@ class MachineModel(RuleBasedStateMachine):
 
     def _zoned(self, buf: DeviceBuffer) -> bool:
         return (
-            buf.kind == "device" and self.redzone > 0 and buf.index >= self.redzone_min_idx
+            buf.kind in ("device", "pool") and self.redzone > 0 and buf.index >= self.redzone_min_idx
             and buf.index % self.redzone_sample == 0
         )
 
@@ -269,8 +269,8 @@ class MachineModel(RuleBasedStateMachine):
         blocks found intact are kept for reuse, within the bound (``give_back``: none are kept)."""
         found, self.qdirty, entries, self.quarantine = self.qdirty, {}, self.quarantine, {}
         bad = {index for index, _ in found}
-        for index, (_, nbytes) in entries.items():
-            if index not in bad:
+        for index, (buf, nbytes) in entries.items():
+            if index not in bad and buf.kind == "device":  # (a pool's piece goes back to its pool)
                 self.reusable[nbytes] = self.reusable.get(nbytes, 0) + 1
         self._trim(0 if give_back else self.quarantine_bound)
         return found
@@ -284,7 +284,7 @@ class MachineModel(RuleBasedStateMachine):
 
     def _allocated(self, buf: DeviceBuffer) -> None:
         """A new allocation: a zoned one takes a kept block of its layout if there is one."""
-        if self._zoned(buf) and self._zone_bytes(buf) in self.reusable:
+        if buf.kind == "device" and self._zoned(buf) and self._zone_bytes(buf) in self.reusable:
             self._take_reusable(self._zone_bytes(buf))
 
     def _take_reusable(self, nbytes: int) -> None:

@@ -31,6 +31,17 @@ class PoolRules(MemoryRules):
     def _pool_pieces(self) -> list[DeviceBuffer]:
         return [buf for buf, _ in self.live.values() if buf.kind == "pool"]
 
+    def _quarantined_pieces(self) -> list[DeviceBuffer]:
+        """Pieces freed with red zones that wait in the quarantine for their check (then back to their pool)."""
+        return [buf for buf, _ in self.quarantine.values() if buf.kind == "pool"]
+
+    def _extent(self, buf: DeviceBuffer) -> tuple[int, int]:
+        """Where a piece lies in its segment, its zones included: its start and its bytes (size class)."""
+        if not self._zoned(buf):
+            return buf.ptr, size_class(buf.nbytes)
+        lead = self._zone_bytes(buf) - buf.nbytes - self.redzone
+        return buf.ptr - lead, size_class(self._zone_bytes(buf))
+
     def _stream_of(self, on_stream: bool) -> Stream | None:
         return self.pool_stream if on_stream else None
 
@@ -42,8 +53,10 @@ class PoolRules(MemoryRules):
         assert buf.nbytes == n and buf.kind == "pool" and buf.ptr % 256 == 0 and buf.ptr != 0
         assert buf.index not in self._all(), "a creation index was handed out twice"
         assert buf.site.rpartition(":")[2].isdigit(), f"the call site {buf.site!r} is not file:line"
-        for other in self._pool_pieces():  # no two pieces out share a byte
-            assert (buf.ptr + size_class(n) <= other.ptr or other.ptr + size_class(other.nbytes) <= buf.ptr), (
+        (start, size) = self._extent(buf)
+        for other in self._pool_pieces() + self._quarantined_pieces():  # no two pieces out share a byte
+            (other_start, other_size) = self._extent(other)
+            assert start + size <= other_start or other_start + other_size <= start, (
                 f"piece #{buf.index} overlaps piece #{other.index}")
         after = pool.stats()
         assert after.hits + after.misses == before.hits + before.misses + 1
@@ -54,15 +67,19 @@ class PoolRules(MemoryRules):
     @rule(data=st.data(), again=st.booleans())
     def pool_free_and_reuse(self, data: st.DataObject, again: bool) -> None:
         """``MemoryPool.free``; then, ``again``, an allocation of the same size on the same stream takes the very
-        piece back (at its address), and the freed handle stays refused."""
+        piece back (at its address), and the freed handle stays refused. A zoned piece waiting in the quarantine
+        for its check is not back in its pool yet."""
         assert self.pool is not None
         piece = data.draw(st.sampled_from(self._pool_pieces()), label="piece")
         on_stream = self.piece_streams.pop(piece.index, False)
-        self.pool.free(piece)
-        self._forget(piece)
-        if not again:
+        self._free(piece, self.pool.free)
+        if not again or piece.index in self.quarantine:
             return
         fresh = self.pool.alloc(piece.nbytes, stream=self._stream_of(on_stream))
+        if self._zoned(fresh) != self._zoned(piece):  # (one in N zoned: another size, another piece)
+            self.live[fresh.index] = (fresh, Contents(fresh.nbytes))
+            self.piece_streams[fresh.index] = on_stream
+            return
         assert fresh.ptr == piece.ptr, "a piece freed on a stream was not reused by that stream's next allocation"
         self.live[fresh.index] = (fresh, Contents(fresh.nbytes))
         self.piece_streams[fresh.index] = on_stream
@@ -130,7 +147,8 @@ class PoolRules(MemoryRules):
             return
         stats = self.pool.stats()
         pieces = self._pool_pieces()
-        assert stats.pieces == len(pieces), (stats, len(pieces))
-        assert stats.piece_bytes == sum(size_class(b.nbytes) for b in pieces), stats
+        out = pieces + self._quarantined_pieces()
+        assert stats.pieces == len(out), (stats, len(out))
+        assert stats.piece_bytes == sum(self._extent(b)[1] for b in out), stats
         assert stats.cached_bytes + stats.piece_bytes <= stats.segment_bytes, stats
         assert self.gpu.stats().current_bytes["pool"] == sum(b.nbytes for b in pieces)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,15 @@ from metrale_core import (
 )
 from metrale_core.allocators import Door
 from tests._support import SETTINGS
+
+#: Reuse is counted exactly here: no red zones (a zoned piece waits for its check before it is reused).
+PLAIN = SETTINGS.updated(redzone=0)
+
+
+@pytest.fixture
+def gpu(backend_name: str) -> Iterator[GpuBackend]:
+    with open_backend(backend_name, settings=PLAIN) as backend:
+        yield backend
 
 
 def test_a_door_hands_out_pieces_by_address(gpu: GpuBackend) -> None:
@@ -77,21 +87,21 @@ def test_the_site_skips_the_packages_the_setting_names(tmp_path: Path, monkeypat
     monkeypatch.syspath_prepend(str(tmp_path))
     import framework_stand_in  # type: ignore[import-not-found]
 
-    settings = SETTINGS.updated(site_skip=("framework_stand_in",))
+    settings = PLAIN.updated(site_skip=("framework_stand_in",))
     with open_backend("fake", settings=settings) as gpu:
         door = Door(gpu, "test")
         address = framework_stand_in.empty(door, 64)
         line = test_the_site_skips_the_packages_the_setting_names.__code__.co_firstlineno + 12
         piece = door.piece(address)
         assert piece is not None and piece.site.endswith(f"test_doors.py:{line}")
-    with open_backend("fake", settings=SETTINGS.updated(site_skip=())) as gpu:
+    with open_backend("fake", settings=PLAIN.updated(site_skip=())) as gpu:
         door = Door(gpu, "test")
         piece = door.piece(framework_stand_in.empty(door, 64))
         assert piece is not None and "framework_stand_in" in piece.site
 
 
 def test_a_free_after_the_backend_closed_changes_nothing() -> None:
-    gpu = open_backend("fake", settings=SETTINGS)
+    gpu = open_backend("fake", settings=PLAIN)
     door = Door(gpu, "test")
     address = door.alloc(100, 0)
     gpu.close()  # the pool's pieces were swept

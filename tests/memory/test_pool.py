@@ -6,6 +6,7 @@ Each test runs on every available backend; the state machine (``metrale_core.tes
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,6 +21,21 @@ from metrale_core import (
 )
 from metrale_core._memory.pool import LARGE, SEGMENT, size_class
 from tests._support import MIB, SETTINGS, read_bytes
+
+#: These tests count bytes and reuse exactly: no red zones (zoned pieces: ``tests/redzones/test_pool_zones.py``).
+PLAIN = SETTINGS.updated(redzone=0)
+
+
+@pytest.fixture
+def gpu(backend_name: str) -> Iterator[GpuBackend]:
+    with open_backend(backend_name, settings=PLAIN) as backend:
+        yield backend
+
+
+@pytest.fixture
+def fake() -> Iterator[GpuBackend]:
+    with open_backend("fake", settings=PLAIN) as backend:
+        yield backend
 
 
 def test_a_piece_is_an_allocation_of_its_own(gpu: GpuBackend) -> None:
@@ -103,7 +119,7 @@ def test_synchronize_keeps_the_release_threshold(gpu: GpuBackend) -> None:
 
 
 def test_out_of_memory_trims_the_pools_before_the_callbacks() -> None:
-    with open_backend("fake", settings=SETTINGS.updated(fake_memory_bytes=64 * MIB)) as gpu:
+    with open_backend("fake", settings=PLAIN.updated(fake_memory_bytes=64 * MIB)) as gpu:
         asked: list[int] = []
         gpu.on_out_of_memory(lambda n: asked.append(n) or False)
         pool = gpu.create_pool()
@@ -129,7 +145,7 @@ def test_close_sweeps_the_pieces_still_out(gpu: GpuBackend, caplog: pytest.LogCa
 
 
 def test_backend_close_releases_pools_and_sweeps_their_pieces() -> None:
-    gpu = open_backend("fake", settings=SETTINGS)
+    gpu = open_backend("fake", settings=PLAIN)
     pool = gpu.create_pool()
     pool.alloc(10)
     pool.free(pool.alloc(20))

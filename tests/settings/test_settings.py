@@ -329,6 +329,8 @@ def _as_variable(value: object) -> str:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, tuple):  # package names: comma-separated, ``none`` for none
+        return ",".join(value) or "none"
     return str(value)
 
 

@@ -1,0 +1,111 @@
+"""Red zones on a memory pool's pieces: filled at the allocation, judged with the quarantine's batches, the scans
+and the in-graph checks like any zoned buffer; a piece goes back to its pool only once its zones were judged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from metrale_core import DeviceBuffer, RedZoneError, RedZoneViolation
+from metrale_core._memory.pool import size_class
+from metrale_core.kernels import shipped_modules
+from tests.redzones.test_quarantine import HELD, LEAD, ZONE, _edge, _found, _graph, _launch_expecting, _open
+
+
+def _named(violation: RedZoneViolation, piece: DeviceBuffer) -> None:
+    """The violation names the piece as it was handed out, with its own site."""
+    assert (violation.index, violation.ptr, violation.nbytes, violation.site) == (
+        piece.index, piece.ptr, piece.nbytes, piece.site)
+    assert "test_pool_zones.py:" in violation.site
+
+
+@pytest.mark.parametrize("side", ["trail", "lead"])
+def test_a_piece_s_overrun_is_found_by_a_scan_with_its_site(backend_name: str, side: str) -> None:
+    with _open(backend_name) as gpu:
+        pool = gpu.create_pool()
+        neighbour, piece = pool.alloc(100), pool.alloc(1000)
+        line = test_a_piece_s_overrun_is_found_by_a_scan_with_its_site.__code__.co_firstlineno + 4
+        assert piece.site.endswith(f"test_pool_zones.py:{line}")
+        assert pool.stats().piece_bytes == size_class(100 + HELD) + size_class(1000 + HELD)
+        address, offset = _edge(piece, side)
+        gpu.memset(address, 0x00, nbytes=1)
+        with pytest.raises(RedZoneError) as info:
+            gpu.scan_redzones()
+        assert _found(info.value.violations) == [(piece.index, side, offset)]
+        _named(info.value.violations[0], piece)
+        assert neighbour.index not in {v.index for v in info.value.violations}
+        pool.free(piece)
+        pool.free(neighbour)
+        pool.close()
+
+
+def test_a_freed_piece_waits_for_its_check_then_goes_back_to_its_pool(backend_name: str) -> None:
+    with _open(backend_name) as gpu:
+        pool = gpu.create_pool()
+        piece = pool.alloc(1000)
+        pool.free(piece)
+        stats = gpu.stats()
+        assert (stats.redzone_quarantined, stats.redzone_quarantined_bytes) == (1, 1000 + HELD)
+        assert pool.stats().pieces == 1 and pool.stats().cached_bytes == 0  # not back yet
+        gpu.memset(piece.ptr + piece.nbytes, 0x00, nbytes=1)  # a late write through a stale pointer
+        with pytest.raises(RedZoneError) as info:
+            gpu.scan_redzones()
+        assert _found(info.value.violations) == [(piece.index, "trail", 0)]
+        assert pool.stats().pieces == 0 and pool.stats().cached_bytes == size_class(1000 + HELD)
+        again = pool.alloc(1000)  # the judged piece, its zones filled again: no blame for the old owner
+        assert again.ptr == piece.ptr and gpu.scan_redzones() == []
+        pool.close()
+
+
+def test_without_a_quarantine_a_free_judges_the_piece_at_once(backend_name: str) -> None:
+    with _open(backend_name, redzone_quarantine_bytes=0) as gpu:
+        pool = gpu.create_pool()
+        piece = pool.alloc(100)
+        gpu.memset(piece.ptr - 1, 0x00, nbytes=1)
+        with pytest.raises(RedZoneError) as info:
+            pool.free(piece)
+        assert _found(info.value.violations) == [(piece.index, "lead", LEAD - 1)]
+        assert gpu.live_alloc_len() == 0 and pool.stats().cached_bytes == size_class(100 + HELD)
+        assert pool.alloc(100).ptr == piece.ptr
+        pool.close()
+
+
+def test_one_piece_in_n_is_zoned(backend_name: str) -> None:
+    with _open(backend_name, redzone_sample=4) as gpu:
+        pool = gpu.create_pool()
+        pieces = [pool.alloc(512) for _ in range(16)]
+        zoned = [p for p in pieces if p.index % 4 == 0]
+        assert len(zoned) == 4
+        expected = sum(size_class(512 + HELD) if p.index % 4 == 0 else 512 for p in pieces)
+        assert pool.stats().piece_bytes == expected
+        pool.close()
+
+
+def test_closing_a_pool_judges_its_quarantined_pieces_first(backend_name: str) -> None:
+    with _open(backend_name, redzone_action="warn") as gpu:
+        heard: list[int] = []
+        gpu.on_redzone_violation(lambda when, v: heard.append(v.index))
+        pool = gpu.create_pool()
+        piece = pool.alloc(300)
+        pool.free(piece)
+        gpu.memset(piece.ptr + piece.nbytes + ZONE - 1, 0x00, nbytes=1)
+        pool.close()
+        assert heard == [piece.index] and gpu.stats().redzone_quarantined == 0
+
+
+@pytest.mark.needs("kernels")
+def test_a_kernel_s_overrun_of_a_piece_inside_a_graph_is_found(backend_name: str) -> None:
+    with _open(backend_name, redzone_scan_graphs=True) as gpu:
+        write = gpu.load_modules(shipped_modules("fault")).kernel("fault", "write_u8")
+        pool = gpu.create_pool()
+        stream = gpu.create_stream()
+        piece = pool.alloc(100, stream=stream)
+        address, offset = _edge(piece, "trail")
+        exe = _graph(gpu, stream, lambda: gpu.launch(write, 1, 1, [address, np.uint32(0x3C)], stream=stream))
+        error = _launch_expecting(gpu, exe, stream, False)
+        assert _found(error.violations) == [(piece.index, "trail", offset)]
+        _named(error.violations[0], piece)
+        exe.close()
+        pool.free(piece)
+        pool.close()
