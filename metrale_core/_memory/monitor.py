@@ -68,7 +68,10 @@ class MemoryMonitor:
         ctx = self.ctx
         info, device = self._device_facts()
         title = f"{ctx.name}:{ctx.ordinal}, {device}"
-        return memory_summary(title, self.stats(), self._holdings.ledger.snapshot(), info, top=count)
+        with self._holdings.lock:
+            pools = list(self._holdings.pools)
+        return memory_summary(title, self.stats(), self._holdings.ledger.snapshot(), info, top=count,
+                              pools=[pool.counters() for pool in pools])
 
     def _device_facts(self) -> tuple[MemoryInfo | None, str]:
         """The device's memory and name for a summary or a snapshot, read past the gate (both answer after a

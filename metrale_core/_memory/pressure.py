@@ -16,6 +16,7 @@ from .._device.stats import KINDS, MemoryStats
 from .._errors import InvalidArgumentError, MetraleError
 from .._types import AllocRecord, MemoryInfo, as_index, format_bytes
 from .ledger import largest_sites
+from .pool import PoolStats
 
 __all__ = ["OomWatchdog", "memory_summary"]
 
@@ -151,10 +152,12 @@ def memory_summary(
     info: MemoryInfo | None = None,
     *,
     top: int = 5,
+    pools: Sequence[PoolStats] = (),
 ) -> str:
     """A table of ``stats`` as people read it, as ``torch.cuda.memory_summary()`` gives: current, peak and
     allocated bytes by kind, counts, out-of-memory failures and retries, arenas, red zones, the device's free
-    memory (``info``, where known) and the ``top`` call sites of the ``live`` allocations by bytes."""
+    memory (``info``, where known), the open memory ``pools`` (what their segments hold, cached or out) and the
+    ``top`` call sites of the ``live`` allocations by bytes."""
     rule = "-" * 76
     rows = [("kind", "current", "peak", "allocated"), *(
         (kind, format_bytes(stats.current_bytes.get(kind, 0)), format_bytes(stats.peak_bytes.get(kind, 0)),
@@ -177,6 +180,10 @@ def memory_summary(
                       + (f"; one allocation in {stats.redzone_sample} zoned" if stats.redzone_sample > 1 else "")),
         ("graph launches", str(stats.graph_launches)),
     ]
+    if pools:
+        facts.append(("memory pools", f"{len(pools)} open: {format_bytes(sum(p.segment_bytes for p in pools))} in "
+                                      f"segments, {format_bytes(sum(p.piece_bytes for p in pools))} in pieces out, "
+                                      f"{format_bytes(sum(p.cached_bytes for p in pools))} cached"))
     if info is not None:
         facts.append(("device memory", f"{format_bytes(info.free)} free of {format_bytes(info.total)} "
                                        f"(an allocation can have {format_bytes(info.effective_free)})"))
