@@ -17,6 +17,7 @@ from ... import Baseline, GpuBackend, MetraleSettings, open_backend
 from ..._errors import InvalidArgumentError, MetraleError
 from .breakdown import measure_breakdown, measure_eager_breakdown
 from .context import Bench, Progress
+from .frameworks import measure_frameworks
 from .launches import measure_eager, measure_graph, measure_safety
 from .memory import measure_alloc, measure_copies, measure_pools
 from .model import BenchReport, Result
@@ -47,6 +48,8 @@ MEASUREMENTS: Final[tuple[Measurement, ...]] = (
     Measurement(
         "eager_breakdown", "where the time of an eager memset and launch goes, step by step", measure_eager_breakdown
     ),
+    Measurement("frameworks", "a real model's generate with every tensor from metrale, against torch's allocator",
+                measure_frameworks),
 )
 
 
