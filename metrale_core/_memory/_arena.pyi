@@ -12,7 +12,10 @@ from .arena import Arena as _Arena
 class Arena:
     site: str
     allocs: int
-    def __init__(self, block: DeviceBuffer, on_close: Callable[[_Arena, DeviceBuffer], None]) -> None: ...
+    def __init__(
+        self, block: DeviceBuffer, on_close: Callable[[_Arena, DeviceBuffer], None],
+        where: Callable[[], str] | None = None,
+    ) -> None: ...
     @property
     def base(self) -> int: ...
     @property

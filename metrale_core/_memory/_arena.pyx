@@ -121,8 +121,9 @@ cdef class Arena:
     cdef bint _in_order
     cdef public object site
     cdef public long long allocs
+    cdef object _where
 
-    def __init__(self, block, on_close):
+    def __init__(self, block, on_close, where=None):
         # (the block is an alloc_arena buffer: its ptr and nbytes are ints from 0 to 2**64 - 1, or this raises)
         self._base = block.ptr
         self._capacity = block.nbytes
@@ -135,6 +136,7 @@ cdef class Arena:
         self._owner = block._owner
         self._in_order = True
         self.site = block.site
+        self._where = where  # a piece's site: its Arena.alloc's (None: the arena's own)
         self.allocs = 0
 
     def __dealloc__(self):
@@ -177,9 +179,10 @@ cdef class Arena:
             if not metrale_small(nbytes, &n):
                 n = -1  # more than a long long: no block has room for it
             a = align
-        return self._bump(nbytes, align, n, a)
+        site = self.site if self._where is None else self._where()  # (before the lock: it runs Python)
+        return self._bump(nbytes, align, n, a, site)
 
-    cdef object _bump(self, object nbytes, object align, long long n, long long a):
+    cdef object _bump(self, object nbytes, object align, long long n, long long a, object site):
         cdef unsigned long long start, top, pad
         cdef long long c_index
         cdef Piece *grown
@@ -220,8 +223,8 @@ cdef class Arena:
         finally:
             release(&self._lock)
         if start <= WORD_MAX - self._base:
-            return make_buffer(self._base + start, nbytes, "arena", index, self.site, self._owner)
-        return make_buffer(self._base_object + start, nbytes, "arena", index, self.site, self._owner)
+            return make_buffer(self._base + start, nbytes, "arena", index, site, self._owner)
+        return make_buffer(self._base_object + start, nbytes, "arena", index, site, self._owner)
 
     cdef object _full(self, object nbytes, object align):
         return ArenaFullError(

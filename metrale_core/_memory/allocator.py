@@ -451,7 +451,8 @@ class Allocator:
 
     def create_arena(self, capacity: object) -> Arena:
         block = self.alloc(capacity, "arena", "create_arena")
-        arena = self._arena_class(block, self._arena_closed)
+        # each piece carries its own Arena.alloc's site (a partial: no frame of its own on the walk)
+        arena = self._arena_class(block, self._arena_closed, functools.partial(self._call_site, self.ctx.internal, 0))
         with self._holdings.lock:
             self._holdings.arenas.append(arena)
         return arena

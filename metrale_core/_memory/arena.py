@@ -57,10 +57,14 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
     """
 
     __slots__ = (
-        "_base", "_block", "_capacity", "_lock", "_on_close", "_owner", "_pieces", "_top", "allocs", "site",
+        "_base", "_block", "_capacity", "_lock", "_on_close", "_owner", "_pieces", "_top", "_where", "allocs",
+        "site",
     )
 
-    def __init__(self, block: DeviceBuffer, on_close: Callable[[Arena, DeviceBuffer], None]) -> None:
+    def __init__(
+        self, block: DeviceBuffer, on_close: Callable[[Arena, DeviceBuffer], None],
+        where: Callable[[], str] | None = None,
+    ) -> None:
         self._block: DeviceBuffer | None = block
         self._base = block.ptr
         self._capacity = block.nbytes
@@ -69,8 +73,10 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
         self._lock = threading.Lock()
         self._on_close = on_close
         self._owner = block._owner
-        #: Where the arena was created; its pieces carry this call site.
+        #: Where the arena was created.
         self.site = block.site
+        #: Where a piece is made: its ``Arena.alloc``'s call site (``None``: the arena's own site).
+        self._where = where
         #: Pieces handed out so far.
         self.allocs = 0
 
@@ -105,6 +111,7 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
         """
         if type(nbytes) is not int or nbytes < 0 or type(align) is not int or align not in _ALIGNS:
             nbytes, align = _check_alloc(nbytes, align)
+        site = self.site if self._where is None else self._where()
         with self._lock:
             if self._block is None:
                 raise InvalidBufferError(
@@ -123,7 +130,7 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
             self.allocs += 1
             index = next_index()
             self._pieces[index] = (start, nbytes)
-        return DeviceBuffer._make(start, nbytes, "arena", index, self.site, self._owner)
+        return DeviceBuffer._make(start, nbytes, "arena", index, site, self._owner)
 
     def holds(self, buf: DeviceBuffer) -> bool:
         """Whether ``buf`` is a live piece of this arena: one it handed out since the last ``reset()``,

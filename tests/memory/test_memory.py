@@ -235,6 +235,16 @@ def test_arena_pieces_work_like_buffers(gpu: GpuBackend) -> None:
         assert stats.arena_allocs == 3
 
 
+def test_each_arena_piece_carries_the_site_of_its_own_alloc(gpu: GpuBackend) -> None:
+    arena = gpu.create_arena(MIB)
+    first = arena.alloc(100)
+    second = arena.alloc(100)
+    line = test_each_arena_piece_carries_the_site_of_its_own_alloc.__code__.co_firstlineno
+    assert arena.site.endswith(f"test_memory.py:{line + 1}")
+    assert (first.site, second.site) == (f"{__file__}:{line + 2}", f"{__file__}:{line + 3}")
+    arena.close()
+
+
 def test_arena_full_reset_close(gpu: GpuBackend) -> None:
     arena = gpu.create_arena(4096)
     first = arena.alloc(4000)
