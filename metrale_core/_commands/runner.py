@@ -17,9 +17,10 @@ import runpy
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .._errors import MetraleError
+from .._errors import MetraleError, RedZoneError
+from .._types import RedZoneViolation
 
 if TYPE_CHECKING:
     from .. import GpuBackend
@@ -40,7 +41,7 @@ def _exit_status(exc: SystemExit) -> int:
 
 
 def _run(script: str, argv: Sequence[str]) -> int:
-    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
+    saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *argv]
     if sys.path:
         sys.path[0] = os.path.dirname(os.path.abspath(script))  # as ``python SCRIPT`` sets it
@@ -48,13 +49,15 @@ def _run(script: str, argv: Sequence[str]) -> int:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         return _exit_status(exc)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 130  # as Python's own exit on an uncaught Ctrl-C (128 + SIGINT)
     except BaseException:
         traceback.print_exc()
         return 1
     finally:
         sys.argv = saved_argv
-        if saved_path0 is not None:
-            sys.path[0] = saved_path0
+        sys.path[:] = saved_path
     return 0
 
 
@@ -95,24 +98,30 @@ def run_script(
     if redzone is not None:
         settings = settings.updated(redzone=redzone)
     gpu = open_backend(settings=settings)
+    heard: list[RedZoneViolation] = []  # every violation of the run: at frees, quarantine checks, scans
+    gpu.on_redzone_violation(lambda when, violation: heard.append(violation))
     try:
         doors = _install(gpu, torch, cupy)
         status = _run(script, argv)
         _settle(doors)
-        report(gpu, doors, script, status, top)
+        report(gpu, doors, script, status, top, heard)
     finally:
         gpu.close()
     return status
 
 
-def report(gpu: GpuBackend, doors: list[Door], script: str, status: int, top: int) -> None:
+def report(
+    gpu: GpuBackend, doors: list[Door], script: str, status: int, top: int, heard: list[RedZoneViolation]
+) -> None:
     """What ``metrale run`` prints after the script: violations, what is still held, the peak (to stderr)."""
     out = sys.stderr
-    violations: list[Any] = []
     try:
-        violations = gpu.scan_redzones()
+        gpu.scan_redzones()  # the last check: what it finds is heard too
+    except RedZoneError:
+        pass  # (redzone_action="raise": the observers heard it first)
     except MetraleError as exc:  # a fault the script left behind: say it, print the rest
         print(f"metrale run: the red zones could not be judged: {type(exc).__name__}: {exc}", file=out)
+    violations = list({(v.index, v.side): v for v in heard}.values())
     print(f"\nmetrale run: {script} exited with status {status}", file=out)
     for door in doors:
         failures = f", {door.failures} refused (the last: {door.last_error})" if door.failures else ""

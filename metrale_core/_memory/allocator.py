@@ -521,7 +521,7 @@ class Allocator:
             if layout is not None and layout.raw_bytes >= WORD_LIMIT:
                 raise InvalidArgumentError(f"{what}: {n} bytes and their red zones do not fit 64 bits: ask for less")
             size = size_class(n if layout is None else layout.raw_bytes)
-            taken = pool.take(size, target)
+            taken = pool.take(size, target, layout is not None)
             if taken is None:  # a new segment, with reclaim-and-retry (which may trim this pool too)
                 nbytes_segment = pool.segment_bytes(size)
                 raw = self._raw_alloc(nbytes_segment, n, "device", what)
@@ -550,7 +550,7 @@ class Allocator:
                         holdings.pool_of[index] = pool
                         if layout is not None:
                             holdings.raw_base[index] = ptr
-                    pool.handed_out(index, ptr, size, segment, target)
+                    pool.handed_out(index, ptr, size, segment, target, layout is not None)
                     holdings.ledger.add(buf)
                     self._stats.allocated("pool", n)
             if not committed:
@@ -634,7 +634,7 @@ class Allocator:
         if zoned:
             self._guard.forget(index)
         if pool is not None:
-            pool.give(index, None)
+            pool.swept(index)
 
     def _piece_judged(self, index: int) -> None:
         """The quarantine let go of zoned piece ``index`` (its zones judged, or at close): back to its pool."""
@@ -725,7 +725,16 @@ class Allocator:
                 if buf is not None:
                     taken.append(rec)
                     self._stats.released("pool", rec.nbytes)
-                    self._piece_swept(rec.index)
+            with holdings.lock:
+                judging = any(owner is pool for owner in holdings.judging.values())
+            if self._zoned and (judging or taken):
+                # the pool's freed zoned pieces and its leaks' zones are judged before their memory goes (a failed
+                # read is logged; the pieces it could not judge keep their segments until the backend closes)
+                with self._guard.lock:
+                    also = [zone for rec in taken for zone in self._guard.zones.zones_of(rec.index)]
+                self._quarantine.drain(what, may_raise=False, also=also)
+            for rec in taken:
+                self._piece_swept(rec.index)
             if taken:
                 _log.warning(
                     "MemoryPool.close on %s:%d: %d piece(s) totalling %s were still out; largest sites: %s",
@@ -734,11 +743,13 @@ class Allocator:
                 )
                 self.swept.extend(taken)
             with holdings.lock:
-                if pool in holdings.pools:
+                unjudged = any(owner is pool for owner in holdings.judging.values())
+                if pool in holdings.pools and not unjudged:
                     holdings.pools.remove(pool)
-                judging = any(owner is pool for owner in holdings.judging.values())
-            if judging:  # its freed zoned pieces are judged before their memory goes (a failed read is logged)
-                self._quarantine.drain(what, may_raise=False)
+            if unjudged:  # zones still watched over its memory: the backend's close releases it, after them
+                _log.warning("MemoryPool.close on %s:%d: freed pieces whose red zones could not be read keep "
+                             "their segments until the backend closes", ctx.name, ctx.ordinal)
+                return
             ctx.quietly("synchronize before a pool's segments go", self._raw.synchronize)
             for ptr, nbytes in pool.release_all():
                 self._give_segment(pool, ptr, nbytes)

@@ -106,7 +106,7 @@ class MemoryPool:
     """
 
     __slots__ = ("__weakref__", "_cached", "_closed", "_epoch", "_free", "_front", "_given_back", "_hits", "_lock",
-                 "_misses", "_out", "_piece_bytes", "_segment_bytes", "_segments", "_small", "_threshold")
+                 "_misses", "_out", "_piece_bytes", "_segment_bytes", "_segments", "_small", "_strand", "_threshold")
 
     def __init__(self, front: PoolFront, release_threshold: int) -> None:
         self._front = front
@@ -114,13 +114,15 @@ class MemoryPool:
         self._closed = False
         self._segments: dict[int, _Segment] = {}  # by address
         self._small: list[_Segment] = []  # shared segments, the newest last (carving goes there)
-        #: Cached pieces: (stream, size) -> [(address, segment, epoch at the free)]; stream ``None``: any stream.
-        self._free: dict[tuple[object, int], list[tuple[int, _Segment, int]]] = {}
-        #: Pieces out: creation index -> (address, size, segment, the stream it was allocated on).
-        self._out: dict[int, tuple[int, int, _Segment, object]] = {}
+        #: Cached pieces: (stream, size, zoned) -> [(address, segment, epoch at the free)]; stream ``None``: any
+        #: stream. ``zoned``: the piece's last owner had red zones, so its free waited for the device (the check).
+        self._free: dict[tuple[object, int, bool], list[tuple[int, _Segment, int]]] = {}
+        #: Pieces out: creation index -> (address, size, segment, the stream it was allocated on, zoned).
+        self._out: dict[int, tuple[int, int, _Segment, object, bool]] = {}
         self._epoch = 0  # bumped by each `mark`: a wait that began after a piece's free makes it any stream's
         self._cached = self._hits = self._misses = self._given_back = self._segment_bytes = self._piece_bytes = 0
         self._threshold = release_threshold
+        self._strand = False  # whether a swept piece stays out (`strand_swept`)
 
     # -- the public face --------------------------------------------------------------------
 
@@ -190,11 +192,17 @@ class MemoryPool:
 
     # -- the memory (the allocator's calls, inside the gate) ----------------------------------
 
-    def take(self, size: int, stream: object) -> tuple[int, object] | None:
+    def take(self, size: int, stream: object, zoned: bool = False) -> tuple[int, object] | None:
         """A cached piece of ``size`` bytes for ``stream`` (or for any), or a new one carved from a shared segment
-        with room; ``None`` where a new segment is needed (`add_segment`)."""
+        with room; ``None`` where a new segment is needed (`add_segment`).
+
+        A ``zoned`` allocation fills its zones on the default stream, which follows no other stream: it takes only
+        a piece whose last use is known done (one freed with zones, whose check waited for the device, or one
+        cached before a wait), never one freed without zones on a stream whose work may still run."""
+        keys = ((stream, size, True), (None, size, True), (None, size, False)) if zoned else (
+            (stream, size, False), (stream, size, True), (None, size, False), (None, size, True))
         with self._lock:
-            for key in ((stream, size), (None, size)):
+            for key in keys:
                 cached = self._free.get(key)
                 if cached:
                     ptr, segment, _ = cached.pop()
@@ -234,11 +242,12 @@ class MemoryPool:
         self._piece_bytes += size
         return ptr, segment
 
-    def handed_out(self, index: int, ptr: int, size: int, segment: object, stream: object) -> None:
-        """The piece at ``ptr`` of ``segment`` (just taken) is allocation ``index``, allocated on ``stream``."""
+    def handed_out(self, index: int, ptr: int, size: int, segment: object, stream: object, zoned: bool = False) -> None:
+        """The piece at ``ptr`` of ``segment`` (just taken) is allocation ``index``, allocated on ``stream``
+        (``zoned``: with red zones)."""
         assert isinstance(segment, _Segment)
         with self._lock:
-            self._out[index] = (ptr, size, segment, stream)
+            self._out[index] = (ptr, size, segment, stream, zoned)
 
     def give(self, index: int, stream: object | None) -> None:
         """Allocation ``index`` is off the ledger: its piece cached for ``stream`` (its own if ``None``). Nothing
@@ -247,27 +256,44 @@ class MemoryPool:
             held = self._out.pop(index, None)
             if held is None:
                 return
-            ptr, size, segment, own = held
-            self._cache(ptr, size, segment, own if stream is None else stream)
+            ptr, size, segment, own, zoned = held
+            self._cache(ptr, size, segment, own if stream is None else stream, zoned)
+
+    def strand_swept(self) -> None:
+        """From now on a piece a sweep takes off the ledger stays out of the cache until the pool closes: its owner
+        (a framework, which frees by address) may still use it, and a free of that address must never give back
+        a piece handed out again since. The allocator doors ask for it."""
+        with self._lock:
+            self._strand = True
+
+    def swept(self, index: int) -> None:
+        """A sweep took allocation ``index`` off the ledger: back to the cache, or stranded (`strand_swept`)."""
+        with self._lock:
+            if self._strand:
+                return  # (it stays in `_out`: its segment stays held until the pool closes)
+            held = self._out.pop(index, None)
+            if held is not None:
+                ptr, size, segment, own, zoned = held
+                self._cache(ptr, size, segment, own, zoned)
 
     def aim(self, index: int, stream: object) -> None:
         """Allocation ``index`` (freed, its zones waiting for their check) is to be cached for ``stream``."""
         with self._lock:
             held = self._out.get(index)
             if held is not None:
-                self._out[index] = (*held[:3], stream)
+                self._out[index] = (held[0], held[1], held[2], stream, held[4])
 
     def give_untaken(self, ptr: int, size: int, segment: object) -> None:
         """A piece taken for an allocation that did not commit: cached for any stream (nothing used it)."""
         assert isinstance(segment, _Segment)
         with self._lock:
             if not self._closed:
-                self._cache(ptr, size, segment, None)
+                self._cache(ptr, size, segment, None, False)
 
-    def _cache(self, ptr: int, size: int, segment: _Segment, stream: object) -> None:
+    def _cache(self, ptr: int, size: int, segment: _Segment, stream: object, zoned: bool) -> None:
         segment.out -= 1
         self._piece_bytes -= size
-        self._free.setdefault((stream, size), []).append((ptr, segment, self._epoch))
+        self._free.setdefault((stream, size, zoned), []).append((ptr, segment, self._epoch))
         self._cached += size
 
     def out(self) -> list[int]:
@@ -297,7 +323,7 @@ class MemoryPool:
                 pieces = self._free[key]
                 done = [p for p in pieces if p[2] < mark]
                 if done:
-                    self._free.setdefault((None, key[1]), []).extend(done)
+                    self._free.setdefault((None, key[1], key[2]), []).extend(done)
                     kept = [p for p in pieces if p[2] >= mark]
                     if kept:
                         self._free[key] = kept

@@ -4,7 +4,11 @@
   framework hands back an address, never a metrale buffer.
 - ``alloc(nbytes, stream)`` never raises: a framework's C allocator hook cannot take a Python exception. A
   refused allocation answers 0, logs the error (an out-of-memory error names the sites holding memory) and
-  keeps it in `last_error`, and the framework raises its own out-of-memory error.
+  keeps it in `last_error`; what the framework makes of no memory is its own (torch's pluggable allocator does
+  not check: see `metrale_core.allocators.torch`).
+- A sweep (``sweep_unreleased()``) takes a door's pieces off the ledger, but the framework still holds them and
+  frees them by address later: they stay out of the pool's cache until it closes (``strand_swept``), so no
+  such free can ever give back a piece handed out again since.
 - ``take(nbytes, stream)`` is the same allocation for a Python hook (CuPy's): it raises metrale's typed error.
 - ``free(address)`` gives the piece back to the pool, cached for the stream it was allocated on. It may run from
   a finalizer that a garbage collection starts anywhere, inside a call of the door too: the door takes no lock
@@ -51,6 +55,7 @@ class Door:
     def __init__(self, gpu: GpuBackend, framework: str, *, release_threshold: int = 0) -> None:
         self._gpu = gpu
         self._pool: MemoryPool = gpu.create_pool(release_threshold=release_threshold)
+        self._pool.strand_swept()
         self._out: dict[int, DeviceBuffer] = {}
         self.framework = framework
         #: Allocations and frees refused so far.
@@ -98,7 +103,7 @@ class Door:
             return
         try:
             self._pool.free(buf)
-        except MetraleError as exc:  # swept meanwhile: the sweep named it
+        except MetraleError as exc:  # swept meanwhile (the sweep named it): its memory stays out until close
             self._failed("free", exc)
 
     def piece(self, address: int) -> DeviceBuffer | None:

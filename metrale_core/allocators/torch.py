@@ -5,8 +5,10 @@
   first uses CUDA) and returns the door.
 - Each tensor's site is the first frame outside metrale and the packages of the ``site_skip`` setting (torch,
   transformers and the like by default): the application's line that made it.
-- An allocation metrale refuses answers torch with no memory, and torch raises its own out-of-memory error; the
-  door logs metrale's (it names the sites holding memory) and keeps it in ``Door.last_error``.
+- An allocation metrale refuses (out of memory) answers torch with no memory. torch's pluggable allocator does not
+  check for that: the tensor's data pointer is 0, and its first kernel faults (``CUDA_ERROR_ILLEGAL_ADDRESS``,
+  which ends the process's CUDA context). The door logs metrale's error first, at ERROR: it names the sites holding
+  memory. Keep headroom (or an ``on_out_of_memory`` callback that frees) where a service runs near the card's size.
 - Streams: a tensor's piece is cached for the stream torch allocated it on and reused there (torch frees it with
   that stream). torch's pluggable allocator does not forward ``Tensor.record_stream``: as with any allocator
   torch plugs in, a tensor used on a second stream must be synchronized by the application before its free.

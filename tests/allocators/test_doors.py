@@ -228,3 +228,19 @@ def test_metrale_run_torch_runs_an_unmodified_model_script(tmp_path: Path) -> No
     assert "tokens 16" in done.stdout
     assert "exited with status 5" in done.stderr and "torch: " in done.stderr
     assert "metrale memory summary" in done.stderr
+
+
+def test_a_swept_piece_stays_out_until_the_pool_closes(gpu: GpuBackend, caplog: pytest.LogCaptureFixture) -> None:
+    """A sweep takes a door's pieces off the ledger while the framework still holds them: the framework's late free
+    of that address is refused (logged), and never gives back a piece handed out again since."""
+    door = Door(gpu, "test")
+    old = door.alloc(4096, 0)
+    with caplog.at_level(logging.WARNING, logger="metrale"):
+        gpu.sweep_unreleased()
+    new = door.alloc(4096, 0)
+    assert new != old
+    with caplog.at_level(logging.ERROR, logger="metrale"):
+        door.free(old)
+    assert door.failures == 1 and door.piece(new) is not None and gpu.live_alloc_len() == 1
+    assert door.alloc(4096, 0) not in (old, new)
+    door.close()

@@ -57,3 +57,34 @@ def test_the_torch_door_on_the_fake_is_refused_with_the_reason(tmp_path: Path) -
         assert "MissingPackageError" in done.stderr and "needs PyTorch" in done.stderr
     else:
         assert "DoorError" in done.stderr and "no CUDA device" in done.stderr
+
+
+@pytest.mark.parametrize("action", ["warn", "raise"])
+def test_the_report_counts_every_violation_of_the_run(action: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Violations judged at a free (or a quarantine's check) during the run and at the final scan are all reported,
+    once each, with their sites; ``redzone_action="raise"`` does not hide them."""
+    from metrale_core import RedZoneError, RedZoneViolation, open_backend
+    from metrale_core._commands.runner import report
+    from tests._support import SETTINGS
+
+    settings = SETTINGS.updated(redzone=64, redzone_quarantine_bytes=0, redzone_action=action, redzone_sample=1,
+                                redzone_min_idx=0)
+    with open_backend("fake", settings=settings) as gpu:
+        heard: list[RedZoneViolation] = []
+        gpu.on_redzone_violation(lambda when, v: heard.append(v))
+        freed, kept = gpu.alloc(100), gpu.alloc(100)
+        gpu.memset(freed.ptr + 100, 0, nbytes=1)
+        gpu.memset(kept.ptr + 100, 0, nbytes=1)
+        try:
+            gpu.free(freed)  # judged at once: heard now
+        except RedZoneError:
+            assert action == "raise"
+        report(gpu, [], "script.py", 0, 3, heard)
+        try:
+            gpu.free(kept)
+        except RedZoneError:
+            assert action == "raise"
+    err = capsys.readouterr().err
+    assert "red zones: 2 violation(s):" in err, err
+    assert f"allocation #{freed.index}" in err and f"allocation #{kept.index}" in err
+    assert freed.site in err and kept.site in err

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from metrale_core import DeviceBuffer, RedZoneError, RedZoneViolation
+from metrale_core import DeviceBuffer, RedZoneError, RedZoneViolation, open_backend
 from metrale_core._memory.pool import size_class
 from metrale_core.kernels import shipped_modules
-from tests.redzones.test_quarantine import HELD, LEAD, ZONE, _edge, _found, _graph, _launch_expecting, _open
+from tests.redzones.test_quarantine import HELD, LEAD, ZONE, ZONED, _edge, _found, _graph, _launch_expecting, _open
 
 
 def _named(violation: RedZoneViolation, piece: DeviceBuffer) -> None:
@@ -108,4 +108,22 @@ def test_a_kernel_s_overrun_of_a_piece_inside_a_graph_is_found(backend_name: str
         _named(error.violations[0], piece)
         exe.close()
         pool.free(piece)
+        pool.close()
+
+
+def test_a_zoned_piece_never_takes_memory_another_stream_may_still_use() -> None:
+    """A piece freed without zones on a stream is cached for that stream, whose work may still run; a zoned
+    allocation fills its zones on the default stream, which follows no other: it takes another piece."""
+    settings = ZONED.updated(redzone_sample=2, redzone_quarantine_bytes=0, redzone_action="warn", fake_defer=True)
+    with open_backend("fake", settings=settings) as gpu:
+        pool = gpu.create_pool()
+        stream = gpu.create_stream()
+        plain = pool.alloc(4096, stream=stream)
+        while plain.index % 2 == 0:  # one in two zoned: the even indexes
+            plain = pool.alloc(4096, stream=stream)
+        gpu.memset(plain, 7, stream=stream)  # queued, not yet run (fake_defer)
+        pool.free(plain)
+        zoned = pool.alloc(4096 - HELD, stream=stream)  # the same size class
+        assert zoned.index % 2 == 0 and zoned.ptr - LEAD != plain.ptr
+        assert gpu.scan_redzones() == []
         pool.close()
