@@ -35,6 +35,9 @@ _log = logging.getLogger("metrale")
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
 _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
 
+#: The callbacks of every allocator made here, never let go: torch's C++ side may call them until the process exits.
+_KEPT: list[tuple[Door, Any, Any]] = []
+
 
 def _torch() -> Any:
     try:
@@ -75,11 +78,14 @@ def allocator(gpu: GpuBackend, *, release_threshold: int = 0) -> Any:
             _log.exception("torch allocator: free of %#x failed", ptr or 0)
 
     alloc_fn, free_fn = _ALLOC(alloc), _FREE(free)
+    # torch keeps only the C++ allocator, which calls these two function pointers for as long as the process lives
+    # (change_current_allocator drops the Python object): they must never be collected
+    _KEPT.append((door, alloc_fn, free_fn))
     pluggable = torch.cuda.memory.CUDAPluggableAllocator
     made = pluggable.__new__(pluggable)  # its own __init__ loads a shared library by name; the base takes pointers
     torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(
         ctypes.cast(alloc_fn, ctypes.c_void_p).value, ctypes.cast(free_fn, ctypes.c_void_p).value))
-    made._metrale = (door, alloc_fn, free_fn)  # the callbacks live as long as the allocator
+    made._metrale = (door, alloc_fn, free_fn)
     return made
 
 
