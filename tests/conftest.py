@@ -57,6 +57,13 @@ def gpu(backend_name: str) -> Iterator[GpuBackend]:
 
 
 @pytest.fixture
+def unzoned_gpu(backend_name: str) -> Iterator[GpuBackend]:
+    """As `gpu`, red zones off: for tests that count bytes and reuse exactly (a zoned piece waits for its check)."""
+    with open_backend(backend_name, settings=SETTINGS.updated(redzone=0)) as backend:
+        yield backend
+
+
+@pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path

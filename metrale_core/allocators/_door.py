@@ -18,17 +18,27 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
-from .._errors import DoorError, MetraleError
+from .._errors import DoorError, MetraleError, MissingPackageError
 
 if TYPE_CHECKING:
     from .. import DeviceBuffer, GpuBackend, MemoryPool
 
-__all__ = ["Door", "require_cuda"]
+__all__ = ["Door", "framework", "require_cuda"]
 
 _log = logging.getLogger("metrale")
+
+
+def framework(module: str, name: str, install: str) -> Any:
+    """The framework's package ``module`` (imported when a door is made, never before), or a `MissingPackageError`
+    that names it (``name``) and how to ``install`` it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingPackageError(f"metrale_core.allocators.{module} needs {name}: {install}") from None
 
 
 def require_cuda(gpu: GpuBackend, framework: str) -> None:

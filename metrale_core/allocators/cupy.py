@@ -13,8 +13,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
-from .._errors import MissingPackageError
-from ._door import Door, require_cuda
+from ._door import Door, framework, require_cuda
 
 if TYPE_CHECKING:
     from .. import GpuBackend
@@ -23,12 +22,7 @@ __all__ = ["allocator", "install"]
 
 
 def _cupy() -> Any:
-    try:
-        import cupy  # type: ignore[import-not-found, import-untyped, unused-ignore]
-    except ImportError:
-        raise MissingPackageError(
-            "metrale_core.allocators.cupy needs CuPy: pip install cupy-cuda12x (or the build for your CUDA)") from None
-    return cupy
+    return framework("cupy", "CuPy", "pip install cupy-cuda12x (or the build for your CUDA)")
 
 
 @final

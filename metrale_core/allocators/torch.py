@@ -20,8 +20,8 @@ import ctypes
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .._errors import DoorError, MissingPackageError
-from ._door import Door, require_cuda
+from .._errors import DoorError
+from ._door import Door, framework, require_cuda
 
 if TYPE_CHECKING:
     from .. import GpuBackend
@@ -40,12 +40,7 @@ _KEPT: list[tuple[Door, Any, Any]] = []
 
 
 def _torch() -> Any:
-    try:
-        import torch  # type: ignore[import-not-found, import-untyped, unused-ignore]
-    except ImportError:
-        raise MissingPackageError(
-            "metrale_core.allocators.torch needs PyTorch: pip install torch (a CUDA build)") from None
-    return torch
+    return framework("torch", "PyTorch", "pip install torch (a CUDA build)")
 
 
 def allocator(gpu: GpuBackend, *, release_threshold: int = 0) -> Any:

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,9 +33,8 @@ PLAIN = SETTINGS.updated(redzone=0)
 
 
 @pytest.fixture
-def gpu(backend_name: str) -> Iterator[GpuBackend]:
-    with open_backend(backend_name, settings=PLAIN) as backend:
-        yield backend
+def gpu(unzoned_gpu: GpuBackend) -> GpuBackend:
+    return unzoned_gpu
 
 
 def test_a_door_hands_out_pieces_by_address(gpu: GpuBackend) -> None:

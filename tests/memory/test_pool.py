@@ -27,9 +27,8 @@ PLAIN = SETTINGS.updated(redzone=0)
 
 
 @pytest.fixture
-def gpu(backend_name: str) -> Iterator[GpuBackend]:
-    with open_backend(backend_name, settings=PLAIN) as backend:
-        yield backend
+def gpu(unzoned_gpu: GpuBackend) -> GpuBackend:
+    return unzoned_gpu
 
 
 @pytest.fixture
