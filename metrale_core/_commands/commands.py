@@ -129,7 +129,7 @@ def stats(settings: MetraleSettings, args: argparse.Namespace) -> int:
 
     if args.snapshot is not None:
         from .._memory.pressure import memory_summary
-        from .._reports.summary import snapshot_stats
+        from .._reports.summary import snapshot_pools, snapshot_stats
         from .._reports.timeline import load_snapshot
 
         snapshot = load_snapshot(Path(args.snapshot))
@@ -137,7 +137,7 @@ def stats(settings: MetraleSettings, args: argparse.Namespace) -> int:
         title = f"{snapshot.backend}:{snapshot.ordinal}, {snapshot.device} (snapshot {args.snapshot}, saved " \
                 f"{snapshot.created})"
         live = list(snapshot.live)
-        text = memory_summary(title, stats, live, None, top=args.top)
+        text = memory_summary(title, stats, live, None, top=args.top, pools=snapshot_pools(snapshot))
         doc: dict[str, Any] = {"snapshot": args.snapshot, "backend": snapshot.backend, "device": snapshot.device,
                                "ordinal": snapshot.ordinal}
     else:

@@ -16,7 +16,7 @@ from .._types import MemoryInfo, as_index
 from .holdings import Holdings
 from .ledger import describe_sites, largest_sites
 from .meminfo import effective_free_bytes, read_mem_available
-from .pressure import OomWatchdog, check_watchdog_args, memory_summary
+from .pressure import OomWatchdog, PoolTotals, check_watchdog_args, memory_summary
 from .snapshot import snapshot_path, write_snapshot
 
 __all__ = ["MemoryMonitor"]
@@ -68,10 +68,14 @@ class MemoryMonitor:
         ctx = self.ctx
         info, device = self._device_facts()
         title = f"{ctx.name}:{ctx.ordinal}, {device}"
+        return memory_summary(title, self.stats(), self._holdings.ledger.snapshot(), info, top=count,
+                              pools=self.pool_totals())
+
+    def pool_totals(self) -> PoolTotals:
+        """The open memory pools' counters, summed."""
         with self._holdings.lock:
             pools = list(self._holdings.pools)
-        return memory_summary(title, self.stats(), self._holdings.ledger.snapshot(), info, top=count,
-                              pools=[pool.counters() for pool in pools])
+        return PoolTotals.of([pool.counters() for pool in pools])
 
     def _device_facts(self) -> tuple[MemoryInfo | None, str]:
         """The device's memory and name for a summary or a snapshot, read past the gate (both answer after a
@@ -115,7 +119,8 @@ class MemoryMonitor:
         target = snapshot_path(path, "save_snapshot")
         ctx = self.ctx
         info, device = self._device_facts()
-        write_snapshot(target, ctx.name, device, ctx.ordinal, info, self._holdings.ledger, self.stats(), ctx.origin)
+        write_snapshot(target, ctx.name, device, ctx.ordinal, info, self._holdings.ledger, self.stats(), ctx.origin,
+                       self.pool_totals())
         return target
 
     def stop(self) -> None:

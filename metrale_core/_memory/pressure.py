@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import NamedTuple
 
 from .._device.stats import KINDS, MemoryStats
 from .._errors import InvalidArgumentError, MetraleError
@@ -145,6 +146,20 @@ def check_watchdog_args(interval_s: object, min_free_bytes: object, on_low: obje
     return float(interval_s), min_free
 
 
+class PoolTotals(NamedTuple):
+    """The open memory pools of a backend, summed: a summary's line, a snapshot's ``stats["pools"]``."""
+
+    open: int
+    segment_bytes: int
+    piece_bytes: int
+    cached_bytes: int
+
+    @classmethod
+    def of(cls, pools: Sequence[PoolStats]) -> PoolTotals:
+        return cls(len(pools), sum(p.segment_bytes for p in pools), sum(p.piece_bytes for p in pools),
+                   sum(p.cached_bytes for p in pools))
+
+
 def memory_summary(
     title: str,
     stats: MemoryStats,
@@ -152,7 +167,7 @@ def memory_summary(
     info: MemoryInfo | None = None,
     *,
     top: int = 5,
-    pools: Sequence[PoolStats] = (),
+    pools: PoolTotals | None = None,
 ) -> str:
     """A table of ``stats`` as people read it, as ``torch.cuda.memory_summary()`` gives: current, peak and
     allocated bytes by kind, counts, out-of-memory failures and retries, arenas, red zones, the device's free
@@ -180,10 +195,10 @@ def memory_summary(
                       + (f"; one allocation in {stats.redzone_sample} zoned" if stats.redzone_sample > 1 else "")),
         ("graph launches", str(stats.graph_launches)),
     ]
-    if pools:
-        facts.append(("memory pools", f"{len(pools)} open: {format_bytes(sum(p.segment_bytes for p in pools))} in "
-                                      f"segments, {format_bytes(sum(p.piece_bytes for p in pools))} in pieces out, "
-                                      f"{format_bytes(sum(p.cached_bytes for p in pools))} cached"))
+    if pools is not None and pools.open:
+        facts.append(("memory pools", f"{pools.open} open: {format_bytes(pools.segment_bytes)} in segments, "
+                                      f"{format_bytes(pools.piece_bytes)} in pieces out, "
+                                      f"{format_bytes(pools.cached_bytes)} cached"))
     if info is not None:
         facts.append(("device memory", f"{format_bytes(info.free)} free of {format_bytes(info.total)} "
                                        f"(an allocation can have {format_bytes(info.effective_free)})"))

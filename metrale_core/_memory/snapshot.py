@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from .._device.stats import MemoryStats
     from .._types import MemoryInfo
     from .ledger import Ledger
+    from .pressure import PoolTotals
 
 __all__ = [
     "FORMAT",
@@ -96,10 +97,12 @@ def write_snapshot(
     ledger: Ledger,
     stats: MemoryStats,
     origin: Origin | None = None,
+    pools: PoolTotals | None = None,
 ) -> None:
-    """Write one snapshot to ``path`` (atomically: a temporary file, then a rename)."""
+    """Write one snapshot to ``path`` (atomically: a temporary file, then a rename). The open memory ``pools`` are
+    summed into ``stats["pools"]`` (what their segments hold, out and cached), where there are any."""
     events = ledger.events()
-    document = {
+    document: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "backend": backend,
@@ -115,6 +118,8 @@ def write_snapshot(
         "live": [_record(r) for r in ledger.snapshot()],
         "stats": dataclasses.asdict(stats) | {"current_total_bytes": stats.current_total_bytes},
     }
+    if pools is not None and pools.open:
+        document["stats"]["pools"] = pools._asdict()
     _write_atomically(path, json.dumps(document, indent=1).encode("utf-8"))
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._device.stats import MemoryStats
 from .._errors import SnapshotError
+from .._memory.pressure import PoolTotals
 from .._memory.snapshot import MemorySnapshot
 from .._types import format_bytes
 from .timeline import format_time, live_by_site
@@ -63,6 +64,15 @@ def snapshot_summary(snapshot: MemorySnapshot, top: int, table: Table) -> str:
     if timeline.labels:
         lines += ["", table(rows)]
     return "\n".join(lines)
+
+
+def snapshot_pools(snapshot: MemorySnapshot) -> PoolTotals | None:
+    """The open memory pools a snapshot's ``stats["pools"]`` sum up; ``None`` where it has none (or has them in
+    another shape: an older or another writer's file)."""
+    pools = snapshot.stats.get("pools")
+    if not isinstance(pools, Mapping) or not all(type(pools.get(k)) is int for k in PoolTotals._fields):
+        return None
+    return PoolTotals(*(pools[k] for k in PoolTotals._fields))
 
 
 def snapshot_stats(snapshot: MemorySnapshot) -> MemoryStats:

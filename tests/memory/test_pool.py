@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from metrale_core import (
     InvalidBufferError,
     MemoryPool,
     PoolStats,
+    load_snapshot,
     open_backend,
 )
 from metrale_core._memory.pool import LARGE, SEGMENT, size_class
@@ -282,3 +284,21 @@ def test_a_segment_whose_release_fails_is_not_counted_as_given_back(fake: GpuBac
     fake.inject_fault("free")  # type: ignore[attr-defined]
     assert pool.trim() == 0 and pool.stats().given_back == 0
     pool.close()
+
+
+def test_the_summary_and_a_snapshot_count_what_the_pools_hold(fake: GpuBackend, tmp_path: Path) -> None:
+    pool = fake.create_pool()
+    kept = pool.alloc(1000)
+    pool.free(pool.alloc(5000))
+    line = "memory pools    1 open: 2.0 MiB in segments, 1.0 KiB in pieces out, 5.0 KiB cached"
+    assert line in fake.memory_summary()
+    path = fake.save_snapshot(tmp_path / "snap.json")
+    snapshot = load_snapshot(path)
+    assert snapshot.stats["pools"] == {"open": 1, "segment_bytes": SEGMENT, "piece_bytes": 1024, "cached_bytes": 5120}
+    from metrale_core._memory.pressure import memory_summary
+    from metrale_core._reports.summary import snapshot_pools, snapshot_stats
+
+    assert line in memory_summary("s", snapshot_stats(snapshot), list(snapshot.live), pools=snapshot_pools(snapshot))
+    pool.free(kept)
+    pool.close()
+    assert "memory pools" not in fake.memory_summary()
