@@ -36,6 +36,7 @@ TWINS: Final = {
     "zones": ("metrale_core._redzones._layout", "RedZones"),
     "quarantine": ("metrale_core._memory._quarantine", "Quarantine"),
     "site": ("metrale_core._memory._site", "call_site"),
+    "doorfuncs": ("metrale_core.allocators._doorfuncs", "c_functions"),  # the allocator doors' C functions
 }
 
 _T = TypeVar("_T")

@@ -1,8 +1,8 @@
 """PyTorch's CUDA tensors from a metrale pool: every tensor a ledger record with the application's call site.
 
-- `allocator(gpu)` is a ``torch.cuda.memory.CUDAPluggableAllocator`` whose two C functions are ctypes callbacks
-  into a `Door` of ``gpu``; `install(gpu)` makes it torch's current allocator (torch allows that only before it
-  first uses CUDA) and returns the door.
+- `allocator(gpu)` is a ``torch.cuda.memory.CUDAPluggableAllocator`` whose two C functions (`doorfuncs`: the
+  compiled pair for the process's first door, else ctypes callbacks) call a `Door` of ``gpu``; `install(gpu)`
+  makes it torch's current allocator (torch allows that only before it first uses CUDA) and returns the door.
 - Each tensor's site is the first frame outside metrale and the packages of the ``site_skip`` setting (torch,
   transformers and the like by default): the application's line that made it.
 - An allocation metrale refuses (out of memory) answers torch with no memory. torch's pluggable allocator does not
@@ -16,12 +16,13 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DoorError
+from .._twins import pick
 from ._door import Door, framework, require_cuda
+from .doorfuncs import c_functions
 
 if TYPE_CHECKING:
     from .. import GpuBackend
@@ -29,14 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["allocator", "door_of", "install"]
 
 _log = logging.getLogger("metrale")
-
-#: ``void* alloc(ssize_t size, int device, cudaStream_t stream)`` and ``void free(void*, ssize_t, int,
-#: cudaStream_t)``: the functions ``CUDAPluggableAllocator`` calls.
-_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
-_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
-
-#: The callbacks of every allocator made here, never let go: torch's C++ side may call them until the process exits.
-_KEPT: list[tuple[Door, Any, Any]] = []
 
 
 def _torch() -> Any:
@@ -55,41 +48,39 @@ def allocator(gpu: GpuBackend, *, release_threshold: int = 0) -> Any:
     door = Door(gpu, "torch", release_threshold=release_threshold)
     ordinal = gpu.ordinal
 
-    def alloc(size: int, device: int, stream: int | None) -> int | None:
+    def alloc(size: int, device: int, stream: int) -> int | None:
         try:
             if device != ordinal:
                 door.refuse("alloc", f"torch asked for memory on device {device}; this door serves device "
                             f"{ordinal} (install one allocator per process, for its device)")
                 return None
-            return door.alloc(size, stream or 0) or None
+            return door.alloc(size, stream) or None
         except BaseException:  # nothing may cross into torch's C++: the bug is logged
             _log.exception("torch allocator: alloc of %d bytes failed", size)
             return None
 
-    def free(ptr: int | None, size: int, device: int, stream: int | None) -> None:
+    def free(ptr: int, size: int, device: int, stream: int) -> None:
         try:
-            door.free(ptr or 0)
+            door.free(ptr)
         except BaseException:
-            _log.exception("torch allocator: free of %#x failed", ptr or 0)
+            _log.exception("torch allocator: free of %#x failed", ptr)
 
-    alloc_fn, free_fn = _ALLOC(alloc), _FREE(free)
-    # torch keeps only the C++ allocator, which calls these two function pointers for as long as the process lives
-    # (change_current_allocator drops the Python object): they must never be collected
-    _KEPT.append((door, alloc_fn, free_fn))
+    # the compiled pair of C functions where it is built and free, else ctypes callbacks (slower); either lives for
+    # the process: torch keeps only the C++ allocator, which calls them until it exits
+    addresses = pick("doorfuncs", c_functions, gpu.settings.pure)(alloc, free) or c_functions(alloc, free)
+    assert addresses is not None
     pluggable = torch.cuda.memory.CUDAPluggableAllocator
     made = pluggable.__new__(pluggable)  # its own __init__ loads a shared library by name; the base takes pointers
-    torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(
-        ctypes.cast(alloc_fn, ctypes.c_void_p).value, ctypes.cast(free_fn, ctypes.c_void_p).value))
-    made._metrale = (door, alloc_fn, free_fn)
+    torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(*addresses))
+    made._metrale = door
     return made
 
 
 def door_of(torch_allocator: Any) -> Door:
     """The `Door` of an allocator made by `allocator`."""
-    held = getattr(torch_allocator, "_metrale", None)
-    if held is None:
+    door = getattr(torch_allocator, "_metrale", None)
+    if not isinstance(door, Door):
         raise DoorError(f"{torch_allocator!r} is no allocator made by metrale_core.allocators.torch.allocator")
-    door: Door = held[0]
     return door
 
 

@@ -35,6 +35,7 @@ from metrale_core._redzones.layout import RedZones as PureRedZones
 from metrale_core._streams.graph_lane import GraphLane as PureGraphLane
 from metrale_core._streams.lane import StreamLane as PureStreamLane
 from metrale_core._twins import TWINS, built, describe, pick
+from metrale_core.allocators.doorfuncs import c_functions
 from tests._support import SETTINGS, compiled_twin, in_threads
 
 #: Each twin's pure reference: a class, or a function (the handle's ``DeviceBuffer._make``; the call site,
@@ -43,6 +44,7 @@ PURE: dict[str, Any] = {
     "ledger": PureLedger, "stats": PureStats, "handle": DeviceBuffer._make, "arena": PureArena, "gate": PureGate,
     "lane": PureLane, "site": call_site, "stream_lane": PureStreamLane, "graph_lane": PureGraphLane,
     "launch_lane": PureLaunchLane, "pack": pack_args, "zones": PureRedZones, "quarantine": PureQuarantine,
+    "doorfuncs": c_functions,
 }
 PURE_CLASSES: dict[str, type] = {name: ref for name, ref in PURE.items() if isinstance(ref, type)}
 
