@@ -98,8 +98,8 @@ def run_script(
     if redzone is not None:
         settings = settings.updated(redzone=redzone)
     gpu = open_backend(settings=settings)
-    heard: list[RedZoneViolation] = []  # every violation of the run: at frees, quarantine checks, scans
-    gpu.on_redzone_violation(lambda when, violation: heard.append(violation))
+    heard: dict[tuple[int, str], RedZoneViolation] = {}  # every zone found changed in the run, once
+    gpu.on_redzone_violation(lambda backend, v: heard.setdefault((v.index, v.side), v))
     try:
         doors = _install(gpu, torch, cupy)
         status = _run(script, argv)
@@ -111,7 +111,8 @@ def run_script(
 
 
 def report(
-    gpu: GpuBackend, doors: list[Door], script: str, status: int, top: int, heard: list[RedZoneViolation]
+    gpu: GpuBackend, doors: list[Door], script: str, status: int, top: int,
+    heard: dict[tuple[int, str], RedZoneViolation],
 ) -> None:
     """What ``metrale run`` prints after the script: violations, what is still held, the peak (to stderr)."""
     out = sys.stderr
@@ -121,7 +122,7 @@ def report(
         pass  # (redzone_action="raise": the observers heard it first)
     except MetraleError as exc:  # a fault the script left behind: say it, print the rest
         print(f"metrale run: the red zones could not be judged: {type(exc).__name__}: {exc}", file=out)
-    violations = list({(v.index, v.side): v for v in heard}.values())
+    violations = list(heard.values())
     print(f"\nmetrale run: {script} exited with status {status}", file=out)
     for door in doors:
         failures = f", {door.failures} refused (the last: {door.last_error})" if door.failures else ""

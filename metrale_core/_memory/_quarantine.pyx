@@ -134,8 +134,10 @@ cdef class Quarantine:
     # -- checks ---------------------------------------------------------------------------------
 
     def drain(self, when, *, may_raise=True, give_back=False, also=()):
-        """Check every buffer waiting here (waiting for the device), keep or release them, and report."""
+        """Check every buffer waiting here (waiting for the device), keep or release them, and report; whether the
+        zones were read."""
         guard = self._guard
+        read = True
         with self._lock:
             try:
                 violations = self._drain(also)
@@ -144,11 +146,12 @@ cdef class Quarantine:
                     raise
                 _log.warning("%s: the check of the quarantine could not read the zones (%s); its %d buffer(s) "
                              "stay quarantined until the next check", when, exc, len(self._held))
-                violations = []
+                violations, read = [], False
             finally:
                 if give_back:
                     self._trim(0)
         guard.report(violations, f"the check of the quarantine (freed buffers) at {when}", may_raise=may_raise)
+        return read
 
     cdef list _drain(self, object also):
         """Judge the held buffers (and ``also``) and let them go (`full_check`). A read that fails raises and

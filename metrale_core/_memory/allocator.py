@@ -727,14 +727,17 @@ class Allocator:
                     self._stats.released("pool", rec.nbytes)
             with holdings.lock:
                 judging = any(owner is pool for owner in holdings.judging.values())
+            read = True
             if self._zoned and (judging or taken):
-                # the pool's freed zoned pieces and its leaks' zones are judged before their memory goes (a failed
-                # read is logged; the pieces it could not judge keep their segments until the backend closes)
+                # the pool's freed zoned pieces and its leaks' zones are judged before their memory goes. A read
+                # that fails is logged: then the freed pieces stay in the quarantine and the leaks' zones stay
+                # watched (a later check judges both), and the pool keeps its segments until they are judged
                 with self._guard.lock:
                     also = [zone for rec in taken for zone in self._guard.zones.zones_of(rec.index)]
-                self._quarantine.drain(what, may_raise=False, also=also)
-            for rec in taken:
-                self._piece_swept(rec.index)
+                read = self._quarantine.drain(what, may_raise=False, also=also)
+            if read:
+                for rec in taken:
+                    self._piece_swept(rec.index)
             if taken:
                 _log.warning(
                     "MemoryPool.close on %s:%d: %d piece(s) totalling %s were still out; largest sites: %s",
@@ -743,12 +746,13 @@ class Allocator:
                 )
                 self.swept.extend(taken)
             with holdings.lock:
-                unjudged = any(owner is pool for owner in holdings.judging.values())
+                unjudged = not read or any(owner is pool for owner in holdings.judging.values())
                 if pool in holdings.pools and not unjudged:
                     holdings.pools.remove(pool)
-            if unjudged:  # zones still watched over its memory: the backend's close releases it, after them
-                _log.warning("MemoryPool.close on %s:%d: freed pieces whose red zones could not be read keep "
-                             "their segments until the backend closes", ctx.name, ctx.ordinal)
+            if unjudged:  # zones still watched over its memory: released once judged, at the latest at close
+                _log.warning("MemoryPool.close on %s:%d: pieces whose red zones could not be read keep their "
+                             "segments until a later check judges them (at the latest, the backend's close)",
+                             ctx.name, ctx.ordinal)
                 return
             ctx.quietly("synchronize before a pool's segments go", self._raw.synchronize)
             for ptr, nbytes in pool.release_all():

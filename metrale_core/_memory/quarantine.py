@@ -139,15 +139,17 @@ class Quarantine:
 
     def drain(
         self, when: str, *, may_raise: bool = True, give_back: bool = False, also: Sequence[Zone] = ()
-    ) -> None:
+    ) -> bool:
         """Check every buffer waiting here (waiting for the device), keep or release them, and report.
 
         - With ``give_back``, every block kept for reuse goes back to the driver too.
         - ``also``: zones judged and reported in the same check (a sweep's, of the allocations it takes).
         - A check that cannot read the zones keeps every buffer here, watched, for the next check; it
           raises that error, or with ``may_raise`` off (out of memory: the allocation goes on) logs it.
+        - Returns whether the zones were read.
         """
         guard = self._guard
+        read = True
         with guard.lock:
             try:
                 violations = self._drain(also)
@@ -156,11 +158,12 @@ class Quarantine:
                     raise
                 _log.warning("%s: the check of the quarantine could not read the zones (%s); its %d buffer(s) "
                              "stay quarantined until the next check", when, exc, len(self._held))
-                violations = []
+                violations, read = [], False
             finally:
                 if give_back:
                     self._trim(0)
         guard.report(violations, f"the check of the quarantine (freed buffers) at {when}", may_raise=may_raise)
+        return read
 
     def _drain(self, also: Sequence[Zone] = ()) -> list[RedZoneViolation]:
         """Judge the held buffers (and ``also``) and let them go (`full_check`). A read that fails raises and

@@ -70,8 +70,8 @@ def test_the_report_counts_every_violation_of_the_run(action: str, capsys: pytes
     settings = SETTINGS.updated(redzone=64, redzone_quarantine_bytes=0, redzone_action=action, redzone_sample=1,
                                 redzone_min_idx=0)
     with open_backend("fake", settings=settings) as gpu:
-        heard: list[RedZoneViolation] = []
-        gpu.on_redzone_violation(lambda when, v: heard.append(v))
+        heard: dict[tuple[int, str], RedZoneViolation] = {}
+        gpu.on_redzone_violation(lambda backend, v: heard.setdefault((v.index, v.side), v))
         freed, kept = gpu.alloc(100), gpu.alloc(100)
         gpu.memset(freed.ptr + 100, 0, nbytes=1)
         gpu.memset(kept.ptr + 100, 0, nbytes=1)

@@ -45,20 +45,30 @@ def _why_not(b: Bench) -> str | None:
     return None
 
 
-def _child(mode: str, steps: int, settings: dict[str, str], ordinal: int) -> dict[str, Any]:
+def _child(b: Bench, mode: str, steps: int, settings: dict[str, str]) -> dict[str, Any]:
+    """One configuration's process: the bench's own ``pure`` and ``site_skip`` settings, the configuration's red
+    zones, the bench's device alone; its JSON line, or a ``RuntimeError`` saying why there is none."""
+    ours = b.gpu.settings
     env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
-    env.update(settings)
-    env["METRALE_BACKEND"] = "cuda"
+    env.update({"METRALE_BACKEND": "cuda", "METRALE_PURE": "1" if ours.pure else "0",
+                "METRALE_SITE_SKIP": ",".join(ours.site_skip) or "none", **settings})
+    ordinal = b.gpu.ordinal
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = visible.split(",") if visible else [str(i) for i in range(ordinal + 1)]
-    env["CUDA_VISIBLE_DEVICES"] = devices[ordinal] if ordinal < len(devices) else str(ordinal)
+    devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(ordinal + 1)]
+    if ordinal >= len(devices):
+        raise RuntimeError(f"device {ordinal} is not among CUDA_VISIBLE_DEVICES={visible!r}")
+    env["CUDA_VISIBLE_DEVICES"] = devices[ordinal]
     done = subprocess.run([sys.executable, "-m", "metrale_core._commands.bench.generate", mode, str(steps)],
                           capture_output=True, text=True, env=env, timeout=900, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"{mode} exited with status {done.returncode}: {tail}")
-    result: dict[str, Any] = json.loads(lines[-1])
+    try:
+        result: dict[str, Any] = json.loads(lines[-1])
+        float(result["median_s"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RuntimeError(f"{mode} printed no figure ({type(exc).__name__}: {lines[-1][:80]})") from None
     return result
 
 
@@ -70,7 +80,6 @@ def measure_frameworks(b: Bench) -> Result:
         return Result("frameworks", title, why, tuple(Figure(label, "torch", "us", None, note=why)
                                                       for label in _CONFIGS))
     rounds, steps = (1, 2) if b.quick else (3, 5)
-    ordinal = b.gpu.ordinal
     times: dict[str, list[float]] = {label: [] for label in _CONFIGS}
     allocs: float | None = None
     version = ""
@@ -81,7 +90,7 @@ def measure_frameworks(b: Bench) -> Result:
                 continue
             b.say(f"  round {turn + 1} of {rounds}: {label}")
             try:
-                got = _child(mode, steps, settings, ordinal)
+                got = _child(b, mode, steps, settings)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 failed[label] = f"skipped: {exc}"
                 continue
@@ -98,19 +107,20 @@ def measure_frameworks(b: Bench) -> Result:
         figure = Figure(label, source, "us", statistics.median(times[label]) * 1e6)
         figures.append(figure if not figures or figures[0].value is None else compare(figure, figures[0]))
     b.say("  a planted overrun")
+    found: float | None  # the goal's ratio: 1 reported, 0 not, None not run
     try:
-        plant = _child("plant", 1, {"METRALE_REDZONE": "4096"}, ordinal)
-        found = bool(plant.get("found"))
+        plant = _child(b, "plant", 1, {"METRALE_REDZONE": "4096", "METRALE_REDZONE_SAMPLE": "1"})
+        found = 1.0 if plant.get("found") else 0.0
         said = (f"reported at {plant.get('reported_site')}" if found
                 else f"not reported; the tensor came from {plant.get('planted_site')}")
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        found, said = False, f"not run: {exc}"
+        found, said = None, f"not run: {exc}"
     goals = b.goals(
         Goal("the ledger on every tensor costs at most 5% of a generate", figures[1].ratio, _GOALS[0], at_most=True),
         Goal("red zones on every tensor cost at most 15%", figures[2].ratio, _GOALS[1], at_most=True),
         Goal("red zones on one tensor in 64 cost at most 3%", figures[3].ratio, _GOALS[2], at_most=True),
         Goal(f"a one-byte overrun past a torch tensor, by a kernel, is reported with its site ({said})",
-             1.0 if found else 0.0, 1.0, at_most=False),
+             found, 1.0, at_most=False),
     )
     detail = (
         f"host time per generate (LlamaForCausalLM: 8 layers, hidden 1,024, random weights, bfloat16; 4 x 32 prompt "
