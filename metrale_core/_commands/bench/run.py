@@ -33,6 +33,8 @@ class Measurement:
     name: str
     title: str
     run: Callable[[Bench], Result]
+    #: Whether a run without ``--only`` takes it (``frameworks`` takes minutes: only when named).
+    default: bool = True
 
 
 #: Every measurement, in the order they run.
@@ -48,15 +50,16 @@ MEASUREMENTS: Final[tuple[Measurement, ...]] = (
     Measurement(
         "eager_breakdown", "where the time of an eager memset and launch goes, step by step", measure_eager_breakdown
     ),
-    Measurement("frameworks", "a real model's generate with every tensor from metrale, against torch's allocator",
-                measure_frameworks),
+    Measurement("frameworks", "a real model's generate with every tensor from metrale, against torch's allocator "
+                "(minutes: only with --only)", measure_frameworks, default=False),
 )
 
 
 def pick(only: str | None) -> tuple[Measurement, ...]:
-    """The measurements a comma-separated ``--only`` names (all when ``None``); refuses unknown names."""
+    """The measurements a comma-separated ``--only`` names (every default one when ``None``); refuses unknown
+    names."""
     if only is None:
-        return MEASUREMENTS
+        return tuple(m for m in MEASUREMENTS if m.default)
     names = [name.strip() for name in only.split(",") if name.strip()]
     known = {m.name: m for m in MEASUREMENTS}
     unknown = [name for name in names if name not in known]
