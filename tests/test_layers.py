@@ -57,7 +57,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_reports": (("merge", "timeline"), ("summary",)),
     "_launch": (("tensormaps",), ("registry",), ("_pack", "lane", "_lane"), ("front",)),
     "_commands": (("progress", "bench"), ("conformance", "selftest", "runner"), ("commands",), ("cli",)),
-    "allocators": (("_door", "doorfuncs", "_doorfuncs"), ("__init__", "torch", "cupy")),
+    "allocators": (("_door", "doorfuncs"), ("_doorfuncs",), ("__init__", "torch", "cupy")),
     "testing": (
         ("_faults",),
         ("_model", "_bad_inputs", "_capabilities", "_tensormap_rules", "_memory_rules", "_pool_rules"),

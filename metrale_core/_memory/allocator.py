@@ -730,8 +730,9 @@ class Allocator:
             read = True
             if self._zoned and (judging or taken):
                 # the pool's freed zoned pieces and its leaks' zones are judged before their memory goes. A read
-                # that fails is logged: then the freed pieces stay in the quarantine and the leaks' zones stay
-                # watched (a later check judges both), and the pool keeps its segments until they are judged
+                # that fails is logged: then the freed pieces stay in the quarantine (a later check judges them),
+                # the leaks' zones stay watched (every later scan judges them), and the pool keeps its segments
+                # until the backend closes
                 with self._guard.lock:
                     also = [zone for rec in taken for zone in self._guard.zones.zones_of(rec.index)]
                 read = self._quarantine.drain(what, may_raise=False, also=also)
@@ -749,9 +750,9 @@ class Allocator:
                 unjudged = not read or any(owner is pool for owner in holdings.judging.values())
                 if pool in holdings.pools and not unjudged:
                     holdings.pools.remove(pool)
-            if unjudged:  # zones still watched over its memory: released once judged, at the latest at close
-                _log.warning("MemoryPool.close on %s:%d: pieces whose red zones could not be read keep their "
-                             "segments until a later check judges them (at the latest, the backend's close)",
+            if unjudged:  # zones still watched over its memory: the backend's close releases it, after its scan
+                _log.warning("MemoryPool.close on %s:%d: the red zones of its pieces could not be read; they stay "
+                             "watched, and the pool's segments stay held until the backend closes",
                              ctx.name, ctx.ordinal)
                 return
             ctx.quietly("synchronize before a pool's segments go", self._raw.synchronize)

@@ -20,7 +20,11 @@ _SCRIPT = textwrap.dedent("""
     ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
     FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
     calls = []
+    import numpy as np
+    answers = [None, 0, -1, 2**64, 4096.5, "x", np.uint64(4096), 2**64 - 4096]
     def alloc(size, device, stream):
+        if size >= 100:  # what is no address, and what is
+            return answers[size - 100]
         calls.append(("alloc", size, device, stream))
         if size == 13:
             raise RuntimeError("a bug in the door")
@@ -33,6 +37,12 @@ _SCRIPT = textwrap.dedent("""
     FREE(f)(0x7F0000001000, 64, 0, 0x77)
     print("calls", calls)
     print("second", make(alloc, free) is None)
+    print("odd", [ALLOC(a)(100 + i, 0, None) for i in range(len(answers))])
+    class Loud(logging.Handler):
+        def emit(self, record):
+            raise KeyboardInterrupt
+    logging.getLogger("metrale").addHandler(Loud())
+    print("loud", ALLOC(a)(13, 0, None))
 """)
 
 
@@ -51,3 +61,6 @@ def test_the_c_functions_call_the_door_as_torch_would(build: str) -> None:
     # the compiled pair serves one door; ctypes callbacks, any number
     assert f"second {build == 'compiled'}" in out
     assert "LOG allocator door: alloc of 13 bytes failed" in out and "a bug in the door" in out
+    # what is no address gives no memory; a log handler that raises crosses nothing either
+    assert f"odd [None, None, None, None, None, None, 4096, {2**64 - 4096}]" in out
+    assert "loud None" in out

@@ -127,3 +127,22 @@ def test_a_zoned_piece_never_takes_memory_another_stream_may_still_use() -> None
         assert zoned.index % 2 == 0 and zoned.ptr - LEAD != plain.ptr
         assert gpu.scan_redzones() == []
         pool.close()
+
+
+def test_a_close_that_cannot_read_the_zones_keeps_them_watched_and_the_memory_held() -> None:
+    """``MemoryPool.close`` judges its freed and leaked pieces' zones before their memory goes. Where the read
+    fails, nothing is released under a watched zone: later scans still find the leak's overrun, and the segments
+    go at the backend's close, after its final scan."""
+    with open_backend("fake", settings=ZONED.updated(redzone_action="warn")) as gpu:
+        heard: list[int] = []
+        gpu.on_redzone_violation(lambda backend, v: heard.append(v.index))
+        pool = gpu.create_pool()
+        freed, leak = pool.alloc(4000), pool.alloc(4000)
+        gpu.memset(leak.ptr + leak.nbytes, 0, nbytes=1)
+        pool.free(freed)
+        gpu.inject_fault("memcpy")  # the check's read of the zones
+        pool.close()
+        assert pool.closed and pool.stats().segments == 1 and heard == []
+        assert leak.index in {v.index for v in gpu.scan_redzones()}
+        assert pool.stats().segments == 1
+    assert pool.stats().segments == 0

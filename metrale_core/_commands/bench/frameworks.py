@@ -66,7 +66,8 @@ def _child(b: Bench, mode: str, steps: int, settings: dict[str, str]) -> dict[st
         raise RuntimeError(f"{mode} exited with status {done.returncode}: {tail}")
     try:
         result: dict[str, Any] = json.loads(lines[-1])
-        float(result["median_s"])
+        result["median_s"] = float(result["median_s"])
+        result["torch"] = str(result.get("torch", "?"))
     except (ValueError, KeyError, TypeError) as exc:
         raise RuntimeError(f"{mode} printed no figure ({type(exc).__name__}: {lines[-1][:80]})") from None
     return result
