@@ -67,6 +67,15 @@ def _no_streams(stream: Stream | None, what: str) -> Stream:  # pragma: no cover
     raise AssertionError(f"{what}: no pool was created")
 
 
+def _fits(layout: Layout, n: int, what: str) -> None:
+    """Refuse a zoned allocation of ``n`` bytes whose raw size, zones included, does not fit 64 bits."""
+    if layout.raw_bytes >= WORD_LIMIT:
+        raise InvalidArgumentError(
+            f"{what}: {n} bytes and their red zones ({layout.raw_bytes} bytes in all) do not fit 64 bits "
+            f"(CUDA's size_t): ask for less"
+        )
+
+
 def _is_core_frame(filename: str) -> bool:
     path = os.path.abspath(filename)
     return path.startswith(_CORE_DIR + os.sep) and not path.startswith(_USER_DIRS)
@@ -222,11 +231,7 @@ class Allocator:
     def _zoned_alloc(self, layout: Layout, n: int, what: str) -> tuple[int, bool]:
         """The raw memory of a zoned device allocation, and whether it is recycled: a checked block kept
         for reuse, or a new one from the driver (``False``)."""
-        if layout.raw_bytes >= WORD_LIMIT:
-            raise InvalidArgumentError(
-                f"{what}: {n} bytes and their red zones ({layout.raw_bytes} bytes in all) do not fit 64 bits "
-                f"(CUDA's size_t): ask for less"
-            )
+        _fits(layout, n, what)
         reused = self._quarantine.reuse(layout)
         if reused is not None:
             return reused, True
@@ -518,8 +523,8 @@ class Allocator:
             index = next_index()
             site = self._call_site(ctx.internal, _OWN_FRAME)
             layout = self._guard.layout(n, index) if self._zoned else None
-            if layout is not None and layout.raw_bytes >= WORD_LIMIT:
-                raise InvalidArgumentError(f"{what}: {n} bytes and their red zones do not fit 64 bits: ask for less")
+            if layout is not None:
+                _fits(layout, n, what)
             size = size_class(n if layout is None else layout.raw_bytes)
             taken = pool.take(size, target, layout is not None)
             if taken is None:  # a new segment, with reclaim-and-retry (which may trim this pool too)
@@ -612,6 +617,8 @@ class Allocator:
         with holdings.lock:
             pool = holdings.pool_of.pop(record.index)
             raw_ptr = holdings.raw_base.pop(record.index, None)
+            if raw_ptr is not None:  # (in the same step: a pool's close finds it judging or still out)
+                holdings.judging[record.index] = pool
         self._stats.released("pool", record.nbytes)
         for observer in self._releases.active:
             observer(buf)
@@ -620,8 +627,6 @@ class Allocator:
             return
         if stream is not None:
             pool.aim(record.index, stream)
-        with holdings.lock:
-            holdings.judging[record.index] = pool
         self._quarantine.free(record, raw_ptr, "pool")
 
     def _piece_swept(self, index: int) -> None:

@@ -267,14 +267,10 @@ class MemoryPool:
             self._strand = True
 
     def swept(self, index: int) -> None:
-        """A sweep took allocation ``index`` off the ledger: back to the cache, or stranded (`strand_swept`)."""
-        with self._lock:
-            if self._strand:
-                return  # (it stays in `_out`: its segment stays held until the pool closes)
-            held = self._out.pop(index, None)
-            if held is not None:
-                ptr, size, segment, own, zoned = held
-                self._cache(ptr, size, segment, own, zoned)
+        """A sweep took allocation ``index`` off the ledger: back to the cache, or stranded (`strand_swept`: it
+        stays in `_out`, its segment held until the pool closes)."""
+        if not self._strand:  # (set once, as its door makes the pool: before any piece)
+            self.give(index, None)
 
     def aim(self, index: int, stream: object) -> None:
         """Allocation ``index`` (freed, its zones waiting for their check) is to be cached for ``stream``."""

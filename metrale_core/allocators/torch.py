@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DoorError
@@ -28,8 +27,6 @@ if TYPE_CHECKING:
     from .. import GpuBackend
 
 __all__ = ["allocator", "door_of", "install"]
-
-_log = logging.getLogger("metrale")
 
 
 def _torch() -> Any:
@@ -48,22 +45,15 @@ def allocator(gpu: GpuBackend, *, release_threshold: int = 0) -> Any:
     door = Door(gpu, "torch", release_threshold=release_threshold)
     ordinal = gpu.ordinal
 
-    def alloc(size: int, device: int, stream: int) -> int | None:
-        try:
-            if device != ordinal:
-                door.refuse("alloc", f"torch asked for memory on device {device}; this door serves device "
-                            f"{ordinal} (install one allocator per process, for its device)")
-                return None
-            return door.alloc(size, stream) or None
-        except BaseException:  # nothing may cross into torch's C++: the bug is logged
-            _log.exception("torch allocator: alloc of %d bytes failed", size)
+    def alloc(size: int, device: int, stream: int) -> int | None:  # (what it raises, `doorfuncs` logs)
+        if device != ordinal:
+            door.refuse("alloc", f"torch asked for memory on device {device}; this door serves device "
+                        f"{ordinal} (install one allocator per process, for its device)")
             return None
+        return door.alloc(size, stream) or None
 
     def free(ptr: int, size: int, device: int, stream: int) -> None:
-        try:
-            door.free(ptr)
-        except BaseException:
-            _log.exception("torch allocator: free of %#x failed", ptr)
+        door.free(ptr)
 
     # the compiled pair of C functions where it is built and free, else ctypes callbacks (slower); either lives for
     # the process: torch keeps only the C++ allocator, which calls them until it exits
