@@ -14,6 +14,9 @@ memory, as metrale writes it.
 - ``empty``: an empty kernel node, grid 1: what any node costs.
 - ``side``: no node; the shipped kernel launched after the graph on a second stream that waits for the graph
   (an event), so the step's read back and wait do not wait for it.
+- ``zoned``, ``zoned+shipped/1024``: no node, and the shipped node, over buffers laid out as red zones lay them
+  out (each allocated 8 KiB larger, the kernels' pointer 4 KiB in); ``padded``: the same allocations, the pointer
+  at their start. They tell the layout's share of a checked graph's device time from the node's.
 
 Needs ``nvcc`` on the PATH. Run on a GPU machine::
 
@@ -87,8 +90,11 @@ def main() -> None:
     start = ok(drv.cuEventCreate(0))
     end = ok(drv.cuEventCreate(0))
     a, b, c = (int(ok(drv.cuMemAlloc(4 * N))) for _ in range(3))
-    for p in (a, b, c):
+    zoned_bases = [int(ok(drv.cuMemAlloc(4 * N + 2 * ZONE))) for _ in range(3)]
+    for p in (a, b, c, *zoned_bases):
         ok(drv.cuMemsetD8(p, 0, 4 * N))
+    padded = tuple(zoned_bases)
+    zoned = tuple(p + ZONE for p in zoned_bases)
     # zones: ZONES zones of 4 KiB, 40 KiB apart, filled
     spacing = 10 * ZONE
     zone_mem = int(ok(drv.cuMemAlloc(ZONES * spacing)))
@@ -119,11 +125,11 @@ def main() -> None:
     def check_args(slot_base: int) -> tuple[object, ...]:
         return ((desc_ptr, next(state_at), slot_base + next(slot_at)), ptr3)
 
-    def graph(extra: Callable[[object], None] | None) -> object:
+    def graph(extra: Callable[[object], None] | None, bufs: tuple[int, int, int] = (a, b, c)) -> object:
         ok(drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         for _ in range(KERNELS):
             ok(drv.cuLaunchKernel(vector_add, (N + BLOCK - 1) // BLOCK, 1, 1, BLOCK, 1, 1, 0, stream,
-                                  ((a, b, c, N), add_types), 0))
+                                  ((*bufs, N), add_types), 0))
         if extra is not None:
             extra(stream)
         g = ok(drv.cuStreamEndCapture(stream))
@@ -139,6 +145,9 @@ def main() -> None:
     for grid in (1024, 16):
         variants[f"nofence/{grid}"] = graph(node(verdict_nofence, grid, mapped_slot))
         variants[f"devslot/{grid}"] = graph(node(verdict, grid, dev_slots))
+    variants["zoned"] = graph(None, zoned)
+    variants["padded"] = graph(None, padded)
+    variants["zoned+shipped/1024"] = graph(node(verdict, 1024, mapped_slot), zoned)
     side_args = check_args(mapped_slot)
 
     def launch(label: str) -> None:
@@ -185,10 +194,10 @@ def main() -> None:
             devs[label].append(device_us(label))
             step[label].append(step_us(label))
     base_dev, base_step = statistics.median(devs["none"]), statistics.median(step["none"])
-    print(f"  {'variant':<14} {'device us':>10} {'vs none':>8} {'step us':>10} {'vs none':>8}")
+    print(f"  {'variant':<20} {'device us':>10} {'vs none':>8} {'step us':>10} {'vs none':>8}")
     for label in labels:
         d, s = statistics.median(devs[label]), statistics.median(step[label])
-        print(f"  {label:<14} {d:10.2f} {d - base_dev:+8.2f} {s:10.2f} {s - base_step:+8.2f}"
+        print(f"  {label:<20} {d:10.2f} {d - base_dev:+8.2f} {s:10.2f} {s - base_step:+8.2f}"
               f"   (turns: dev {' '.join(f'{x:.1f}' for x in devs[label])})")
     words = (ctypes.c_uint64 * 3).from_address(host_slot)
     print(f"  first mapped slot: bad {words[0]}, version {words[1]}, seq {words[2]}")
