@@ -49,6 +49,7 @@ class _Loop:
         for _ in range(KERNELS):
             gpu.launch(kernel, (n + BLOCK - 1) // BLOCK, BLOCK, (*self.bufs, count), stream=self.stream)
         graph = gpu.end_capture(self.stream)
+        self.nodes = _nodes(graph.raw)
         self.exe = graph.instantiate()
         graph.close()
 
@@ -69,6 +70,20 @@ class _Loop:
         for buf in self.bufs + self.weights:
             self.gpu.free(buf)
         self.stream.close()
+
+
+def _nodes(raw: object) -> str:
+    """The captured graph's nodes by type (``cuGraphGetNodes``; the cuda backend's graph only)."""
+    handle = getattr(raw, "handle", None)
+    if handle is None:
+        return "(not a CUDA graph)"
+    from collections import Counter
+
+    from cuda.bindings import driver as drv
+    err, _, count = drv.cuGraphGetNodes(handle, 0)
+    err, nodes, count = drv.cuGraphGetNodes(handle, count)
+    kinds = Counter(str(drv.cuGraphNodeGetType(node)[1]).rsplit(".", 1)[-1] for node in nodes)
+    return f"{count} nodes: " + ", ".join(f"{n} {k}" for k, n in kinds.items())
 
 
 def _times(fn: Callable[[], object], settle: Callable[[], object]) -> tuple[float, float]:
@@ -96,6 +111,9 @@ def main() -> None:
         gpu = open_backend(BACKEND, settings=base.settings.model_copy(update=update))
         loops[label] = _Loop(gpu, ELEMENTS)
     print(f"redzone_checks (on): {loops['on'].gpu.redzone_checks}")
+    for label, loop in loops.items():
+        offsets = ", ".join(f"{buf.ptr % (2 << 20):#x}" for buf in loop.bufs)
+        print(f"{label}: the graph's {loop.nodes}; the buffers' offsets in 2 MiB pages: {offsets}")
     rows: dict[str, dict[str, tuple[float, float]]] = {label: {} for label in loops}
     for _turn in range(2):
         for label, loop in loops.items():
