@@ -10,6 +10,7 @@ from metrale_core._device._lock cimport lock_t
 cdef enum:
     N_KINDS = 4
     KIND_DEVICE = 0
+    KIND_POOL = 3
 
 
 cdef class StatsCounter:

@@ -14,8 +14,8 @@ from metrale_core._device._lock cimport acquire, lock_t, release
 from .stats import KINDS as _KINDS
 from .stats import MemoryStats
 
-if len(_KINDS) != N_KINDS or _KINDS[KIND_DEVICE] != "device":  # the C arrays: the loader falls back, saying why
-    raise ImportError(f"the stats twin counts {N_KINDS} kinds of memory, device first; KINDS is {_KINDS}")
+if len(_KINDS) != N_KINDS or _KINDS[KIND_DEVICE] != "device" or _KINDS[KIND_POOL] != "pool":  # (the loader falls back, saying why)
+    raise ImportError(f"the stats twin counts {N_KINDS} kinds of memory, device first, pool last; KINDS is {_KINDS}")
 
 
 cdef dict _INDEX = {name: i for i, name in enumerate(_KINDS)}

@@ -16,6 +16,11 @@ the common case done here at C level.
 - The ledger, the stats and the call site are called through their twins' C-level doors (``.pxd``); the plugin
   through its C functions where it offers them (``RawDevice.device_calls``), else through its methods. A C call
   that declined (``1``) is made through the method, which does it or raises; one that failed raised its error.
+- `PoolLane` is the compiled twin of [`PoolLane`][metrale_core._memory.lane.PoolLane], the front of the backend's
+  pools. Its common case is an allocator door's: a piece of a compiled pool (``_pool.pyx``) for another library's
+  stream (``MemoryPool.alloc_on``) and the free of such a piece without a stream, red zones off, no capture in
+  progress. It is the allocator's ``pool_alloc`` and ``free_piece`` written out, in their order, under their locks;
+  a new segment is the allocator's (`new_piece`: reclaim-and-retry), and every other call goes to the allocator.
 """
 
 cimport cython
@@ -28,16 +33,19 @@ from .._device._gate cimport Gate, _Cell
 from .._device._handle cimport (
     FIELD_INDEX, FIELD_KIND, FIELD_NBYTES, FIELD_OWNER, FIELD_PTR, buffer_field, make_buffer,
 )
-from .._device._stats cimport KIND_DEVICE, StatsCounter
+from .._device._stats cimport KIND_DEVICE, KIND_POOL, StatsCounter
 from .._redzones._layout cimport RedZones
 from ._ledger cimport Ledger
+from ._pool cimport MemoryPool, _Segment
 from ._quarantine cimport Quarantine
 from ._site cimport call_site_c
 
+import functools
 import logging
 
 from .._device.buffer import DeviceBuffer as _DeviceBuffer
 from .._device.guarded import raise_raw as _raise_raw
+from .._errors import InvalidArgumentError as _InvalidArgumentError
 from .._errors import MetraleError as _MetraleError
 from .._errors import OutOfMemoryError as _OutOfMemoryError
 from .._types import WORD_LIMIT as _WORD_LIMIT
@@ -277,3 +285,146 @@ cdef class DeviceLane:
         except Exception as exc:
             _raise_raw(ctx, ctx.name, "free", exc)
         return 0
+
+
+@cython.final
+cdef class PoolLane:
+    """The front of a backend's memory pools: an allocator door's common case here (compiled twin)."""
+
+    cdef object _allocator
+    cdef object _ctx
+    cdef object _ctx_lock
+    cdef Gate _gate
+    cdef Ledger _ledger
+    cdef StatsCounter _stats
+    cdef object _releases
+    cdef object _trace_idx
+    cdef object _internal
+    cdef object _indexes
+    cdef Py_ssize_t _caller_frames
+    cdef object _ref
+    cdef bint _zoned
+    cdef dict _pool_of
+    cdef object _pool_lock
+
+    def __init__(self, allocator, parts):
+        ctx = parts.ctx
+        if not isinstance(ctx.gate, Gate):
+            raise TypeError(
+                f"the compiled pool lane needs the compiled gate, got {type(ctx.gate)!r}: one `pure` setting picks both"
+            )
+        if not isinstance(parts.ledger, Ledger) or not isinstance(parts.stats, StatsCounter):
+            raise TypeError(
+                f"the compiled pool lane needs the compiled ledger and stats, got {type(parts.ledger)!r} and "
+                f"{type(parts.stats)!r}: one `pure` setting picks them all"
+            )
+        if type(parts.pool_of) is not dict or parts.pool_lock is None:
+            raise TypeError("the compiled pool lane needs the holdings' pool_of and its lock (LaneParts)")
+        self._allocator = allocator
+        self._ctx = ctx
+        self._ctx_lock = ctx.lock
+        self._gate = ctx.gate
+        self._ledger = parts.ledger
+        self._stats = parts.stats
+        self._releases = parts.releases
+        self._trace_idx = parts.trace_idx
+        self._internal = ctx.internal
+        self._indexes = _INDEXES if _INDEXES_LOCK_FREE else None
+        self._caller_frames = parts.caller_frames
+        self._ref = ctx.ref
+        self._zoned = parts.zoning is not None
+        self._pool_of = parts.pool_of
+        self._pool_lock = parts.pool_lock
+
+    def pool_alloc(self, pool, nbytes, stream, foreign=None):
+        """`MemoryPool.alloc` and `MemoryPool.alloc_on`."""
+        cdef _Cell cell
+        if (self._zoned or foreign is None or type(pool) is not MemoryPool or type(nbytes) is not int
+                or type(foreign) is not int or not (0 < nbytes < _WORD_LIMIT) or not (0 <= foreign < _WORD_LIMIT)):
+            return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
+        cell = self._gate.enter_c(False)
+        try:
+            forbid_c(cell.flag, "MemoryPool.alloc_on")  # first, as the allocator's `_open_pool`
+            if (<MemoryPool>pool)._closed:  # the allocator's error
+                return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
+            return self._alloc_on(<MemoryPool>pool, nbytes, ("foreign", foreign))
+        finally:
+            self._gate.leave_c(cell)
+
+    cdef object _alloc_on(self, MemoryPool pool, object n, tuple target):
+        cdef long long size = ((<long long>n) + 511) & ~(<long long>511)  # (`pool.size_class`)
+        cdef _Segment segment
+        cdef bint committed
+        index = _next_index() if self._indexes is None else next(self._indexes)
+        site = call_site_c(self._internal, self._caller_frames)
+        taken = pool.take_c(size, target, False)
+        if taken is None:  # a new segment: the allocator's (reclaim-and-retry)
+            taken = self._allocator.new_piece(pool, size, n, "MemoryPool.alloc_on")
+        ptr, segment = <tuple>taken
+        buf = make_buffer(ptr, n, "pool", index, site, self._ref)
+        ctx = self._ctx
+        with self._ctx_lock:  # the commit, as the allocator's: the pool's close shuts it under this lock
+            committed = not ctx.closed and not pool._closed
+            if committed:
+                with self._pool_lock:
+                    self._pool_of[index] = pool
+                pool.handed_out_c(index, ptr, size, segment, target, False)
+                self._ledger.add_c(index, buf, None)
+                self._stats.allocated_c(KIND_POOL, n)
+        if not committed:
+            pool.give_untaken(ptr, size, segment)
+            if ctx.closed:
+                raise ctx.closed_error()
+            raise _InvalidArgumentError(f"MemoryPool.alloc_on: {pool!r} was closed meanwhile")
+        if self._trace_idx is not None and self._trace_idx == index:
+            self._allocator.trace(index, "MemoryPool.alloc_on", n, site)
+        return buf
+
+    def pool_free(self, pool, buf, stream, what):
+        """`MemoryPool.free` (and a door's); from a finalizer that a collection runs in a call of this backend,
+        later."""
+        cdef _Cell cell
+        if self._gate.interrupted_c():
+            self._gate.defer(functools.partial(self.pool_free, pool, stream=stream, what=what), buf)
+            return
+        cell = self._gate.enter_c(False)
+        try:
+            forbid_c(cell.flag, what)  # first, as the allocator's `pool_free`
+            if (self._zoned or stream is not None or type(buf) is not _DeviceBuffer
+                    or buffer_field(buf, FIELD_KIND) != "pool" or buffer_field(buf, FIELD_OWNER) is not self._ref):
+                self._allocator.free_piece(pool, buf, stream, what)
+            else:
+                self._free(pool, buf, what)
+        finally:
+            self._gate.leave_c(cell)
+
+    cdef int _free(self, object pool, object buf, str what) except -1:
+        index = buffer_field(buf, FIELD_INDEX)
+        with self._pool_lock:
+            owner = self._pool_of.get(index)
+        if owner is None or (pool is not None and owner is not pool) or type(owner) is not MemoryPool:
+            self._allocator.free_piece(pool, buf, None, what)  # its error (or a pure pool's work)
+            return 0
+        n = buffer_field(buf, FIELD_NBYTES)
+        record = self._ledger.take_c(index, buffer_field(buf, FIELD_PTR), n)
+        if record is None:  # not live: the allocator's error
+            self._allocator.free_piece(pool, buf, None, what)
+            return 0
+        with self._pool_lock:  # (the allocator's `piece_taken`, unzoned)
+            owner = self._pool_of.pop(index)
+        self._stats.released_c(KIND_POOL, n)
+        observers = self._releases.active
+        if observers:
+            for observer in <tuple>observers:
+                observer(buf)
+        (<MemoryPool>owner).give_c(index, None)
+        return 0
+
+    def pool_trim(self, pool, keep_bytes):
+        return self._allocator.pool_trim(pool, keep_bytes)
+
+    def pool_stats(self, pool):
+        return self._allocator.pool_stats(pool)
+
+    def pool_close(self, pool):
+        self._allocator.pool_close(pool)

@@ -37,9 +37,9 @@ from .._twins import pick
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena
 from .holdings import Holdings
-from .lane import LaneParts, ZonedParts
+from .lane import LaneParts, PoolLane, ZonedParts
 from .ledger import call_site_for, describe_sites, largest_sites, next_index
-from .pool import MemoryPool, PoolStats, size_class
+from .pool import MemoryPool, PoolFront, PoolStats, size_class
 from .quarantine import Quarantine
 
 if TYPE_CHECKING:
@@ -110,6 +110,8 @@ class Allocator:
         "_holdings",
         "_make",
         "_monitor",
+        "_pool_class",
+        "_pool_front",
         "_quarantine",
         "_raw",
         "_reclaiming",
@@ -153,6 +155,10 @@ class Allocator:
         self._call_site = call_site_for(ctx.settings.pure)
         #: How a pool's calls find their stream (the stream front's rule: given at the first `create_pool`).
         self._resolve: StreamResolver = _no_streams
+        #: The MemoryPool class this backend runs, and the front its pools call: the pool lane, whose compiled twin
+        #: does a door's common case at C level and hands everything else here (chosen once, as the arena's class).
+        self._pool_class = pick("pool", MemoryPool, ctx.settings.pure)
+        self._pool_front: PoolFront = pick("pool_lane", PoolLane, ctx.settings.pure)(self, self.lane_parts())
 
     def lane_parts(self) -> LaneParts:
         """What the backend's lane (``GpuBackend.alloc`` and ``free``) uses of this allocator's parts."""
@@ -160,7 +166,9 @@ class Allocator:
         zoning = ZonedParts(
             guard, guard.zones, self._quarantine, self._holdings.raw_base, guard.fill_stream, self._zeroes
         ) if self._zoned else None
-        return LaneParts(self.ctx, self._holdings.ledger, self._stats, self._releases, self._trace_idx, zoning)
+        holdings = self._holdings
+        return LaneParts(self.ctx, holdings.ledger, self._stats, self._releases, self._trace_idx, zoning,
+                         pool_of=holdings.pool_of, pool_lock=holdings.lock)
 
     def _released(self, buf: DeviceBuffer) -> None:
         for observer in self._releases.active:
@@ -487,7 +495,7 @@ class Allocator:
         forbid_during_capture("create_pool")
         threshold = integer(release_threshold, "create_pool", "release_threshold")
         self._resolve = resolve
-        pool = MemoryPool(self, threshold)
+        pool = self._pool_class(self._pool_front, threshold)
         with self.ctx.lock:
             if self.ctx.closed:
                 raise self.ctx.closed_error()
@@ -527,14 +535,7 @@ class Allocator:
                 _fits(layout, n, what)
             size = size_class(n if layout is None else layout.raw_bytes)
             taken = pool.take(size, target, layout is not None)
-            if taken is None:  # a new segment, with reclaim-and-retry (which may trim this pool too)
-                nbytes_segment = pool.segment_bytes(size)
-                raw = self._raw_alloc(nbytes_segment, n, "device", what)
-                taken = pool.add_segment(raw, nbytes_segment, size)
-                if taken is None:  # the pool closed meanwhile
-                    self.release_quietly(raw, "device")
-                    raise InvalidArgumentError(f"{what}: {pool!r} was closed meanwhile")
-            ptr, segment = taken
+            ptr, segment = self.new_piece(pool, size, n, what) if taken is None else taken
             if layout is None:
                 buf = self._make(ptr, n, "pool", index, site, ctx.ref)
             else:
@@ -570,6 +571,17 @@ class Allocator:
             return buf
         finally:
             ctx.leave()
+
+    def new_piece(self, pool: MemoryPool, size: int, n: int, what: str) -> tuple[int, object]:
+        """A piece of ``size`` bytes (for ``n`` asked) in a new segment of ``pool``, with reclaim-and-retry (which
+        may trim this pool too): its address and its segment. Inside the gate."""
+        nbytes_segment = pool.segment_bytes(size)
+        raw = self._raw_alloc(nbytes_segment, n, "device", what)
+        taken = pool.add_segment(raw, nbytes_segment, size)
+        if taken is None:  # the pool closed meanwhile
+            self.release_quietly(raw, "device")
+            raise InvalidArgumentError(f"{what}: {pool!r} was closed meanwhile")
+        return taken
 
     def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None:
         """`MemoryPool.free`; from a finalizer that a collection runs in a call of this backend, at the thread's

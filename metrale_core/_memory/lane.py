@@ -5,6 +5,10 @@
 - ``_lane.pyx`` is its compiled twin: it does the common case itself at C level (a device allocation or free,
   red zones or none, no capture in progress), through the same parts the allocator hands both (`LaneParts`,
   `ZonedParts`), and hands everything else to the allocator, as this class does with every call.
+- `PoolLane` is the front of the backend's memory pools (`pool.PoolFront`): each call to the allocator. Its
+  compiled twin (in ``_lane.pyx`` too) does an allocator door's common case at C level (a piece of a compiled pool
+  for another library's stream, and its free, red zones off, no capture in progress) and hands everything else to
+  the allocator.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ if TYPE_CHECKING:
     from .._device.handles import Stream
     from .._redzones.guard import ZoneGuard
     from .._redzones.layout import RedZones
+    from .pool import MemoryPool, PoolFront, PoolStats
     from .quarantine import Quarantine
 
-__all__ = ["DeviceLane", "LaneParts", "LaneWork", "ZonedParts"]
+__all__ = ["DeviceLane", "LaneParts", "LaneWork", "PoolLane", "ZonedParts"]
 
 
 class LaneWork(Protocol):
@@ -84,6 +89,8 @@ class LaneParts(NamedTuple):
     - ``trace_idx``: the ``redzone_trace_idx`` setting (its allocation goes to the allocator's log).
     - ``caller_frames``: frames above the lane that are the backend's own for certain, passed over by the call site's
       walk without a look (the facade's ``GpuBackend.alloc``, where it runs as Python: it says so; ``0`` else).
+    - ``pool_of``, ``pool_lock``: the holdings' pool of each piece out (by creation index) and the lock it is read
+      and written under (the pool lane's).
     """
 
     ctx: DeviceContext
@@ -93,6 +100,8 @@ class LaneParts(NamedTuple):
     trace_idx: int | None
     zoning: ZonedParts | None = None
     caller_frames: int = 0
+    pool_of: dict[int, MemoryPool] | None = None
+    pool_lock: object = None
 
 
 @final
@@ -127,3 +136,29 @@ class DeviceLane:
             self._allocator.free(buf)
         finally:
             ctx.leave()
+
+
+@final
+class PoolLane:
+    """The front of a backend's memory pools (`pool.PoolFront`): each call to the allocator, which passes the gate
+    and does the work."""
+
+    __slots__ = ("_allocator",)
+
+    def __init__(self, allocator: PoolFront, parts: LaneParts) -> None:
+        self._allocator = allocator
+
+    def pool_alloc(self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None) -> DeviceBuffer:
+        return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
+
+    def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None:
+        self._allocator.pool_free(pool, buf, stream, what)
+
+    def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int:
+        return self._allocator.pool_trim(pool, keep_bytes)
+
+    def pool_stats(self, pool: MemoryPool) -> PoolStats:
+        return self._allocator.pool_stats(pool)
+
+    def pool_close(self, pool: MemoryPool) -> None:
+        self._allocator.pool_close(pool)

@@ -15,10 +15,13 @@
   pieces cached before it began (`mark`).
 - Every call that takes its lock passes the backend's gate first (`stats` too), so a finalizer that a collection
   runs under the lock defers its free (`Gate.defer`) instead of waiting for the lock.
+- ``_pool.pyx`` is its compiled twin (registered as its subclass): the same work under a C-level lock, and a C-level
+  door (take, hand out, give) for the compiled pool lane (``_lane.pyx``).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import threading
 from typing import TYPE_CHECKING, Final, Protocol, final
@@ -96,7 +99,7 @@ class _Segment:
 
 
 @final
-class MemoryPool:
+class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin to register with, nothing abstract)
     """A caching pool of device memory on the ledger. Made by
     [`GpuBackend.create_pool`][metrale_core.GpuBackend.create_pool].
 

@@ -28,8 +28,10 @@ from metrale_core._launch.lane import LaunchLane as PureLaunchLane
 from metrale_core._launch.registry import pack_args
 from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._memory.lane import DeviceLane as PureLane
+from metrale_core._memory.lane import PoolLane as PurePoolLane
 from metrale_core._memory.ledger import Ledger as PureLedger
 from metrale_core._memory.ledger import call_site, next_index
+from metrale_core._memory.pool import MemoryPool as PurePool
 from metrale_core._memory.quarantine import Quarantine as PureQuarantine
 from metrale_core._redzones.layout import RedZones as PureRedZones
 from metrale_core._streams.graph_lane import GraphLane as PureGraphLane
@@ -44,7 +46,7 @@ PURE: dict[str, Any] = {
     "ledger": PureLedger, "stats": PureStats, "handle": DeviceBuffer._make, "arena": PureArena, "gate": PureGate,
     "lane": PureLane, "site": call_site, "stream_lane": PureStreamLane, "graph_lane": PureGraphLane,
     "launch_lane": PureLaunchLane, "pack": pack_args, "zones": PureRedZones, "quarantine": PureQuarantine,
-    "doorfuncs": c_functions,
+    "doorfuncs": c_functions, "pool": PurePool, "pool_lane": PurePoolLane,
 }
 PURE_CLASSES: dict[str, type] = {name: ref for name, ref in PURE.items() if isinstance(ref, type)}
 
@@ -64,6 +66,8 @@ _MAKE: dict[str, Callable[[type], object]] = {
     "arena": lambda cls: cls(_BLOCK, lambda arena, block: None),
     "gate": lambda cls: cls(lambda: BackendClosedError("closed")),
     "lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
+    "pool_lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
+    "pool": lambda cls: cls(_ALLOCATOR, 0),
     "stream_lane": lambda cls: cls(_BACKEND._streams, _BACKEND._holdings.ledger),
     "graph_lane": lambda cls: cls(_BACKEND._streams.graphs, _BACKEND._streams.graphs.lane_parts()),
     "launch_lane": lambda cls: cls(_BACKEND._kernels, _BACKEND._kernels.lane_parts()),
