@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Where the torch door's cost goes on a real model (a measurement, not a test): ``metrale bench --only
+frameworks``'s Llama ``generate`` (``_commands/bench/generate.py``), one process per mode, in turns:
+
+- ``torch``: torch's own caching allocator.
+- ``metrale``: every tensor from a metrale pool (`metrale_core.allocators.torch.install`), red zones off.
+- ``metrale-nogc``: the same, Python's cyclic garbage collector off while timing (what collections cost).
+- ``freelist``: the floor of any door with Python in it: the same C functions (`doorfuncs`) calling a pure-Python
+  size-binned free list over ``cuMemAlloc`` (no metrale pool, no ledger).
+- ``profile``: ``metrale`` under cProfile, one generate: the Python functions with the most time of their own.
+
+Run on a GPU machine with torch and transformers::
+
+    python3 backends/cuda/tools/probe_frameworks.py
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+MODES = ("torch", "metrale", "metrale-nogc", "freelist")
+TURNS = int(os.environ.get("PROBE_TURNS", "2"))
+STEPS = 5
+
+
+def _freelist() -> Any:
+    """A pure-Python caching allocator behind the doorfuncs' C functions (the issue's "size-binned free list")."""
+    import torch
+    from cuda.bindings import driver as drv
+
+    from metrale_core._twins import pick
+    from metrale_core.allocators.doorfuncs import c_functions
+
+    free_lists: dict[int, list[int]] = {}
+    sizes: dict[int, int] = {}
+
+    def alloc(size: int, device: int, stream: int) -> int:
+        size = (size + 511) & ~511
+        cached = free_lists.get(size)
+        if cached:
+            ptr = cached.pop()
+        else:
+            _, ptr = drv.cuMemAlloc(size)
+            ptr = int(ptr)
+        sizes[ptr] = size
+        return ptr
+
+    def free(ptr: int, size: int, device: int, stream: int) -> None:
+        free_lists.setdefault(sizes.pop(ptr), []).append(ptr)
+
+    addresses = pick("doorfuncs", c_functions, False)(alloc, free) or c_functions(alloc, free)
+    pluggable = torch.cuda.memory.CUDAPluggableAllocator
+    made = pluggable.__new__(pluggable)
+    torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(*addresses))
+    torch.cuda.memory.change_current_allocator(made)
+    return made
+
+
+def child(mode: str) -> None:
+    keep: list[object] = []
+    if mode in ("metrale", "metrale-nogc", "profile"):
+        from metrale_core import MetraleSettings, open_backend
+        from metrale_core.allocators import torch as torch_door
+
+        gpu = open_backend("cuda", settings=MetraleSettings(redzone=0))
+        keep += [gpu, torch_door.install(gpu)]
+    elif mode == "freelist":
+        import torch
+        from cuda.bindings import driver as drv
+
+        torch.cuda.init()
+        drv.cuInit(0)
+        _, dev = drv.cuDeviceGet(0)
+        _, ctx = drv.cuDevicePrimaryCtxRetain(dev)
+        drv.cuCtxSetCurrent(ctx)
+        keep.append(_freelist())
+    import torch
+
+    from metrale_core._commands.bench.generate import _model
+
+    model, ids = _model(torch)
+
+    def generate() -> Any:
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
+
+    generate()
+    torch.cuda.synchronize()
+    if mode == "profile":
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile()
+        profile.enable()
+        generate()
+        torch.cuda.synchronize()
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        return
+    if mode == "metrale-nogc":
+        gc.collect()
+        gc.disable()
+    times = []
+    for _ in range(STEPS):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        generate()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"mode": mode, "median_ms": statistics.median(times) * 1e3, "gc": gc.get_count()}), flush=True)
+
+
+def main() -> None:
+    if len(sys.argv) > 1:
+        child(sys.argv[1])
+        return
+    got: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for _ in range(TURNS):
+        for mode in MODES:
+            out = subprocess.run([sys.executable, __file__, mode], capture_output=True, text=True, timeout=300, check=False)
+            lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+            if out.returncode or not lines:
+                print(f"{mode}: rc {out.returncode}\n{out.stderr[-2000:]}")
+                continue
+            got[mode].append(json.loads(lines[-1])["median_ms"])
+    base = statistics.median(got["torch"]) if got["torch"] else float("nan")
+    for mode, values in got.items():
+        if values:
+            ms = statistics.median(values)
+            turns = " ".join(f"{v:.1f}" for v in values)
+            print(f"{mode:<14} {ms:8.1f} ms per generate  {ms / base:6.3f}x  (turns: {turns})")
+    out = subprocess.run([sys.executable, __file__, "profile"], capture_output=True, text=True, timeout=300, check=False)
+    print(out.stdout[-6000:], out.stderr[-1500:])
+
+
+if __name__ == "__main__":
+    main()
