@@ -124,7 +124,8 @@ def main() -> None:
     got: dict[str, list[float]] = {mode: [] for mode in MODES}
     for _ in range(TURNS):
         for mode in MODES:
-            out = subprocess.run([sys.executable, __file__, mode], capture_output=True, text=True, timeout=300, check=False)
+            out = subprocess.run([sys.executable, __file__, mode], capture_output=True, text=True, timeout=300,
+                                 check=False)
             lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
             if out.returncode or not lines:
                 print(f"{mode}: rc {out.returncode}\n{out.stderr[-2000:]}")
@@ -136,7 +137,8 @@ def main() -> None:
             ms = statistics.median(values)
             turns = " ".join(f"{v:.1f}" for v in values)
             print(f"{mode:<14} {ms:8.1f} ms per generate  {ms / base:6.3f}x  (turns: {turns})")
-    out = subprocess.run([sys.executable, __file__, "profile"], capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run([sys.executable, __file__, "profile"], capture_output=True, text=True, timeout=300,
+                         check=False)
     print(out.stdout[-6000:], out.stderr[-1500:])
 
 

@@ -80,8 +80,8 @@ def _nodes(raw: object) -> str:
     from collections import Counter
 
     from cuda.bindings import driver as drv
-    err, _, count = drv.cuGraphGetNodes(handle, 0)
-    err, nodes, count = drv.cuGraphGetNodes(handle, count)
+    _, _, count = drv.cuGraphGetNodes(handle, 0)
+    _, nodes, count = drv.cuGraphGetNodes(handle, count)
     kinds = Counter(str(drv.cuGraphNodeGetType(node)[1]).rsplit(".", 1)[-1] for node in nodes)
     return f"{count} nodes: " + ", ".join(f"{n} {k}" for k, n in kinds.items())
 
