@@ -148,7 +148,9 @@ class PoolLane:
     def __init__(self, allocator: PoolFront, parts: LaneParts) -> None:
         self._allocator = allocator
 
-    def pool_alloc(self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None) -> DeviceBuffer:
+    def pool_alloc(
+        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None
+    ) -> DeviceBuffer:
         return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
 
     def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None:

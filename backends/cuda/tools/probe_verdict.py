@@ -32,8 +32,8 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from cuda.bindings import driver as drv
 
