@@ -293,7 +293,6 @@ cdef class PoolLane:
 
     cdef object _allocator
     cdef object _ctx
-    cdef object _ctx_lock
     cdef Gate _gate
     cdef Ledger _ledger
     cdef StatsCounter _stats
@@ -305,7 +304,6 @@ cdef class PoolLane:
     cdef object _ref
     cdef bint _zoned
     cdef dict _pool_of
-    cdef object _pool_lock
 
     def __init__(self, allocator, parts):
         ctx = parts.ctx
@@ -318,11 +316,10 @@ cdef class PoolLane:
                 f"the compiled pool lane needs the compiled ledger and stats, got {type(parts.ledger)!r} and "
                 f"{type(parts.stats)!r}: one `pure` setting picks them all"
             )
-        if type(parts.pool_of) is not dict or parts.pool_lock is None:
-            raise TypeError("the compiled pool lane needs the holdings' pool_of and its lock (LaneParts)")
+        if type(parts.pool_of) is not dict:
+            raise TypeError("the compiled pool lane needs the holdings' pool_of (LaneParts)")
         self._allocator = allocator
         self._ctx = ctx
-        self._ctx_lock = ctx.lock
         self._gate = ctx.gate
         self._ledger = parts.ledger
         self._stats = parts.stats
@@ -334,7 +331,6 @@ cdef class PoolLane:
         self._ref = ctx.ref
         self._zoned = parts.zoning is not None
         self._pool_of = parts.pool_of
-        self._pool_lock = parts.pool_lock
 
     def pool_alloc(self, pool, nbytes, stream, foreign=None):
         """`MemoryPool.alloc` and `MemoryPool.alloc_on`."""
@@ -354,7 +350,6 @@ cdef class PoolLane:
     cdef object _alloc_on(self, MemoryPool pool, object n, tuple target):
         cdef long long size = ((<long long>n) + 511) & ~(<long long>511)  # (`pool.size_class`)
         cdef _Segment segment
-        cdef bint committed
         index = _next_index() if self._indexes is None else next(self._indexes)
         site = call_site_c(self._internal, self._caller_frames)
         taken = pool.take_c(size, target, False)
@@ -362,20 +357,22 @@ cdef class PoolLane:
             taken = self._allocator.new_piece(pool, size, n, "MemoryPool.alloc_on")
         ptr, segment = <tuple>taken
         buf = make_buffer(ptr, n, "pool", index, site, self._ref)
-        ctx = self._ctx
-        with self._ctx_lock:  # the commit, as the allocator's: the pool's close shuts it under this lock
-            committed = not ctx.closed and not pool._closed
-            if committed:
-                with self._pool_lock:
-                    self._pool_of[index] = pool
-                pool.handed_out_c(index, ptr, size, segment, target, False)
-                self._ledger.add_c(index, buf, None)
-                self._stats.allocated_c(KIND_POOL, n)
-        if not committed:
+        # the commit, without the context's lock (the allocator's takes it): the ledger first, judged under its lock
+        # against the backend's close (as the device lane's), then the pool's hand-out, judged under the pool's lock
+        # against its close. A close that comes between finds the record on the ledger but not out of the pool:
+        # it leaves it, and the hand-out, refused, takes it back off. Each pool_of item is one dict operation
+        # (atomic): no piece touches two of the holdings' tables at once here, so their lock is not needed.
+        self._pool_of[index] = pool
+        if not self._ledger.add_c(index, buf, self._gate):
+            self._pool_of.pop(index, None)
             pool.give_untaken(ptr, size, segment)
-            if ctx.closed:
-                raise ctx.closed_error()
+            raise self._ctx.closed_error()
+        if not pool.handed_out_c(index, ptr, size, segment, target, False):
+            self._ledger.take_c(index, ptr, n)  # (None where the backend's sweep took it meanwhile)
+            self._pool_of.pop(index, None)
+            pool.give_untaken(ptr, size, segment)
             raise _InvalidArgumentError(f"MemoryPool.alloc_on: {pool!r} was closed meanwhile")
+        self._stats.allocated_c(KIND_POOL, n)
         if self._trace_idx is not None and self._trace_idx == index:
             self._allocator.trace(index, "MemoryPool.alloc_on", n, site)
         return buf
@@ -400,8 +397,7 @@ cdef class PoolLane:
 
     cdef int _free(self, object pool, object buf, str what) except -1:
         index = buffer_field(buf, FIELD_INDEX)
-        with self._pool_lock:
-            owner = self._pool_of.get(index)
+        owner = self._pool_of.get(index)
         if owner is None or (pool is not None and owner is not pool) or type(owner) is not MemoryPool:
             self._allocator.free_piece(pool, buf, None, what)  # its error (or a pure pool's work)
             return 0
@@ -410,8 +406,7 @@ cdef class PoolLane:
         if record is None:  # not live: the allocator's error
             self._allocator.free_piece(pool, buf, None, what)
             return 0
-        with self._pool_lock:  # (the allocator's `piece_taken`, unzoned)
-            owner = self._pool_of.pop(index)
+        owner = self._pool_of.pop(index)  # (the allocator's `piece_taken`, unzoned; this free took the record)
         self._stats.released_c(KIND_POOL, n)
         observers = self._releases.active
         if observers:

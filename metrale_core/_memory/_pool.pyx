@@ -182,16 +182,20 @@ cdef class MemoryPool:
         (``zoned``: with red zones)."""
         if not isinstance(segment, _Segment):
             raise TypeError(f"handed_out: {segment!r} is no segment of a compiled pool")
-        self.handed_out_c(index, ptr, size, segment, stream, zoned)
+        self.handed_out_c(index, ptr, size, segment, stream, zoned)  # (the allocator's commit: never after a close)
 
     cdef int handed_out_c(self, object index, object ptr, long long size, _Segment segment, object stream,
                           bint zoned) except -1:
+        """`handed_out`: ``1``, or ``0`` with nothing changed where the pool closed (shut) meanwhile: the compiled
+        lane commits without the context's lock, and judges the pool's close here, under the pool's lock."""
         acquire(&self._lock)
         try:
+            if self._closed:
+                return 0
             self._out[index] = (ptr, size, segment, stream, zoned)
         finally:
             release(&self._lock)
-        return 0
+        return 1
 
     def give(self, index, stream):
         """Allocation ``index`` is off the ledger: its piece cached for ``stream`` (its own if ``None``). Nothing

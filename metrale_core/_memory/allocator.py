@@ -168,7 +168,7 @@ class Allocator:
         ) if self._zoned else None
         holdings = self._holdings
         return LaneParts(self.ctx, holdings.ledger, self._stats, self._releases, self._trace_idx, zoning,
-                         pool_of=holdings.pool_of, pool_lock=holdings.lock)
+                         pool_of=holdings.pool_of)
 
     def _released(self, buf: DeviceBuffer) -> None:
         for observer in self._releases.active:

@@ -89,8 +89,7 @@ class LaneParts(NamedTuple):
     - ``trace_idx``: the ``redzone_trace_idx`` setting (its allocation goes to the allocator's log).
     - ``caller_frames``: frames above the lane that are the backend's own for certain, passed over by the call site's
       walk without a look (the facade's ``GpuBackend.alloc``, where it runs as Python: it says so; ``0`` else).
-    - ``pool_of``, ``pool_lock``: the holdings' pool of each piece out (by creation index) and the lock it is read
-      and written under (the pool lane's).
+    - ``pool_of``: the holdings' pool of each piece out, by creation index (the pool lane's).
     """
 
     ctx: DeviceContext
@@ -101,7 +100,6 @@ class LaneParts(NamedTuple):
     zoning: ZonedParts | None = None
     caller_frames: int = 0
     pool_of: dict[int, MemoryPool] | None = None
-    pool_lock: object = None
 
 
 @final
