@@ -38,6 +38,7 @@ TWINS: Final = {
     "zones": ("metrale_core._redzones._layout", "RedZones"),
     "quarantine": ("metrale_core._memory._quarantine", "Quarantine"),
     "site": ("metrale_core._memory._site", "call_site"),
+    "door": ("metrale_core.allocators._door", "Door"),
     "doorfuncs": ("metrale_core.allocators._doorfuncs", "c_functions"),  # the allocator doors' C functions
 }
 

@@ -45,7 +45,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_redzones": (("layout",), ("_layout",), ("scanner",), ("ingraph", "queued"), ("guard",)),
     "_memory": (
         ("meminfo", "ledger", "pool"),
-        ("arena", "_ledger", "_site", "watch"),
+        ("arena", "_ledger", "_site", "watch", "_pool"),
         ("pressure", "_arena"),
         ("snapshot", "holdings"),
         ("monitor", "exports", "quarantine", "lane"),
@@ -57,7 +57,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_reports": (("merge", "timeline"), ("summary",)),
     "_launch": (("tensormaps",), ("registry",), ("_pack", "lane", "_lane"), ("front",)),
     "_commands": (("progress", "bench"), ("conformance", "selftest", "runner"), ("commands",), ("cli",)),
-    "allocators": (("_door", "doorfuncs"), ("_doorfuncs",), ("__init__", "torch", "cupy")),
+    "allocators": (("door", "doorfuncs"), ("_door", "_doorfuncs"), ("__init__", "torch", "cupy")),
     "testing": (
         ("_faults",),
         ("_model", "_bad_inputs", "_capabilities", "_tensormap_rules", "_memory_rules", "_pool_rules"),

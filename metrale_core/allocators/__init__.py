@@ -11,6 +11,6 @@
 
 from __future__ import annotations
 
-from ._door import Door
+from .door import Door
 
 __all__ = ["Door"]

@@ -1,25 +1,37 @@
 # cython: language_level=3, binding=True, embedsignature=True
 """The compiled twin of [`c_functions`][metrale_core.allocators.doorfuncs.c_functions]: one pair of C functions
-that call a door's callables with the GIL, no ctypes in the way.
+that call a door with the GIL, no ctypes in the way.
 
 - C functions carry no context: the pair serves one door, the first of the process (torch has one current allocator
   at a time); `c_functions` answers ``None`` after that, and the caller makes ctypes callbacks instead.
-- Nothing may cross into the framework's C++: what ``alloc`` answers passes the pure module's `address` rule, and a
-  callable that raises (or answers what is no address) is logged, and the framework gets no memory.
+- A compiled door (``_door.pyx``) is called at C level (`Door.alloc_c`, `Door.free_c`): no Python frame between the
+  framework's hook and the pool's compiled lane. Any other door is called through its methods.
+- Nothing may cross into the framework's C++: what a door's ``alloc`` answers passes the pure module's `address`
+  rule, and a call that raises (or answers what is no address) is logged, and the framework gets no memory.
 """
 
 from libc.stdint cimport uintptr_t
 
-from .doorfuncs import address as _address, log_failure as _log_failure
+from ._door cimport Door
 
-cdef object _alloc = None
-cdef object _free = None
+from .doorfuncs import address as _address
+from .doorfuncs import log_failure as _log_failure
+from .doorfuncs import wrong_device as _wrong_device
+
+cdef object _door = None
+cdef int _device = 0
+cdef bint _compiled = False
 cdef bint _taken = False
 
 
 cdef void* _alloc_c(size_t size, int device, void* stream) noexcept with gil:
     try:
-        got = _address(_alloc(size, device, <uintptr_t>stream))
+        if device != _device:
+            _wrong_device(_door, device, _device)
+            return NULL
+        if _compiled:
+            return <void*>(<Door>_door).alloc_c(size, <uintptr_t>stream)
+        got = _address(_door.alloc(size, <uintptr_t>stream))
         return NULL if got == 0 else <void*><uintptr_t>got
     except BaseException:
         try:
@@ -30,8 +42,11 @@ cdef void* _alloc_c(size_t size, int device, void* stream) noexcept with gil:
 
 
 cdef void _free_c(void* ptr, size_t size, int device, void* stream) noexcept with gil:
+    if _compiled:
+        (<Door>_door).free_c(<uintptr_t>ptr)
+        return
     try:
-        _free(<uintptr_t>ptr, size, device, <uintptr_t>stream)
+        _door.free(<uintptr_t>ptr)
     except BaseException:
         try:
             _log_failure("allocator door: free of %#x failed", <uintptr_t>ptr)
@@ -39,12 +54,15 @@ cdef void _free_c(void* ptr, size_t size, int device, void* stream) noexcept wit
             pass
 
 
-def c_functions(alloc, free):
-    """The addresses of C functions calling ``alloc`` and ``free`` (``None``: this pair serves another door)."""
-    global _alloc, _free, _taken
-    if not (callable(alloc) and callable(free)):
-        raise TypeError(f"c_functions: alloc and free must be callables, got {alloc!r} and {free!r}")
+def c_functions(door, device):
+    """The addresses of C functions calling ``door`` for memory on ``device`` (``None``: this pair serves another
+    door)."""
+    global _door, _device, _compiled, _taken
+    if not all(callable(getattr(door, name, None)) for name in ("alloc", "free", "refuse")):
+        raise TypeError(f"c_functions: {door!r} is no door (it needs alloc, free and refuse)")
+    if type(device) is not int:
+        raise TypeError(f"c_functions: device must be an int, got {device!r}")
     if _taken:
         return None
-    _alloc, _free, _taken = alloc, free, True
+    _door, _device, _compiled, _taken = door, device, type(door) is Door, True
     return <uintptr_t>&_alloc_c, <uintptr_t>&_free_c

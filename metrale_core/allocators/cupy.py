@@ -13,7 +13,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
-from ._door import Door, framework, require_cuda
+from .._twins import pick
+from .door import Door, framework, require_cuda
 
 if TYPE_CHECKING:
     from .. import GpuBackend
@@ -41,7 +42,7 @@ def allocator(gpu: GpuBackend, *, release_threshold: int = 0) -> Callable[[int],
     """
     cupy = _cupy()
     require_cuda(gpu, "CuPy")
-    door = Door(gpu, "CuPy", release_threshold=release_threshold)
+    door = pick("door", Door, gpu.settings.pure)(gpu, "CuPy", release_threshold=release_threshold)
     ordinal = gpu.ordinal
     memory = cupy.cuda.memory
 

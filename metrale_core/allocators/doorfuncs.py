@@ -1,15 +1,16 @@
-"""The two C functions a framework's allocator hook calls, made for two Python callables.
+"""The two C functions a framework's allocator hook calls, made for a door.
 
-- `c_functions(alloc, free)` returns the addresses of ``void* alloc(size_t size, int device, void* stream)`` and
+- `c_functions(door, device)` returns the addresses of ``void* alloc(size_t size, int device, void* stream)`` and
   ``void free(void* ptr, size_t size, int device, void* stream)`` (torch's ``CUDAPluggableAllocator`` calls these),
-  which call ``alloc(size, device, stream)`` and ``free(ptr, size, device, stream)``.
-- Nothing may cross into the framework's C++. ``alloc`` answers an address (an integer from 1 to 2**64 - 1), or 0 /
-  ``None`` for none; anything else it answers, and anything it raises, gives the framework no memory, logged (a log
-  that fails is dropped).
+  which call ``door.alloc(size, stream)`` and ``door.free(ptr)``. An allocation for another device than ``device``
+  is refused (``door.refuse``: counted, logged), and the framework gets no memory.
+- Nothing may cross into the framework's C++. ``door.alloc`` answers an address (an integer from 1 to 2**64 - 1),
+  or 0 / ``None`` for none; anything else it answers, and anything it raises, gives the framework no memory,
+  logged (a log that fails is dropped).
 - Here they are ctypes callbacks, kept for the life of the process: the framework may call them until it exits.
-- Its compiled twin (``_doorfuncs.pyx``) has one pair of C functions that call the callables with the GIL, without
-  ctypes in the way: it serves the first door of the process, and answers ``None`` after that (the caller then
-  makes ctypes callbacks here).
+- Its compiled twin (``_doorfuncs.pyx``) has one pair of C functions, called with the GIL and without ctypes in the
+  way, which call a compiled door (``_door.pyx``) at C level and any other door through its methods: it serves the
+  first door of the process, and answers ``None`` after that (the caller then makes ctypes callbacks here).
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import operator
-from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
-__all__ = ["address", "c_functions", "log_failure"]
+__all__ = ["DoorLike", "address", "c_functions", "log_failure", "wrong_device"]
 
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
 _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
@@ -43,6 +43,24 @@ def address(got: object) -> int:
     return value
 
 
+class DoorLike(Protocol):
+    """What the C functions call: a `Door` (or anything with its three calls and its name)."""
+
+    framework: str
+
+    def alloc(self, nbytes: int, stream: int) -> int | None: ...
+
+    def free(self, address: int) -> None: ...
+
+    def refuse(self, what: str, why: str) -> None: ...
+
+
+def wrong_device(door: DoorLike, asked: int, device: int) -> None:
+    """Refuse (count, log) an allocation for device ``asked`` at a door serving ``device``."""
+    door.refuse("alloc", f"{door.framework} asked for memory on device {asked}; this door serves device {device} "
+                         f"(install one allocator per process, for its device)")
+
+
 def log_failure(message: str, value: object) -> None:
     try:  # noqa: SIM105 - no contextlib: at shutdown the module's names may be gone already
         _log.exception(message, value)
@@ -50,23 +68,27 @@ def log_failure(message: str, value: object) -> None:
         pass
 
 
-def c_functions(
-    alloc: Callable[[int, int, int], int | None], free: Callable[[int, int, int, int], None]
-) -> tuple[int, int] | None:
-    """The addresses of C functions calling ``alloc`` and ``free`` (``None``: none can be made here; never here)."""
-    if not (callable(alloc) and callable(free)):
-        raise TypeError(f"c_functions: alloc and free must be callables, got {alloc!r} and {free!r}")
+def c_functions(door: DoorLike, device: int) -> tuple[int, int] | None:
+    """The addresses of C functions calling ``door`` for memory on ``device`` (``None``: none can be made here;
+    never here)."""
+    if not all(callable(getattr(door, name, None)) for name in ("alloc", "free", "refuse")):
+        raise TypeError(f"c_functions: {door!r} is no door (it needs alloc, free and refuse)")
+    if type(device) is not int:
+        raise TypeError(f"c_functions: device must be an int, got {device!r}")
 
-    def alloc_c(size: int, device: int, stream: int | None) -> int | None:
+    def alloc_c(size: int, asked: int, stream: int | None) -> int | None:
         try:  # (a ctypes callback that raises, or answers what is no pointer, gives an undefined one: never let it)
-            return address(alloc(size, device, stream or 0)) or None
+            if asked != device:
+                wrong_device(door, asked, device)
+                return None
+            return address(door.alloc(size, stream or 0)) or None
         except BaseException:
             log_failure("allocator door: alloc of %d bytes failed", size)
             return None
 
-    def free_c(ptr: int | None, size: int, device: int, stream: int | None) -> None:
+    def free_c(ptr: int | None, size: int, asked: int, stream: int | None) -> None:
         try:
-            free(ptr or 0, size, device, stream or 0)
+            door.free(ptr or 0)
         except BaseException:
             log_failure("allocator door: free of %#x failed", ptr or 0)
 

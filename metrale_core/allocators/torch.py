@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import DoorError
 from .._twins import pick
-from ._door import Door, framework, require_cuda
+from .door import Door, framework, require_cuda
 from .doorfuncs import c_functions
 
 if TYPE_CHECKING:
@@ -42,22 +42,11 @@ def allocator(gpu: GpuBackend, *, release_threshold: int = 0) -> Any:
     """
     torch = _torch()
     require_cuda(gpu, "torch")
-    door = Door(gpu, "torch", release_threshold=release_threshold)
-    ordinal = gpu.ordinal
-
-    def alloc(size: int, device: int, stream: int) -> int | None:  # (what it raises, `doorfuncs` logs)
-        if device != ordinal:
-            door.refuse("alloc", f"torch asked for memory on device {device}; this door serves device "
-                        f"{ordinal} (install one allocator per process, for its device)")
-            return None
-        return door.alloc(size, stream) or None
-
-    def free(ptr: int, size: int, device: int, stream: int) -> None:
-        door.free(ptr)
-
-    # the compiled pair of C functions where it is built and free, else ctypes callbacks (slower); either lives for
-    # the process: torch keeps only the C++ allocator, which calls them until it exits
-    addresses = pick("doorfuncs", c_functions, gpu.settings.pure)(alloc, free) or c_functions(alloc, free)
+    door = pick("door", Door, gpu.settings.pure)(gpu, "torch", release_threshold=release_threshold)
+    # the compiled pair of C functions where it is built and free (a compiled door called at C level), else ctypes
+    # callbacks (slower); either lives for the process: torch keeps only the C++ allocator, which calls them until
+    # it exits
+    addresses = pick("doorfuncs", c_functions, gpu.settings.pure)(door, gpu.ordinal) or c_functions(door, gpu.ordinal)
     assert addresses is not None
     pluggable = torch.cuda.memory.CUDAPluggableAllocator
     made = pluggable.__new__(pluggable)  # its own __init__ loads a shared library by name; the base takes pointers

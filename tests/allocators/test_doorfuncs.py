@@ -22,27 +22,64 @@ _SCRIPT = textwrap.dedent("""
     calls = []
     import numpy as np
     answers = [None, 0, -1, 2**64, 4096.5, "x", np.uint64(4096), 2**64 - 4096]
-    def alloc(size, device, stream):
-        if size >= 100:  # what is no address, and what is
-            return answers[size - 100]
-        calls.append(("alloc", size, device, stream))
-        if size == 13:
-            raise RuntimeError("a bug in the door")
-        return 0x7F0000001000 if size else 0
-    def free(ptr, size, device, stream):
-        calls.append(("free", ptr, size, device, stream))
-    a, f = make(alloc, free)
-    print("alloc", hex(ALLOC(a)(64, 0, 0x77)), ALLOC(a)(0, 1, None))
+    class Door:  # anything with a door's calls (a Door of the pure class is called the same way)
+        framework = "probe"
+        def alloc(self, size, stream):
+            if size >= 100:  # what is no address, and what is
+                return answers[size - 100]
+            calls.append(("alloc", size, stream))
+            if size == 13:
+                raise RuntimeError("a bug in the door")
+            return 0x7F0000001000 if size else 0
+        def free(self, ptr):
+            calls.append(("free", ptr))
+        def refuse(self, what, why):
+            calls.append(("refuse", what))
+            logging.getLogger("metrale").error("refused: %s", why)
+    door = Door()
+    a, f = make(door, 0)
+    print("alloc", hex(ALLOC(a)(64, 0, 0x77)), ALLOC(a)(0, 0, None))
+    print("other device", ALLOC(a)(64, 1, None))
     print("raising", ALLOC(a)(13, 0, None))
     FREE(f)(0x7F0000001000, 64, 0, 0x77)
     print("calls", calls)
-    print("second", make(alloc, free) is None)
+    print("second", make(door, 0) is None)
     print("odd", [ALLOC(a)(100 + i, 0, None) for i in range(len(answers))])
     class Loud(logging.Handler):
         def emit(self, record):
             raise KeyboardInterrupt
     logging.getLogger("metrale").addHandler(Loud())
     print("loud", ALLOC(a)(13, 0, None))
+""")
+
+#: A door of the build's own class (`_twins.pick("door")`) on the fake backend, through the C functions.
+_DOOR_SCRIPT = textwrap.dedent("""
+    import ctypes, logging, sys
+    logging.basicConfig(level=logging.ERROR, format="LOG %(message)s", stream=sys.stdout)
+    from metrale_core import MetraleSettings, open_backend
+    from metrale_core._twins import pick
+    from metrale_core.allocators.door import Door
+    from metrale_core.allocators.doorfuncs import c_functions
+    pure = sys.argv[1] == "pure"
+    gpu = open_backend("fake", settings=MetraleSettings(pure=pure, redzone=0))
+    door = pick("door", Door, pure)(gpu, "probe")
+    print("class", type(door).__module__, isinstance(door, Door))
+    ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+    FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+    a, f = pick("doorfuncs", c_functions, pure)(door, 0)
+    def made_here():
+        return ALLOC(a)(1000, 0, 0x77)
+    ptr = made_here()
+    piece = door.piece(ptr)
+    print("piece", piece.nbytes, piece.kind, piece.site.endswith(":" + str(made_here.__code__.co_firstlineno + 1)))
+    print("other device", ALLOC(a)(64, 1, None), door.failures)
+    FREE(f)(ptr, 1000, 0, 0x77)
+    print("freed", door.out(), gpu.live_alloc_len(), ALLOC(a)(1000, 0, 0x77) == ptr)
+    FREE(f)(0x1234, 8, 0, None)
+    print("stranger", door.failures, type(door.last_error).__name__)
+    print("zero", ALLOC(a)(0, 0, None))
+    door.close()
+    gpu.close()
 """)
 
 
@@ -55,12 +92,34 @@ def test_the_c_functions_call_the_door_as_torch_would(build: str) -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "alloc 0x7f0000001000 None" in out
+    assert "other device None" in out
+    assert "refused: probe asked for memory on device 1; this door serves device 0" in out
     assert "raising None" in out
-    assert ("calls [('alloc', 64, 0, 119), ('alloc', 0, 1, 0), ('alloc', 13, 0, 0), "
-            "('free', 139637976731648, 64, 0, 119)]") in out
+    assert ("calls [('alloc', 64, 119), ('alloc', 0, 0), ('refuse', 'alloc'), ('alloc', 13, 0), "
+            "('free', 139637976731648)]") in out
     # the compiled pair serves one door; ctypes callbacks, any number
     assert f"second {build == 'compiled'}" in out
     assert "LOG allocator door: alloc of 13 bytes failed" in out and "a bug in the door" in out
     # what is no address gives no memory; a log handler that raises crosses nothing either
     assert f"odd [None, None, None, None, None, None, 4096, {2**64 - 4096}]" in out
     assert "loud None" in out
+
+
+@pytest.mark.parametrize("build", ["pure", "compiled"])
+def test_a_door_of_each_build_through_the_c_functions(build: str) -> None:
+    """A real door (the compiled twin is called at C level by the compiled pair) on the fake backend: a piece with
+    the site of the line that called the C function, a refusal for another device, a free that caches the piece."""
+    if build == "compiled":
+        compiled_twin("doorfuncs")
+        compiled_twin("door")
+    done = subprocess.run([sys.executable, "-c", _DOOR_SCRIPT, build], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    module = "metrale_core.allocators._door" if build == "compiled" else "metrale_core.allocators.door"
+    assert f"class {module} True" in out
+    assert "piece 1000 pool True" in out
+    assert "other device None 1" in out
+    assert "freed 0 0 True" in out
+    assert "stranger 2 DoorError" in out
+    assert "zero None" in out

@@ -37,6 +37,7 @@ from metrale_core._redzones.layout import RedZones as PureRedZones
 from metrale_core._streams.graph_lane import GraphLane as PureGraphLane
 from metrale_core._streams.lane import StreamLane as PureStreamLane
 from metrale_core._twins import TWINS, built, describe, pick
+from metrale_core.allocators.door import Door as PureDoor
 from metrale_core.allocators.doorfuncs import c_functions
 from tests._support import SETTINGS, compiled_twin, in_threads
 
@@ -46,7 +47,7 @@ PURE: dict[str, Any] = {
     "ledger": PureLedger, "stats": PureStats, "handle": DeviceBuffer._make, "arena": PureArena, "gate": PureGate,
     "lane": PureLane, "site": call_site, "stream_lane": PureStreamLane, "graph_lane": PureGraphLane,
     "launch_lane": PureLaunchLane, "pack": pack_args, "zones": PureRedZones, "quarantine": PureQuarantine,
-    "doorfuncs": c_functions, "pool": PurePool, "pool_lane": PurePoolLane,
+    "doorfuncs": c_functions, "pool": PurePool, "pool_lane": PurePoolLane, "door": PureDoor,
 }
 PURE_CLASSES: dict[str, type] = {name: ref for name, ref in PURE.items() if isinstance(ref, type)}
 
@@ -68,6 +69,7 @@ _MAKE: dict[str, Callable[[type], object]] = {
     "lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
     "pool_lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
     "pool": lambda cls: cls(_ALLOCATOR, 0),
+    "door": lambda cls: cls(_BACKEND, "probe"),
     "stream_lane": lambda cls: cls(_BACKEND._streams, _BACKEND._holdings.ledger),
     "graph_lane": lambda cls: cls(_BACKEND._streams.graphs, _BACKEND._streams.graphs.lane_parts()),
     "launch_lane": lambda cls: cls(_BACKEND._kernels, _BACKEND._kernels.lane_parts()),

@@ -13,7 +13,7 @@ import statistics
 import time
 
 from metrale_core import open_backend
-from metrale_core.allocators._door import Door
+from metrale_core.allocators.door import Door
 
 BACKEND = os.environ.get("PROBE_BACKEND", "cuda")
 PAIRS = 2000

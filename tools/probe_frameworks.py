@@ -11,7 +11,7 @@ frameworks``'s Llama ``generate`` (``_commands/bench/generate.py``), one process
 
 Run on a GPU machine with torch and transformers::
 
-    python3 backends/cuda/tools/probe_frameworks.py
+    python3 tools/probe_frameworks.py
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _freelist() -> Any:
     free_lists: dict[int, list[int]] = {}
     sizes: dict[int, int] = {}
 
-    def alloc(size: int, device: int, stream: int) -> int:
+    def alloc_(size: int, device: int, stream: int) -> int:
         size = (size + 511) & ~511
         cached = free_lists.get(size)
         if cached:
@@ -52,10 +52,17 @@ def _freelist() -> Any:
         sizes[ptr] = size
         return ptr
 
-    def free(ptr: int, size: int, device: int, stream: int) -> None:
+    def free_(ptr: int, size: int, device: int, stream: int) -> None:
         free_lists.setdefault(sizes.pop(ptr), []).append(ptr)
 
-    addresses = pick("doorfuncs", c_functions, False)(alloc, free) or c_functions(alloc, free)
+    class FreeList:  # what the C functions call: a door's three calls
+        framework = "free list"
+        alloc = staticmethod(lambda size, stream: alloc_(size, 0, stream))
+        free = staticmethod(lambda ptr: free_(ptr, 0, 0, 0))
+        refuse = staticmethod(lambda what, why: None)
+
+    door = FreeList()
+    addresses = pick("doorfuncs", c_functions, False)(door, 0) or c_functions(door, 0)
     pluggable = torch.cuda.memory.CUDAPluggableAllocator
     made = pluggable.__new__(pluggable)
     torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(*addresses))

@@ -14,10 +14,14 @@
   a finalizer that a garbage collection starts anywhere, inside a call of the door too: the door takes no lock
   of its own (a dict's item set and pop are atomic), and the pool defers a free that a collection runs inside
   one of its calls.
+- ``_door.pyx`` is its compiled twin (registered as its subclass): the same work, and C-level calls (``alloc_c``,
+  ``free_c``) for the compiled C functions of `doorfuncs`, so a framework's hook reaches the pool without a Python
+  frame.
 """
 
 from __future__ import annotations
 
+import abc
 import importlib
 import logging
 from typing import TYPE_CHECKING, Any, final
@@ -52,7 +56,7 @@ def require_cuda(gpu: GpuBackend, framework: str) -> None:
 
 
 @final
-class Door:
+class Door(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin to register with, nothing abstract)
     """One backend's caching pool behind a framework's allocator hook.
 
     :param gpu: the backend whose pool serves the framework.
