@@ -16,7 +16,8 @@ memory, as metrale writes it.
   (an event), so the step's read back and wait do not wait for it.
 - ``zoned``, ``zoned+shipped/1024``: no node, and the shipped node, over buffers laid out as red zones lay them
   out (each allocated 8 KiB larger, the kernels' pointer 4 KiB in); ``padded``: the same allocations, the pointer
-  at their start. They tell the layout's share of a checked graph's device time from the node's.
+  at their start; ``zoned2m``: each allocated 2 MiB + 4 KiB larger, the pointer 2 MiB in (a 2 MiB page's start,
+  its lead zone the 4 KiB before). They tell the layout's share of a checked graph's device time from the node's.
 
 Needs ``nvcc`` on the PATH. Run on a GPU machine::
 
@@ -95,6 +96,12 @@ def main() -> None:
         ok(drv.cuMemsetD8(p, 0, 4 * N))
     padded = tuple(zoned_bases)
     zoned = tuple(p + ZONE for p in zoned_bases)
+    big_bases = [int(ok(drv.cuMemAlloc(4 * N + (2 << 20) + ZONE))) for _ in range(3)]
+    zoned2m = tuple(p + (2 << 20) for p in big_bases)
+    for p in zoned2m:
+        ok(drv.cuMemsetD8(p, 0, 4 * N))
+    print("offsets in 2 MiB pages: plain", [hex(p % (2 << 20)) for p in (a, b, c)], "zoned",
+          [hex(p % (2 << 20)) for p in zoned], "zoned2m", [hex(p % (2 << 20)) for p in zoned2m])
     # zones: ZONES zones of 4 KiB, 40 KiB apart, filled
     spacing = 10 * ZONE
     zone_mem = int(ok(drv.cuMemAlloc(ZONES * spacing)))
@@ -147,6 +154,7 @@ def main() -> None:
         variants[f"devslot/{grid}"] = graph(node(verdict, grid, dev_slots))
     variants["zoned"] = graph(None, zoned)
     variants["padded"] = graph(None, padded)
+    variants["zoned2m"] = graph(None, zoned2m)
     variants["zoned+shipped/1024"] = graph(node(verdict, 1024, mapped_slot), zoned)
     side_args = check_args(mapped_slot)
 
