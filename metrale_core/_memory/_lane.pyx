@@ -415,6 +415,9 @@ cdef class PoolLane:
         (<MemoryPool>owner).give_c(index, None)
         return 0
 
+    def pool_record(self, pool, buf, foreign_stream):
+        self._allocator.pool_record(pool, buf, foreign_stream)
+
     def pool_trim(self, pool, keep_bytes):
         return self._allocator.pool_trim(pool, keep_bytes)
 

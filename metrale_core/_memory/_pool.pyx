@@ -18,6 +18,7 @@ from metrale_core._device._lock cimport acquire, release
 from .pool import LARGE as _LARGE
 from .pool import SEGMENT as _SEGMENT
 from .pool import MemoryPool as _MemoryPool
+from .pool import SHARED as _SHARED
 from .pool import PoolStats as _PoolStats
 
 cdef long long LARGE_C = _LARGE
@@ -66,6 +67,11 @@ cdef class MemoryPool:
         """Free a piece of this pool: off the ledger at once, cached for ``stream`` (the stream it was allocated
         on if ``None``)."""
         self._front.pool_free(self, buf, stream, "MemoryPool.free")
+
+    def record_stream(self, buf, foreign_stream):
+        """Say that piece ``buf`` is used on another library's stream ``foreign_stream`` too: at its free it is
+        cached for no stream, and taken again only after the pool's next wait for the device."""
+        self._front.pool_record(self, buf, foreign_stream)
 
     def trim(self, keep_bytes=0):
         """Wait for the device, then give back whole free segments until at most ``keep_bytes`` stay cached;
@@ -209,7 +215,7 @@ cdef class MemoryPool:
             if held is None:
                 return 0
             ptr, size, segment, own, zoned = <tuple>held
-            self._cache(ptr, size, segment, own if stream is None else stream, zoned)
+            self._cache(ptr, size, segment, own if stream is None or own is _SHARED else stream, zoned)
         finally:
             release(&self._lock)
         return 0
@@ -230,8 +236,19 @@ cdef class MemoryPool:
         acquire(&self._lock)
         try:
             held = self._out.get(index)
-            if held is not None:
+            if held is not None and held[3] is not _SHARED:
                 self._out[index] = (held[0], held[1], held[2], stream, held[4])
+        finally:
+            release(&self._lock)
+
+    def share(self, index, stream):
+        """Allocation ``index`` is used on ``stream`` too: unless that is its own stream, its piece is cached for no
+        stream at its free."""
+        acquire(&self._lock)
+        try:
+            held = self._out.get(index)
+            if held is not None and held[3] != stream:
+                self._out[index] = (held[0], held[1], held[2], _SHARED, held[4])
         finally:
             release(&self._lock)
 

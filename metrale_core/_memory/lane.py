@@ -154,6 +154,9 @@ class PoolLane:
     def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None:
         self._allocator.pool_free(pool, buf, stream, what)
 
+    def pool_record(self, pool: MemoryPool, buf: object, foreign_stream: object) -> None:
+        self._allocator.pool_record(pool, buf, foreign_stream)
+
     def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int:
         return self._allocator.pool_trim(pool, keep_bytes)
 

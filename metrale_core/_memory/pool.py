@@ -9,7 +9,9 @@
   device-wide ``synchronize()`` beyond ``release_threshold`` cached bytes, when an allocation runs out of
   memory, and at ``close()``.
 - Reuse is stream-ordered, as in PyTorch's caching allocator: a piece freed on a stream is cached for that
-  stream and taken again only by an allocation on it (the stream runs the earlier work first). Once the
+  stream and taken again only by an allocation on it (the stream runs the earlier work first). A piece also used
+  on another stream (`record_stream`, torch's ``Tensor.record_stream``) is cached for no stream at its free: it is
+  taken again only after the pool's next wait for the device. Once the
   device went idle (the pool waits for it before it gives memory back), every piece cached before that wait
   serves any stream: each cached piece carries the pool's epoch at its free, and a wait counts only for the
   pieces cached before it began (`mark`).
@@ -30,13 +32,16 @@ if TYPE_CHECKING:
     from .._device.buffer import DeviceBuffer
     from .._device.handles import Stream
 
-__all__ = ["LARGE", "MemoryPool", "PoolFront", "PoolStats", "SEGMENT", "size_class"]
+__all__ = ["LARGE", "MemoryPool", "PoolFront", "PoolStats", "SEGMENT", "SHARED", "size_class"]
 
 #: Pieces of at most this many bytes are carved from shared segments; larger ones are segments of their own.
 LARGE: Final = 1 << 20
 #: The size of a shared segment.
 SEGMENT: Final = 2 << 20
 _ROUND: Final = 512
+#: The cache key of a piece used on a stream besides its own (`MemoryPool.record_stream`): no allocation asks for
+#: it, so such a piece is taken again only once a wait for the device made it any stream's (`MemoryPool.idle`).
+SHARED: Final = "used on another stream too"
 
 
 def size_class(nbytes: int) -> int:
@@ -79,6 +84,8 @@ class PoolFront(Protocol):
     ) -> DeviceBuffer: ...
 
     def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None: ...
+
+    def pool_record(self, pool: MemoryPool, buf: object, foreign_stream: object) -> None: ...
 
     def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int: ...
 
@@ -144,6 +151,13 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
         """Free a piece of this pool: off the ledger at once, cached for ``stream`` (the stream it was allocated
         on if ``None``): allocations on that stream take it again."""
         self._front.pool_free(self, buf, stream, "MemoryPool.free")
+
+    def record_stream(self, buf: DeviceBuffer, foreign_stream: int) -> None:
+        """Say that piece ``buf`` is used on another library's stream ``foreign_stream`` too (its raw handle; torch's
+        ``Tensor.record_stream``): at its free it is cached for no stream, and taken again only after the pool's
+        next wait for the device (a trim, a device-wide ``synchronize()``, an out-of-memory reclaim). Nothing for
+        the stream it was allocated on."""
+        self._front.pool_record(self, buf, foreign_stream)
 
     def trim(self, keep_bytes: int = 0) -> int:
         """Wait for the device, then give back whole free segments until at most ``keep_bytes`` stay cached;
@@ -260,7 +274,7 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
             if held is None:
                 return
             ptr, size, segment, own, zoned = held
-            self._cache(ptr, size, segment, own if stream is None else stream, zoned)
+            self._cache(ptr, size, segment, own if stream is None or own is SHARED else stream, zoned)
 
     def strand_swept(self) -> None:
         """From now on a piece a sweep takes off the ledger stays out of the cache until the pool closes: its owner
@@ -276,11 +290,20 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
             self.give(index, None)
 
     def aim(self, index: int, stream: object) -> None:
-        """Allocation ``index`` (freed, its zones waiting for their check) is to be cached for ``stream``."""
+        """Allocation ``index`` (freed, its zones waiting for their check) is to be cached for ``stream`` (not where
+        it is used on another stream too: `share`)."""
         with self._lock:
             held = self._out.get(index)
-            if held is not None:
+            if held is not None and held[3] is not SHARED:
                 self._out[index] = (held[0], held[1], held[2], stream, held[4])
+
+    def share(self, index: int, stream: object) -> None:
+        """Allocation ``index`` is used on ``stream`` too (`record_stream`): unless that is its own stream, its piece
+        is cached for no stream at its free (`SHARED`)."""
+        with self._lock:
+            held = self._out.get(index)
+            if held is not None and held[3] != stream:
+                self._out[index] = (held[0], held[1], held[2], SHARED, held[4])
 
     def give_untaken(self, ptr: int, size: int, segment: object) -> None:
         """A piece taken for an allocation that did not commit: cached for any stream (nothing used it)."""

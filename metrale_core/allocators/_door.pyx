@@ -112,6 +112,20 @@ cdef class Door:
             except BaseException:
                 pass
 
+    def record(self, address, stream):
+        """The piece at ``address`` is used on the framework's stream ``stream`` too: at its free it waits for the
+        pool's next wait for the device before any reuse. An address that is no piece out is logged, changes
+        nothing."""
+        buf = self._out.get(address)
+        if buf is None:
+            self._failed("record_stream", _DoorError(
+                f"{self.framework} recorded a stream for {address:#x}, which is no piece of its metrale pool out now"))
+            return
+        try:
+            self._pool.record_stream(buf, stream)
+        except _MetraleError as exc:
+            self._failed("record_stream", exc)
+
     def piece(self, address):
         """The piece out at ``address`` (the ledger's record of a framework's tensor), or ``None``."""
         return self._out.get(address)

@@ -14,7 +14,9 @@ from libc.stdint cimport uintptr_t
 
 from ._door cimport Door
 
+from .doorfuncs import DoorFunctions as _DoorFunctions
 from .doorfuncs import address as _address
+from .doorfuncs import graph_captured as _graph_captured
 from .doorfuncs import log_failure as _log_failure
 from .doorfuncs import wrong_device as _wrong_device
 
@@ -54,15 +56,35 @@ cdef void _free_c(void* ptr, size_t size, int device, void* stream) noexcept wit
             pass
 
 
+cdef void _record_c(void* ptr, void* stream) noexcept with gil:
+    try:
+        _door.record(<uintptr_t>ptr, <uintptr_t>stream)
+    except BaseException:
+        try:
+            _log_failure("allocator door: record_stream of %#x failed", <uintptr_t>ptr)
+        except BaseException:
+            pass
+
+
+cdef void _captured_c(int device, unsigned long long id_0, unsigned long long id_1) noexcept with gil:
+    try:
+        _graph_captured(_door, device, (id_0, id_1))
+    except BaseException:
+        try:
+            _log_failure("allocator door: a graph capture's end on device %d failed", device)
+        except BaseException:
+            pass
+
+
 def c_functions(door, device):
     """The addresses of C functions calling ``door`` for memory on ``device`` (``None``: this pair serves another
     door)."""
     global _door, _device, _compiled, _taken
-    if not all(callable(getattr(door, name, None)) for name in ("alloc", "free", "refuse")):
-        raise TypeError(f"c_functions: {door!r} is no door (it needs alloc, free and refuse)")
+    if not all(callable(getattr(door, name, None)) for name in ("alloc", "free", "record", "refuse")):
+        raise TypeError(f"c_functions: {door!r} is no door (it needs alloc, free, record and refuse)")
     if type(device) is not int:
         raise TypeError(f"c_functions: device must be an int, got {device!r}")
     if _taken:
         return None
     _door, _device, _compiled, _taken = door, device, type(door) is Door, True
-    return <uintptr_t>&_alloc_c, <uintptr_t>&_free_c
+    return _DoorFunctions(<uintptr_t>&_alloc_c, <uintptr_t>&_free_c, <uintptr_t>&_record_c, <uintptr_t>&_captured_c)

@@ -120,6 +120,20 @@ class Door(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin t
         except MetraleError as exc:  # swept meanwhile (the sweep named it): its memory stays out until close
             self._failed("free", exc)
 
+    def record(self, address: int, stream: int) -> None:
+        """The piece at ``address`` is used on the framework's stream ``stream`` too (torch's
+        ``Tensor.record_stream``): at its free it waits for the pool's next wait for the device before any reuse
+        (`MemoryPool.record_stream`). An address that is no piece out of this door is logged and changes nothing."""
+        buf = self._out.get(address)
+        if buf is None:
+            self._failed("record_stream", DoorError(
+                f"{self.framework} recorded a stream for {address:#x}, which is no piece of its metrale pool out now"))
+            return
+        try:
+            self._pool.record_stream(buf, stream)
+        except MetraleError as exc:
+            self._failed("record_stream", exc)
+
     def piece(self, address: int) -> DeviceBuffer | None:
         """The piece out at ``address`` (the ledger's record of a framework's tensor), or ``None``."""
         return self._out.get(address)

@@ -1,9 +1,13 @@
 """The two C functions a framework's allocator hook calls, made for a door.
 
-- `c_functions(door, device)` returns the addresses of ``void* alloc(size_t size, int device, void* stream)`` and
-  ``void free(void* ptr, size_t size, int device, void* stream)`` (torch's ``CUDAPluggableAllocator`` calls these),
-  which call ``door.alloc(size, stream)`` and ``door.free(ptr)``. An allocation for another device than ``device``
-  is refused (``door.refuse``: counted, logged), and the framework gets no memory.
+- `c_functions(door, device)` returns the addresses (`DoorFunctions`) of ``void* alloc(size_t size, int device,
+  void* stream)`` and ``void free(void* ptr, size_t size, int device, void* stream)`` (torch's
+  ``CUDAPluggableAllocator`` calls these), which call ``door.alloc(size, stream)`` and ``door.free(ptr)``; of
+  ``void record_stream(void* ptr, void* stream)``, which calls ``door.record(ptr, stream)`` (torch's
+  ``Tensor.record_stream``); and of ``void graph_captured(int device, uint64_t id_0, uint64_t id_1)``, which tells
+  the door that the framework captured a CUDA graph with its memory (torch's end of a graph capture, whose pool id
+  is a pair of 64-bit words passed by value: two words in registers). An allocation for another device than
+  ``device`` is refused (``door.refuse``: counted, logged), and the framework gets no memory.
 - Nothing may cross into the framework's C++. ``door.alloc`` answers an address (an integer from 1 to 2**64 - 1),
   or 0 / ``None`` for none; anything else it answers, and anything it raises, gives the framework no memory,
   logged (a log that fails is dropped).
@@ -18,18 +22,29 @@ from __future__ import annotations
 import ctypes
 import logging
 import operator
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
-__all__ = ["DoorLike", "address", "c_functions", "log_failure", "wrong_device"]
+__all__ = ["DoorFunctions", "DoorLike", "address", "c_functions", "graph_captured", "log_failure", "wrong_device"]
 
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
 _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+_RECORD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+_CAPTURED = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64)
 _ADDRESS_END: Final = 1 << 64
 
 _log = logging.getLogger("metrale")
 
 #: Every callback made here, never let go.
-_KEPT: list[tuple[object, object]] = []
+_KEPT: list[tuple[object, ...]] = []
+
+
+class DoorFunctions(NamedTuple):
+    """The addresses of a door's C functions (`c_functions`)."""
+
+    alloc: int
+    free: int
+    record_stream: int
+    graph_captured: int
 
 
 def address(got: object) -> int:
@@ -52,6 +67,8 @@ class DoorLike(Protocol):
 
     def free(self, address: int) -> None: ...
 
+    def record(self, address: int, stream: int) -> None: ...
+
     def refuse(self, what: str, why: str) -> None: ...
 
 
@@ -61,6 +78,16 @@ def wrong_device(door: DoorLike, asked: int, device: int) -> None:
                          f"(install one allocator per process, for its device)")
 
 
+def graph_captured(door: DoorLike, device: int, pool_id: tuple[int, int]) -> None:
+    """Tell ``door`` (refused: counted, logged at ERROR) that its framework captured a CUDA graph on ``device`` with
+    memory of its pool (torch's graph pool ``pool_id``): not supported, and why."""
+    door.refuse("graph capture", (
+        f"{door.framework} captured a CUDA graph on device {device} (its pool {pool_id}) with memory from metrale's "
+        f"pool, which keeps no private pool per graph: a piece freed during the capture may be handed out again "
+        f"while the graph still uses it, and a new segment during a capture fails. Capture graphs without the door "
+        f"(metrale's own GpuBackend.begin_capture has its rules), or without metrale's allocator"))
+
+
 def log_failure(message: str, value: object) -> None:
     try:  # noqa: SIM105 - no contextlib: at shutdown the module's names may be gone already
         _log.exception(message, value)
@@ -68,11 +95,11 @@ def log_failure(message: str, value: object) -> None:
         pass
 
 
-def c_functions(door: DoorLike, device: int) -> tuple[int, int] | None:
+def c_functions(door: DoorLike, device: int) -> DoorFunctions | None:
     """The addresses of C functions calling ``door`` for memory on ``device`` (``None``: none can be made here;
     never here)."""
-    if not all(callable(getattr(door, name, None)) for name in ("alloc", "free", "refuse")):
-        raise TypeError(f"c_functions: {door!r} is no door (it needs alloc, free and refuse)")
+    if not all(callable(getattr(door, name, None)) for name in ("alloc", "free", "record", "refuse")):
+        raise TypeError(f"c_functions: {door!r} is no door (it needs alloc, free, record and refuse)")
     if type(device) is not int:
         raise TypeError(f"c_functions: device must be an int, got {device!r}")
 
@@ -92,9 +119,20 @@ def c_functions(door: DoorLike, device: int) -> tuple[int, int] | None:
         except BaseException:
             log_failure("allocator door: free of %#x failed", ptr or 0)
 
-    alloc_fn, free_fn = _ALLOC(alloc_c), _FREE(free_c)
-    _KEPT.append((alloc_fn, free_fn))
-    alloc_at = ctypes.cast(alloc_fn, ctypes.c_void_p).value
-    free_at = ctypes.cast(free_fn, ctypes.c_void_p).value
-    assert alloc_at is not None and free_at is not None
-    return alloc_at, free_at
+    def record_c(ptr: int | None, stream: int | None) -> None:
+        try:
+            door.record(ptr or 0, stream or 0)
+        except BaseException:
+            log_failure("allocator door: record_stream of %#x failed", ptr or 0)
+
+    def captured_c(asked: int, id_0: int, id_1: int) -> None:
+        try:
+            graph_captured(door, asked, (id_0, id_1))
+        except BaseException:
+            log_failure("allocator door: a graph capture's end on device %d failed", asked)
+
+    made = (_ALLOC(alloc_c), _FREE(free_c), _RECORD(record_c), _CAPTURED(captured_c))
+    _KEPT.append(made)
+    addresses = [ctypes.cast(fn, ctypes.c_void_p).value for fn in made]
+    assert all(at is not None for at in addresses)
+    return DoorFunctions(*addresses)  # type: ignore[arg-type]

@@ -10,12 +10,18 @@
   which ends the process's CUDA context). The door logs metrale's error first, at ERROR: it names the sites holding
   memory. Keep headroom (or an ``on_out_of_memory`` callback that frees) where a service runs near the card's size.
 - Streams: a tensor's piece is cached for the stream torch allocated it on and reused there (torch frees it with
-  that stream). torch's pluggable allocator does not forward ``Tensor.record_stream``: as with any allocator
-  torch plugs in, a tensor used on a second stream must be synchronized by the application before its free.
+  that stream). ``Tensor.record_stream(s)`` reaches the door (torch's ``set_record_stream_fn`` hook): the piece is
+  then cached for no stream at its free, and taken again only after the pool's next wait for the device
+  (`MemoryPool.record_stream`).
+- ``torch.cuda.graph`` captures are not supported: torch calls the door during a capture as at any other time, and
+  metrale's pool keeps no private pool per graph. The end of each capture reaches the door (torch's
+  ``set_end_allocate_to_pool_fn`` hook), which logs a `DoorError` at ERROR saying so and counts it
+  (``door.failures``, ``door.last_error``).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DoorError
@@ -27,6 +33,8 @@ if TYPE_CHECKING:
     from .. import GpuBackend
 
 __all__ = ["allocator", "door_of", "install"]
+
+_log = logging.getLogger("metrale")
 
 
 def _torch() -> Any:
@@ -50,7 +58,16 @@ def allocator(gpu: GpuBackend, *, release_threshold: int = 0) -> Any:
     assert addresses is not None
     pluggable = torch.cuda.memory.CUDAPluggableAllocator
     made = pluggable.__new__(pluggable)  # its own __init__ loads a shared library by name; the base takes pointers
-    torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(*addresses))
+    torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(addresses.alloc, addresses.free))
+    inner = made.allocator()  # (torch's _CUDAPluggableAllocator: its hooks take C functions' addresses)
+    for setter, at in (("set_record_stream_fn", addresses.record_stream),
+                       ("set_end_allocate_to_pool_fn", addresses.graph_captured)):
+        hook = getattr(inner, setter, None)
+        if hook is None:
+            _log.warning("torch allocator: this torch (%s) has no %s: its %s is not seen by metrale", torch.__version__,
+                         setter, "Tensor.record_stream" if "record" in setter else "graph captures")
+        else:
+            hook(at)
     made._metrale = door
     return made
 

@@ -100,6 +100,31 @@ class PoolRules(MemoryRules):
 
     @precondition(lambda self: any(b.kind == "pool" for b, _ in self.live.values()))
     @rule(data=st.data())
+    def pool_record_stream_then_free(self, data: st.DataObject) -> None:
+        """``MemoryPool.record_stream``: a piece used on another library's stream too is not taken again by its own
+        stream's next allocation of its size (only after a wait for the device); once freed, the call is refused
+        and changes nothing."""
+        assert self.pool is not None
+        piece = data.draw(st.sampled_from(self._pool_pieces()), label="piece")
+        on_stream = self.piece_streams.pop(piece.index, False)
+        self.pool.record_stream(piece, 0x5151)
+        self._free(piece, self.pool.free)
+        before = self.pool.stats()
+        try:
+            self.pool.record_stream(piece, 0x5151)
+        except InvalidBufferError:
+            pass
+        else:
+            raise AssertionError(f"record_stream of freed piece #{piece.index} was not refused")
+        assert self.pool.stats() == before
+        fresh = self.pool.alloc(piece.nbytes, stream=self._stream_of(on_stream))
+        self.live[fresh.index] = (fresh, Contents(fresh.nbytes))
+        self.piece_streams[fresh.index] = on_stream
+        assert fresh.ptr != piece.ptr or self._zoned(fresh) != self._zoned(piece), (
+            f"piece #{piece.index}, used on another stream too, was taken again before any wait for the device")
+
+    @precondition(lambda self: any(b.kind == "pool" for b, _ in self.live.values()))
+    @rule(data=st.data())
     def pool_free_in_the_wrong_pool(self, data: st.DataObject) -> None:
         assert self.other_pool is not None
         piece = data.draw(st.sampled_from(self._pool_pieces()), label="piece")

@@ -33,15 +33,21 @@ _SCRIPT = textwrap.dedent("""
             return 0x7F0000001000 if size else 0
         def free(self, ptr):
             calls.append(("free", ptr))
+        def record(self, ptr, stream):
+            calls.append(("record", ptr, stream))
         def refuse(self, what, why):
             calls.append(("refuse", what))
             logging.getLogger("metrale").error("refused: %s", why)
     door = Door()
-    a, f = make(door, 0)
+    a, f, r, c = make(door, 0)
+    RECORD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+    CAPTURED = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64)
     print("alloc", hex(ALLOC(a)(64, 0, 0x77)), ALLOC(a)(0, 0, None))
     print("other device", ALLOC(a)(64, 1, None))
     print("raising", ALLOC(a)(13, 0, None))
     FREE(f)(0x7F0000001000, 64, 0, 0x77)
+    RECORD(r)(0x7F0000001000, 0x99)
+    CAPTURED(c)(0, 1, 2**64 - 1)
     print("calls", calls)
     print("second", make(door, 0) is None)
     print("odd", [ALLOC(a)(100 + i, 0, None) for i in range(len(answers))])
@@ -66,7 +72,9 @@ _DOOR_SCRIPT = textwrap.dedent("""
     print("class", type(door).__module__, isinstance(door, Door))
     ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
     FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
-    a, f = pick("doorfuncs", c_functions, pure)(door, 0)
+    made = pick("doorfuncs", c_functions, pure)(door, 0)
+    a, f = made.alloc, made.free
+    RECORD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
     def made_here():
         return ALLOC(a)(1000, 0, 0x77)
     ptr = made_here()
@@ -75,6 +83,9 @@ _DOOR_SCRIPT = textwrap.dedent("""
     print("other device", ALLOC(a)(64, 1, None), door.failures)
     FREE(f)(ptr, 1000, 0, 0x77)
     print("freed", door.out(), gpu.live_alloc_len(), ALLOC(a)(1000, 0, 0x77) == ptr)
+    RECORD(made.record_stream)(ptr, 0x99)  # used on another stream too: not reused before a wait for the device
+    FREE(f)(ptr, 1000, 0, 0x77)
+    print("recorded", ALLOC(a)(1000, 0, 0x77) != ptr, door.failures)
     FREE(f)(0x1234, 8, 0, None)
     print("stranger", door.failures, type(door.last_error).__name__)
     print("zero", ALLOC(a)(0, 0, None))
@@ -96,7 +107,8 @@ def test_the_c_functions_call_the_door_as_torch_would(build: str) -> None:
     assert "refused: probe asked for memory on device 1; this door serves device 0" in out
     assert "raising None" in out
     assert ("calls [('alloc', 64, 119), ('alloc', 0, 0), ('refuse', 'alloc'), ('alloc', 13, 0), "
-            "('free', 139637976731648)]") in out
+            "('free', 139637976731648), ('record', 139637976731648, 153), ('refuse', 'graph capture')]") in out
+    assert f"refused: probe captured a CUDA graph on device 0 (its pool (1, {2**64 - 1})) with memory from" in out
     # the compiled pair serves one door; ctypes callbacks, any number
     assert f"second {build == 'compiled'}" in out
     assert "LOG allocator door: alloc of 13 bytes failed" in out and "a bug in the door" in out
@@ -121,5 +133,6 @@ def test_a_door_of_each_build_through_the_c_functions(build: str) -> None:
     assert "piece 1000 pool True" in out
     assert "other device None 1" in out
     assert "freed 0 0 True" in out
+    assert "recorded True 1" in out
     assert "stranger 2 DoorError" in out
     assert "zero None" in out

@@ -26,7 +26,7 @@ from metrale_core import (
     open_backend,
 )
 from metrale_core.allocators import Door
-from tests._support import SETTINGS
+from tests._support import SETTINGS, compiled_twin
 
 #: Reuse is counted exactly here: no red zones (a zoned piece waits for its check before it is reused).
 PLAIN = SETTINGS.updated(redzone=0)
@@ -37,8 +37,14 @@ def gpu(unzoned_gpu: GpuBackend) -> GpuBackend:
     return unzoned_gpu
 
 
-def test_a_door_hands_out_pieces_by_address(gpu: GpuBackend) -> None:
-    door = Door(gpu, "test")
+@pytest.fixture(params=["pure", "compiled"])
+def make_door(request: pytest.FixtureRequest) -> type[Door]:
+    """The door class of each build: the pure `Door`, and its compiled twin (skipped where it was not built)."""
+    return Door if request.param == "pure" else compiled_twin("door")  # type: ignore[no-any-return]
+
+
+def test_a_door_hands_out_pieces_by_address(make_door: type[Door], gpu: GpuBackend) -> None:
+    door = make_door(gpu, "test")
     a = door.alloc(1000, 7)
     line = test_a_door_hands_out_pieces_by_address.__code__.co_firstlineno + 2
     piece = door.piece(a)
@@ -53,8 +59,8 @@ def test_a_door_hands_out_pieces_by_address(gpu: GpuBackend) -> None:
     assert gpu.live_alloc_len() == 0
 
 
-def test_a_refusal_answers_zero_and_keeps_the_error(gpu: GpuBackend, caplog: pytest.LogCaptureFixture) -> None:
-    door = Door(gpu, "test")
+def test_a_refusal_answers_zero_and_keeps_the_error(make_door: type[Door], gpu: GpuBackend, caplog: pytest.LogCaptureFixture) -> None:
+    door = make_door(gpu, "test")
     kept = door.alloc(4096, 0)
     with caplog.at_level(logging.ERROR, logger="metrale"):
         assert door.alloc(1 << 60, 0) == 0
@@ -66,8 +72,8 @@ def test_a_refusal_answers_zero_and_keeps_the_error(gpu: GpuBackend, caplog: pyt
     door.close()
 
 
-def test_an_out_of_memory_refusal_names_the_sites(gpu: GpuBackend) -> None:
-    door = Door(gpu, "test")
+def test_an_out_of_memory_refusal_names_the_sites(make_door: type[Door], gpu: GpuBackend) -> None:
+    door = make_door(gpu, "test")
     kept = door.alloc(4096, 0)
     assert door.alloc(1 << 60, 0) == 0
     assert isinstance(door.last_error, OutOfMemoryError)
@@ -76,7 +82,9 @@ def test_an_out_of_memory_refusal_names_the_sites(gpu: GpuBackend) -> None:
     door.close()
 
 
-def test_the_site_skips_the_packages_the_setting_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_site_skips_the_packages_the_setting_names(
+    make_door: type[Door], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A framework's own frames (here a package standing in for one) are passed over: the site is the line that
     called into the framework."""
     package = tmp_path / "framework_stand_in"
@@ -87,20 +95,20 @@ def test_the_site_skips_the_packages_the_setting_names(tmp_path: Path, monkeypat
 
     settings = PLAIN.updated(site_skip=("framework_stand_in",))
     with open_backend("fake", settings=settings) as gpu:
-        door = Door(gpu, "test")
+        door = make_door(gpu, "test")
         address = framework_stand_in.empty(door, 64)
-        line = test_the_site_skips_the_packages_the_setting_names.__code__.co_firstlineno + 12
+        line = test_the_site_skips_the_packages_the_setting_names.__code__.co_firstlineno + 14
         piece = door.piece(address)
         assert piece is not None and piece.site.endswith(f"test_doors.py:{line}")
     with open_backend("fake", settings=PLAIN.updated(site_skip=())) as gpu:
-        door = Door(gpu, "test")
+        door = make_door(gpu, "test")
         piece = door.piece(framework_stand_in.empty(door, 64))
         assert piece is not None and "framework_stand_in" in piece.site
 
 
-def test_a_free_after_the_backend_closed_changes_nothing() -> None:
+def test_a_free_after_the_backend_closed_changes_nothing(make_door: type[Door]) -> None:
     gpu = open_backend("fake", settings=PLAIN)
-    door = Door(gpu, "test")
+    door = make_door(gpu, "test")
     address = door.alloc(100, 0)
     gpu.close()  # the pool's pieces were swept
     door.free(address)
@@ -228,10 +236,53 @@ def test_metrale_run_torch_runs_an_unmodified_model_script(tmp_path: Path) -> No
     assert "metrale memory summary" in done.stderr
 
 
-def test_a_swept_piece_stays_out_until_the_pool_closes(gpu: GpuBackend, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.skipif(_cuda_with("torch") is not None, reason=str(_cuda_with("torch")))
+@pytest.mark.parametrize("pure", ["0", "1"])
+def test_torch_record_stream_and_a_graph_capture_reach_the_door(pure: str) -> None:
+    """``Tensor.record_stream`` reaches the pool (the piece is not reused before a wait for the device), and the end
+    of a ``torch.cuda.graph`` capture is refused loudly (the pool keeps no private pool per graph), each build."""
+    done = _python("""
+        import sys, torch
+        from metrale_core import MetraleSettings, open_backend
+        from metrale_core.allocators import torch as door_of_torch
+        gpu = open_backend("cuda", settings=MetraleSettings(pure=sys.argv[1] == "1", redzone=0))
+        door = door_of_torch.install(gpu)
+        print("door", type(door).__module__)
+        side = torch.cuda.Stream()
+        a = torch.empty(1 << 20, device="cuda")
+        ptr = a.data_ptr()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            a.fill_(1.0)
+        a.record_stream(side)
+        del a
+        b = torch.empty(1 << 20, device="cuda")
+        print("reused before a wait", b.data_ptr() == ptr, "failures", door.failures)
+        x = torch.ones(1024, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # the warm-up torch's documentation asks for
+            y = x * 2
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = x * 2
+        torch.cuda.synchronize()
+        print("captured", door.failures, type(door.last_error).__name__,
+              "captured a CUDA graph" in str(door.last_error))
+        del g, y
+        torch.cuda.synchronize()
+    """, pure)
+    assert done.returncode == 0, done.stderr
+    assert f"door metrale_core.allocators.{'door' if pure == '1' else '_door'}" in done.stdout
+    assert "reused before a wait False failures 0" in done.stdout
+    assert "captured 1 DoorError True" in done.stdout
+
+
+def test_a_swept_piece_stays_out_until_the_pool_closes(make_door: type[Door], gpu: GpuBackend, caplog: pytest.LogCaptureFixture) -> None:
     """A sweep takes a door's pieces off the ledger while the framework still holds them: the framework's late free
     of that address is refused (logged), and never gives back a piece handed out again since."""
-    door = Door(gpu, "test")
+    door = make_door(gpu, "test")
     old = door.alloc(4096, 0)
     with caplog.at_level(logging.WARNING, logger="metrale"):
         gpu.sweep_unreleased()

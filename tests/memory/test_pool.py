@@ -203,6 +203,45 @@ def test_bad_input_is_refused_and_changes_nothing(gpu: GpuBackend, call: object,
     pool.close()
 
 
+def test_a_piece_used_on_another_stream_too_waits_for_the_device_before_any_reuse(gpu: GpuBackend) -> None:
+    """``record_stream`` (torch's ``Tensor.record_stream`` through the door): the piece is cached for no stream at
+    its free, so its own stream does not take it back; after a wait for the device any stream may."""
+    pool = gpu.create_pool(release_threshold=1 << 30)
+    piece = pool.alloc_on(4096, 0x77)
+    pool.record_stream(piece, 0x77)  # its own stream: nothing changes
+    pool.free(piece)
+    again = pool.alloc_on(4096, 0x77)
+    assert again.ptr == piece.ptr
+    pool.record_stream(again, 0x99)
+    pool.free(again)
+    other = pool.alloc_on(4096, 0x77)
+    assert other.ptr != again.ptr, "a piece used on another stream too was reused before a wait for the device"
+    pool.free(other)
+    gpu.synchronize()  # (the pool's wait: what was cached before it serves any stream)
+    assert {pool.alloc_on(4096, 0x77).ptr for _ in range(2)} == {again.ptr, other.ptr}
+    pool.close()
+
+
+@pytest.mark.parametrize(("call", "error"), [
+    (lambda pool, piece, freed, other: pool.record_stream(freed, 9), InvalidBufferError),
+    (lambda pool, piece, freed, other: other.record_stream(piece, 9), InvalidBufferError),
+    (lambda pool, piece, freed, other: pool.record_stream("piece", 9), InvalidBufferError),
+    (lambda pool, piece, freed, other: pool.record_stream(piece, -1), InvalidArgumentError),
+    (lambda pool, piece, freed, other: pool.record_stream(piece, 2**64), InvalidArgumentError),
+    (lambda pool, piece, freed, other: pool.record_stream(piece, "s"), InvalidArgumentError),
+])
+def test_record_stream_refuses_bad_input_and_changes_nothing(gpu: GpuBackend, call: object, error: type) -> None:
+    pool, other = gpu.create_pool(release_threshold=1 << 30), gpu.create_pool()
+    piece, freed = pool.alloc_on(4096, 5), pool.alloc_on(4096, 5)
+    pool.free(freed)
+    with pytest.raises(error):
+        call(pool, piece, freed, other)  # type: ignore[operator]
+    pool.free(piece)
+    assert pool.alloc_on(4096, 5).ptr == piece.ptr  # not marked as used elsewhere
+    pool.close()
+    other.close()
+
+
 def test_pool_calls_are_refused_during_a_capture(gpu: GpuBackend) -> None:
     from metrale_core import CaptureError
 
@@ -210,7 +249,8 @@ def test_pool_calls_are_refused_during_a_capture(gpu: GpuBackend) -> None:
     piece = pool.alloc(64)
     stream = gpu.create_stream()
     gpu.begin_capture(stream)
-    for call in (lambda: pool.alloc(64), lambda: pool.free(piece), pool.trim, gpu.create_pool):
+    for call in (lambda: pool.alloc(64), lambda: pool.free(piece), pool.trim, gpu.create_pool,
+                 lambda: pool.record_stream(piece, 5)):
         with pytest.raises(CaptureError):
             call()
     with pytest.raises(CaptureError, match="invalidated"):  # as CUDA: a forbidden call invalidates the capture
