@@ -59,7 +59,9 @@ def test_a_door_hands_out_pieces_by_address(make_door: type[Door], gpu: GpuBacke
     assert gpu.live_alloc_len() == 0
 
 
-def test_a_refusal_answers_zero_and_keeps_the_error(make_door: type[Door], gpu: GpuBackend, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_refusal_answers_zero_and_keeps_the_error(
+    make_door: type[Door], gpu: GpuBackend, caplog: pytest.LogCaptureFixture
+) -> None:
     door = make_door(gpu, "test")
     kept = door.alloc(4096, 0)
     with caplog.at_level(logging.ERROR, logger="metrale"):
@@ -279,7 +281,9 @@ def test_torch_record_stream_and_a_graph_capture_reach_the_door(pure: str) -> No
     assert "captured 1 DoorError True" in done.stdout
 
 
-def test_a_swept_piece_stays_out_until_the_pool_closes(make_door: type[Door], gpu: GpuBackend, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_swept_piece_stays_out_until_the_pool_closes(
+    make_door: type[Door], gpu: GpuBackend, caplog: pytest.LogCaptureFixture
+) -> None:
     """A sweep takes a door's pieces off the ledger while the framework still holds them: the framework's late free
     of that address is refused (logged), and never gives back a piece handed out again since."""
     door = make_door(gpu, "test")
