@@ -57,6 +57,9 @@ from .ledger import next_index as _next_index
 _log = logging.getLogger("metrale")
 
 cdef bytes _CAPSULE_NAME = _DEVICE_CALLS.encode()
+#: The pool lane's sizes: below this one (a piece's rounded size fits a C ``long long``); larger ones, which no
+#: driver serves, go to the allocator (its out-of-memory error).
+cdef object _FAST_LIMIT = 1 << 62
 
 
 @cython.final
@@ -336,7 +339,7 @@ cdef class PoolLane:
         """`MemoryPool.alloc` and `MemoryPool.alloc_on`."""
         cdef _Cell cell
         if (self._zoned or foreign is None or type(pool) is not MemoryPool or type(nbytes) is not int
-                or type(foreign) is not int or not (0 < nbytes < _WORD_LIMIT) or not (0 <= foreign < _WORD_LIMIT)):
+                or type(foreign) is not int or not (0 < nbytes < _FAST_LIMIT) or not (0 <= foreign < _WORD_LIMIT)):
             return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
         cell = self._gate.enter_c(False)
         try:
@@ -360,19 +363,23 @@ cdef class PoolLane:
         # the commit, without the context's lock (the allocator's takes it): the ledger first, judged under its lock
         # against the backend's close (as the device lane's), then the pool's hand-out, judged under the pool's lock
         # against its close. A close that comes between finds the record on the ledger but not out of the pool:
-        # it leaves it, and the hand-out, refused, takes it back off. Each pool_of item is one dict operation
-        # (atomic): no piece touches two of the holdings' tables at once here, so their lock is not needed.
+        # it leaves it, and the hand-out, refused, takes it back off. A sweep that comes between takes the record:
+        # the hand-out, seeing it gone, makes of the piece what the sweep would have (cached, or stranded), and the
+        # buffer is handed back as the allocator's would be. Each pool_of item is one dict operation (atomic): no
+        # piece touches two of the holdings' tables at once here, so their lock is not needed.
         self._pool_of[index] = pool
+        self._stats.allocated_c(KIND_POOL, n)  # (before the record is out: a sweep's release never comes first)
         if not self._ledger.add_c(index, buf, self._gate):
+            self._stats.released_c(KIND_POOL, n)
             self._pool_of.pop(index, None)
             pool.give_untaken(ptr, size, segment)
             raise self._ctx.closed_error()
-        if not pool.handed_out_c(index, ptr, size, segment, target, False):
-            self._ledger.take_c(index, ptr, n)  # (None where the backend's sweep took it meanwhile)
+        if not pool.handed_out_c(index, ptr, size, segment, target, False, self._ledger, buf):  # (2: swept already)
+            if self._ledger.take_c(index, ptr, n) is not None:  # (None where the backend's sweep took it)
+                self._stats.released_c(KIND_POOL, n)
             self._pool_of.pop(index, None)
             pool.give_untaken(ptr, size, segment)
             raise _InvalidArgumentError(f"MemoryPool.alloc_on: {pool!r} was closed meanwhile")
-        self._stats.allocated_c(KIND_POOL, n)
         if self._trace_idx is not None and self._trace_idx == index:
             self._allocator.trace(index, "MemoryPool.alloc_on", n, site)
         return buf

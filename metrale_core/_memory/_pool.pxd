@@ -4,6 +4,7 @@
 cimport cython
 
 from metrale_core._device._lock cimport lock_t
+from metrale_core._memory._ledger cimport Ledger
 
 
 @cython.final
@@ -37,6 +38,6 @@ cdef class MemoryPool:
     cdef object take_c(self, long long size, object stream, bint zoned)
     cdef tuple _carve(self, _Segment segment, long long size)
     cdef int handed_out_c(self, object index, object ptr, long long size, _Segment segment, object stream,
-                          bint zoned) except -1
+                          bint zoned, Ledger ledger, object buf) except -1
     cdef int give_c(self, object index, object stream) except -1
     cdef void _cache(self, object ptr, long long size, _Segment segment, object stream, bint zoned) except *

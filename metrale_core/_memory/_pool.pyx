@@ -14,6 +14,7 @@ its counters in C integers under a C-level lock (``_device/_lock.pxd``).
 cimport cython
 
 from metrale_core._device._lock cimport acquire, release
+from metrale_core._memory._ledger cimport Ledger
 
 from .pool import LARGE as _LARGE
 from .pool import SEGMENT as _SEGMENT
@@ -22,6 +23,9 @@ from .pool import SHARED as _SHARED
 from .pool import PoolStats as _PoolStats
 
 cdef long long LARGE_C = _LARGE
+#: Sizes from this one up are no cached piece's and no shared segment's (and would not fit a C ``long long`` once
+#: rounded): `take` answers ``None`` for them, and the driver refuses the segment.
+cdef object HUGE = 1 << 62
 cdef long long SEGMENT_C = _SEGMENT
 
 
@@ -128,6 +132,8 @@ cdef class MemoryPool:
     def take(self, size, stream, zoned=False):
         """A cached piece of ``size`` bytes for ``stream`` (or for any), or a new one carved from a shared segment
         with room; ``None`` where a new segment is needed (`add_segment`)."""
+        if size >= HUGE:
+            return None
         return self.take_c(size, stream, zoned)
 
     cdef object take_c(self, long long size, object stream, bint zoned):
@@ -188,16 +194,29 @@ cdef class MemoryPool:
         (``zoned``: with red zones)."""
         if not isinstance(segment, _Segment):
             raise TypeError(f"handed_out: {segment!r} is no segment of a compiled pool")
-        self.handed_out_c(index, ptr, size, segment, stream, zoned)  # (the allocator's commit: never after a close)
+        acquire(&self._lock)  # (the allocator's commit, under the context's lock: never after a close)
+        try:
+            self._out[index] = (ptr, size, segment, stream, zoned)
+        finally:
+            release(&self._lock)
 
     cdef int handed_out_c(self, object index, object ptr, long long size, _Segment segment, object stream,
-                          bint zoned) except -1:
-        """`handed_out`: ``1``, or ``0`` with nothing changed where the pool closed (shut) meanwhile: the compiled
-        lane commits without the context's lock, and judges the pool's close here, under the pool's lock."""
+                          bint zoned, Ledger ledger, object buf) except -1:
+        """`handed_out` for the compiled lane, which commits without the context's lock, ledger first: ``1``;
+        ``0`` with nothing changed where the pool closed (shut) meanwhile; ``2`` where the record of ``buf`` left
+        the ledger meanwhile (a sweep, or a free of a record it listed): the piece is then what that sweep would
+        have made of it (`swept`), cached or stranded. Judged under the pool's lock, which every taker of a record
+        takes only after the ledger let go of it (`give`, `swept`)."""
         acquire(&self._lock)
         try:
             if self._closed:
                 return 0
+            if not ledger.has_c(index, buf):
+                if self._strand:
+                    self._out[index] = (ptr, size, segment, stream, zoned)
+                else:
+                    self._cache(ptr, size, segment, stream, zoned)
+                return 2
             self._out[index] = (ptr, size, segment, stream, zoned)
         finally:
             release(&self._lock)

@@ -77,7 +77,9 @@ def test_a_refusal_answers_zero_and_keeps_the_error(
 def test_an_out_of_memory_refusal_names_the_sites(make_door: type[Door], gpu: GpuBackend) -> None:
     door = make_door(gpu, "test")
     kept = door.alloc(4096, 0)
-    assert door.alloc(1 << 60, 0) == 0
+    for n in (1 << 60, 2**63 - 1, 2**64 - 1):  # (the review's overflow: each refused and counted, no piece)
+        assert door.alloc(n, 0) == 0
+    assert door.failures == 3 and door.out() == 1
     assert isinstance(door.last_error, OutOfMemoryError)
     assert "test_doors.py:" in str(door.last_error)
     door.free(kept)

@@ -18,6 +18,7 @@ from metrale_core import (
     InvalidArgumentError,
     InvalidBufferError,
     MemoryPool,
+    OutOfMemoryError,
     PoolStats,
     load_snapshot,
     open_backend,
@@ -242,6 +243,24 @@ def test_record_stream_refuses_bad_input_and_changes_nothing(gpu: GpuBackend, ca
     other.close()
 
 
+@pytest.mark.parametrize("pure", [False, True])
+@pytest.mark.parametrize("nbytes", [2**62, 2**63 - 1, 2**63, 2**64 - 1])
+def test_a_size_no_driver_serves_is_out_of_memory_in_each_build(pure: bool, nbytes: int) -> None:
+    """The review's overflow: sizes past a C ``long long`` once rounded go to the allocator in the compiled build
+    too, and are refused there with the driver's out-of-memory error; nothing is handed out."""
+    with open_backend("fake", settings=PLAIN.updated(pure=pure)) as gpu:
+        pool = gpu.create_pool()
+        kept = pool.alloc_on(1024, 7)
+        before = pool.stats()
+        for call in (lambda: pool.alloc_on(nbytes, 7), lambda: pool.alloc(nbytes)):
+            with pytest.raises(OutOfMemoryError):
+                call()
+        after = pool.stats()
+        assert (after.pieces, after.piece_bytes, after.cached_bytes) == (before.pieces, before.piece_bytes, 0)
+        assert pool.alloc_on(512, 7).ptr != kept.ptr and gpu.live_alloc_len() == 2
+        pool.close()
+
+
 def test_pool_calls_are_refused_during_a_capture(gpu: GpuBackend) -> None:
     from metrale_core import CaptureError
 
@@ -346,3 +365,79 @@ def test_the_summary_and_a_snapshot_count_what_the_pools_hold(fake: GpuBackend, 
     pool.free(kept)
     pool.close()
     assert "memory pools" not in fake.memory_summary()
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_sweeps_racing_allocations_leave_no_piece_out(pure: bool) -> None:
+    """The review's race (each build): sweeps on one thread while another allocates and frees, and a third holds
+    the pool's lock while a collection lets go of the GIL. Once all stop and a last sweep ran, no piece is out, and
+    a trim gives every segment back (the compiled lane commits without the context's lock: a sweep between its
+    ledger record and its hand-out must leave the piece as the sweep would)."""
+    import contextlib
+    import gc
+    import sys
+    import threading
+    import time
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    gpu = open_backend("fake", settings=PLAIN.updated(pure=pure, memory_history=100))
+    pool = gpu.create_pool()
+    stop = threading.Event()
+    holder: list[int] = []
+
+    def slow_collection(phase: str, info: object) -> None:
+        if phase == "start" and holder and threading.get_ident() == holder[0]:
+            time.sleep(0.002)
+
+    def hold() -> None:
+        holder.append(threading.get_ident())
+        while not stop.is_set():
+            pool.out()
+
+    def sweep() -> None:
+        while not stop.is_set():
+            gpu.sweep_unreleased()
+            time.sleep(0)
+
+    def churn() -> None:
+        while not stop.is_set():
+            piece = pool.alloc_on(1024, 7)
+            with contextlib.suppress(InvalidBufferError):  # swept meanwhile
+                pool.free(piece)
+
+    gc.callbacks.append(slow_collection)
+    threshold = gc.get_threshold()
+    gc.set_threshold(5, 1000, 1000)
+    threads = [threading.Thread(target=f) for f in (churn, sweep, hold)]
+    try:
+        with caplog_off():
+            for thread in threads:
+                thread.start()
+            time.sleep(1.0)
+            stop.set()
+            for thread in threads:
+                thread.join(10)
+            gpu.sweep_unreleased()
+    finally:
+        gc.callbacks.remove(slow_collection)
+        gc.set_threshold(*threshold)
+        sys.setswitchinterval(interval)
+    assert gpu.live_alloc_len() == 0 and pool.stats().pieces == 0, pool.stats()
+    assert pool.trim(0) == SEGMENT and pool.stats().segments == 0
+    gpu.close()
+
+
+def caplog_off() -> Any:
+    """The sweeps' warnings (one per piece swept) off while the threads run."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def off() -> Iterator[None]:
+        logging.disable(logging.CRITICAL)
+        try:
+            yield
+        finally:
+            logging.disable(logging.NOTSET)
+
+    return off()
