@@ -62,6 +62,19 @@ cdef bytes _CAPSULE_NAME = _DEVICE_CALLS.encode()
 cdef object _FAST_LIMIT = 1 << 62
 
 
+cdef int _compiled_parts(str lane, object parts) except -1:
+    """Refuse pure parts: a compiled lane passes the gate and calls the ledger and the stats at C level."""
+    gate = parts.ctx.gate
+    if not isinstance(gate, Gate):
+        raise TypeError(f"the compiled {lane} needs the compiled gate, got {type(gate)!r}: one `pure` setting picks both")
+    if not isinstance(parts.ledger, Ledger) or not isinstance(parts.stats, StatsCounter):
+        raise TypeError(
+            f"the compiled {lane} needs the compiled ledger and stats, got {type(parts.ledger)!r} and "
+            f"{type(parts.stats)!r}: one `pure` setting picks them all"
+        )
+    return 0
+
+
 @cython.final
 cdef class DeviceLane:
     """``GpuBackend.alloc`` and ``free``: inside the gate, the common case here (compiled twin)."""
@@ -91,15 +104,7 @@ cdef class DeviceLane:
 
     def __init__(self, allocator, parts):
         ctx = parts.ctx
-        if not isinstance(ctx.gate, Gate):
-            raise TypeError(
-                f"the compiled lane needs the compiled gate, got {type(ctx.gate)!r}: one `pure` setting picks both"
-            )
-        if not isinstance(parts.ledger, Ledger) or not isinstance(parts.stats, StatsCounter):
-            raise TypeError(
-                f"the compiled lane needs the compiled ledger and stats, got {type(parts.ledger)!r} and "
-                f"{type(parts.stats)!r}: one `pure` setting picks them all"
-            )
+        _compiled_parts("lane", parts)
         plugin = ctx.plugin
         capsule = ask_door(plugin, _log)
         self._door = door_of(plugin, capsule, _CAPSULE_NAME, _log)
@@ -310,15 +315,7 @@ cdef class PoolLane:
 
     def __init__(self, allocator, parts):
         ctx = parts.ctx
-        if not isinstance(ctx.gate, Gate):
-            raise TypeError(
-                f"the compiled pool lane needs the compiled gate, got {type(ctx.gate)!r}: one `pure` setting picks both"
-            )
-        if not isinstance(parts.ledger, Ledger) or not isinstance(parts.stats, StatsCounter):
-            raise TypeError(
-                f"the compiled pool lane needs the compiled ledger and stats, got {type(parts.ledger)!r} and "
-                f"{type(parts.stats)!r}: one `pure` setting picks them all"
-            )
+        _compiled_parts("pool lane", parts)
         if type(parts.pool_of) is not dict:
             raise TypeError("the compiled pool lane needs the holdings' pool_of (LaneParts)")
         self._allocator = allocator

@@ -598,6 +598,16 @@ class Allocator:
         finally:
             ctx.leave()
 
+    def _pool_of(self, buf: object, what: str) -> MemoryPool | None:
+        """The pool of piece ``buf`` of this backend (``None`` where it is no piece out now); refused where ``buf`` is
+        no piece's handle at all."""
+        if not isinstance(buf, DeviceBuffer) or buf.kind != "pool":
+            raise InvalidBufferError(f"{what}: expected a piece of a MemoryPool (a DeviceBuffer of kind 'pool'), "
+                                     f"got {buf!r}")
+        holdings = self._holdings
+        with holdings.lock:
+            return holdings.pool_of.get(buf.index) if buf._owner is self.ctx.ref else None
+
     def pool_record(self, pool: MemoryPool, buf: object, foreign: object) -> None:
         """`MemoryPool.record_stream`: a live piece of ``pool`` is used on another library's stream too."""
         what = "MemoryPool.record_stream"
@@ -609,13 +619,8 @@ class Allocator:
             if handle >= WORD_LIMIT:
                 raise InvalidArgumentError(f"{what}: foreign_stream must be a stream's handle (below 2**64), got "
                                            f"{handle}")
-            if not isinstance(buf, DeviceBuffer) or buf.kind != "pool":
-                raise InvalidBufferError(f"{what}: expected a piece of a MemoryPool (a DeviceBuffer of kind 'pool'), "
-                                         f"got {buf!r}")
-            holdings = self._holdings
-            with holdings.lock:
-                owner = holdings.pool_of.get(buf.index) if buf._owner is self.ctx.ref else None
-            if owner is not pool or not holdings.ledger.has(buf):
+            owner = self._pool_of(buf, what)
+            if owner is not pool or not self._holdings.ledger.has(buf):
                 raise InvalidBufferError(
                     f"{what}: allocation #{buf.index} ({buf.nbytes} bytes at {buf.ptr:#x}, from {buf.site}) is not a "
                     f"live piece of {pool!r}"
@@ -627,12 +632,8 @@ class Allocator:
     def free_piece(self, pool: MemoryPool | None, buf: object, stream: Stream | None, what: str) -> None:
         """Free a piece (of ``pool``, or of any pool of this backend): off the ledger, back to its pool, cached
         for ``stream``; refused, changing nothing, where it is no live piece (of ``pool``)."""
-        if not isinstance(buf, DeviceBuffer) or buf.kind != "pool":
-            raise InvalidBufferError(f"{what}: expected a piece of a MemoryPool (a DeviceBuffer of kind 'pool'), "
-                                     f"got {buf!r}")
+        owner = self._pool_of(buf, what)
         holdings = self._holdings
-        with holdings.lock:
-            owner = holdings.pool_of.get(buf.index) if buf._owner is self.ctx.ref else None
         if owner is not None and pool is not None and owner is not pool:
             raise InvalidBufferError(
                 f"{what}: allocation #{buf.index} is a piece of another pool ({owner!r}); free it with that "
