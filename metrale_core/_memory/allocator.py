@@ -598,15 +598,15 @@ class Allocator:
         finally:
             ctx.leave()
 
-    def _pool_of(self, buf: object, what: str) -> MemoryPool | None:
-        """The pool of piece ``buf`` of this backend (``None`` where it is no piece out now); refused where ``buf`` is
-        no piece's handle at all."""
+    def _piece(self, buf: object, what: str) -> tuple[DeviceBuffer, MemoryPool | None]:
+        """``buf`` as a piece's handle, and its pool on this backend (``None`` where it is no piece out now);
+        refused where ``buf`` is no piece's handle at all."""
         if not isinstance(buf, DeviceBuffer) or buf.kind != "pool":
             raise InvalidBufferError(f"{what}: expected a piece of a MemoryPool (a DeviceBuffer of kind 'pool'), "
                                      f"got {buf!r}")
         holdings = self._holdings
         with holdings.lock:
-            return holdings.pool_of.get(buf.index) if buf._owner is self.ctx.ref else None
+            return buf, holdings.pool_of.get(buf.index) if buf._owner is self.ctx.ref else None
 
     def pool_record(self, pool: MemoryPool, buf: object, foreign: object) -> None:
         """`MemoryPool.record_stream`: a live piece of ``pool`` is used on another library's stream too."""
@@ -619,20 +619,20 @@ class Allocator:
             if handle >= WORD_LIMIT:
                 raise InvalidArgumentError(f"{what}: foreign_stream must be a stream's handle (below 2**64), got "
                                            f"{handle}")
-            owner = self._pool_of(buf, what)
-            if owner is not pool or not self._holdings.ledger.has(buf):
+            piece, owner = self._piece(buf, what)
+            if owner is not pool or not self._holdings.ledger.has(piece):
                 raise InvalidBufferError(
-                    f"{what}: allocation #{buf.index} ({buf.nbytes} bytes at {buf.ptr:#x}, from {buf.site}) is not a "
-                    f"live piece of {pool!r}"
+                    f"{what}: allocation #{piece.index} ({piece.nbytes} bytes at {piece.ptr:#x}, from {piece.site}) is "
+                    f"not a live piece of {pool!r}"
                 )
-            pool.share(buf.index, ("foreign", handle))
+            pool.share(piece.index, ("foreign", handle))
         finally:
             ctx.leave()
 
     def free_piece(self, pool: MemoryPool | None, buf: object, stream: Stream | None, what: str) -> None:
         """Free a piece (of ``pool``, or of any pool of this backend): off the ledger, back to its pool, cached
         for ``stream``; refused, changing nothing, where it is no live piece (of ``pool``)."""
-        owner = self._pool_of(buf, what)
+        buf, owner = self._piece(buf, what)
         holdings = self._holdings
         if owner is not None and pool is not None and owner is not pool:
             raise InvalidBufferError(
