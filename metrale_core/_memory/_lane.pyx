@@ -354,7 +354,7 @@ cdef class PoolLane:
         site = call_site_c(self._internal, self._caller_frames)
         taken = pool.take_c(size, target, False)
         if taken is None:  # a new segment: the allocator's (reclaim-and-retry)
-            taken = self._allocator.new_piece(pool, size, n, "MemoryPool.alloc_on")
+            taken = self._allocator.new_piece(pool, size, n, "MemoryPool.alloc_on", target, False)
         ptr, segment = <tuple>taken
         buf = make_buffer(ptr, n, "pool", index, site, self._ref)
         # the commit, without the context's lock (the allocator's takes it): the ledger first, judged under its lock

@@ -246,13 +246,16 @@ class Allocator:
         return self._raw_alloc(layout.raw_bytes, n, "device", what), False
 
     def _raw_alloc(
-        self, raw_bytes: int, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError | None = None
+        self, raw_bytes: int, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError | None = None,
+        retake: Callable[[], bool] | None = None,
     ) -> int:
         """The raw allocation, with reclaim-and-retry: when it runs out of memory, the red-zone
         quarantine is checked and released, with the zoned blocks kept for reuse, first (one more try),
-        then the ``on_out_of_memory``
+        then the memory pools are trimmed (after a wait for the device), then the ``on_out_of_memory``
         callbacks are asked to free some, and a callback that says it did earns another try (at
-        most ``oom_retries``). ``failed``: the caller's own first try already ran out of memory."""
+        most ``oom_retries``). ``failed``: the caller's own first try already ran out of memory. ``retake``: a
+        pool's allocation asks its pool again once the pools were trimmed (the wait made pieces cached for other
+        streams any stream's); where it is served, the answer is 0 (no raw memory taken)."""
         retries = 0
         drained = trimmed = False
         while True:
@@ -270,6 +273,8 @@ class Allocator:
                 if not trimmed and any(pool.cached_bytes for pool in list(self._holdings.pools)):
                     trimmed = True  # then the memory pools cache
                     self._trim_pools(None, 0)
+                    if retake is not None and retake():
+                        return 0
                     continue
                 reclaimed = retries < self.ctx.settings.oom_retries and self._reclaim(raw_bytes, what)
                 if self.ctx.closed:  # a callback closed the backend
@@ -535,7 +540,9 @@ class Allocator:
                 _fits(layout, n, what)
             size = size_class(n if layout is None else layout.raw_bytes)
             taken = pool.take(size, target, layout is not None)
-            ptr, segment = self.new_piece(pool, size, n, what) if taken is None else taken
+            if taken is None:
+                taken = self.new_piece(pool, size, n, what, target, layout is not None)
+            ptr, segment = taken
             if layout is None:
                 buf = self._make(ptr, n, "pool", index, site, ctx.ref)
             else:
@@ -572,11 +579,24 @@ class Allocator:
         finally:
             ctx.leave()
 
-    def new_piece(self, pool: MemoryPool, size: int, n: int, what: str) -> tuple[int, object]:
-        """A piece of ``size`` bytes (for ``n`` asked) in a new segment of ``pool``, with reclaim-and-retry (which
-        may trim this pool too): its address and its segment. Inside the gate."""
+    def new_piece(
+        self, pool: MemoryPool, size: int, n: int, what: str, target: object, zoned: bool
+    ) -> tuple[int, object]:
+        """A piece of ``size`` bytes (for ``n`` asked, for stream ``target``) in a new segment of ``pool``, with
+        reclaim-and-retry: its address and its segment. Where the driver runs out of memory, the pools' trim waits
+        for the device, and ``pool`` is asked again (`take`) before anything else. Inside the gate."""
         nbytes_segment = pool.segment_bytes(size)
-        raw = self._raw_alloc(nbytes_segment, n, "device", what)
+        retaken: list[tuple[int, object]] = []
+
+        def retake() -> bool:
+            taken = pool.take(size, target, zoned)
+            if taken is not None:
+                retaken.append(taken)
+            return taken is not None
+
+        raw = self._raw_alloc(nbytes_segment, n, "device", what, retake=retake)
+        if retaken:
+            return retaken[0]
         taken = pool.add_segment(raw, nbytes_segment, size)
         if taken is None:  # the pool closed meanwhile
             self.release_quietly(raw, "device")
@@ -614,7 +634,7 @@ class Allocator:
         ctx = self.ctx
         ctx.enter()
         try:
-            forbid_during_capture(what)
+            self._open_pool(pool, what)
             handle = integer(foreign, what, "foreign_stream")
             if handle >= WORD_LIMIT:
                 raise InvalidArgumentError(f"{what}: foreign_stream must be a stream's handle (below 2**64), got "

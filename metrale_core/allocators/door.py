@@ -123,11 +123,13 @@ class Door(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin t
     def record(self, address: int, stream: int) -> None:
         """The piece at ``address`` is used on the framework's stream ``stream`` too (torch's
         ``Tensor.record_stream``): at its free it waits for the pool's next wait for the device before any reuse
-        (`MemoryPool.record_stream`). An address that is no piece out of this door is logged and changes nothing."""
+        (`MemoryPool.record_stream`). An address that is no piece out of this door (0, another allocator's), or a
+        call after the backend closed, changes nothing (logged at DEBUG)."""
         buf = self._out.get(address)
-        if buf is None:
-            self._failed("record_stream", DoorError(
-                f"{self.framework} recorded a stream for {address:#x}, which is no piece of its metrale pool out now"))
+        if buf is None or self._gpu.closed:  # (as torch's own allocator: a pointer not its own is ignored)
+            if address and not self._gpu.closed:
+                _log.debug("%s allocator: record_stream of %#x, no piece of its metrale pool out now: ignored",
+                           self.framework, address)
             return
         try:
             self._pool.record_stream(buf, stream)

@@ -5,9 +5,11 @@
   ``CUDAPluggableAllocator`` calls these), which call ``door.alloc(size, stream)`` and ``door.free(ptr)``; of
   ``void record_stream(void* ptr, void* stream)``, which calls ``door.record(ptr, stream)`` (torch's
   ``Tensor.record_stream``); and of ``void graph_captured(int device, uint64_t id_0, uint64_t id_1)``, which tells
-  the door that the framework captured a CUDA graph with its memory (torch's end of a graph capture, whose pool id
-  is a pair of 64-bit words passed by value: two words in registers). An allocation for another device than
-  ``device`` is refused (``door.refuse``: counted, logged), and the framework gets no memory.
+  the door that the framework ended allocating to a private pool of its own (torch's end of a ``torch.cuda.graph``
+  capture, or of ``torch.cuda.use_mem_pool``), whose id is a pair of 64-bit words passed by value: two words in
+  registers on x86-64 (System V) and AArch64 (on Windows x64 a pair is passed by reference: the id logged would be
+  wrong, nothing else). An allocation for another device than ``device`` is refused (``door.refuse``: counted,
+  logged), and the framework gets no memory.
 - Nothing may cross into the framework's C++. ``door.alloc`` answers an address (an integer from 1 to 2**64 - 1),
   or 0 / ``None`` for none; anything else it answers, and anything it raises, gives the framework no memory,
   logged (a log that fails is dropped).
@@ -79,13 +81,15 @@ def wrong_device(door: DoorLike, asked: int, device: int) -> None:
 
 
 def graph_captured(door: DoorLike, device: int, pool_id: tuple[int, int]) -> None:
-    """Tell ``door`` (refused: counted, logged at ERROR) that its framework captured a CUDA graph on ``device`` with
-    memory of its pool (torch's graph pool ``pool_id``): not supported, and why."""
+    """Tell ``door`` (refused: counted, logged at ERROR) that its framework ended allocating to a private pool of its
+    own on ``device`` (torch's pool ``pool_id``: a CUDA graph's capture, or ``use_mem_pool``): not supported, and
+    why."""
     door.refuse("graph capture", (
-        f"{door.framework} captured a CUDA graph on device {device} (its pool {pool_id}) with memory from metrale's "
-        f"pool, which keeps no private pool per graph: a piece freed during the capture may be handed out again "
-        f"while the graph still uses it, and a new segment during a capture fails. Capture graphs without the door "
-        f"(metrale's own GpuBackend.begin_capture has its rules), or without metrale's allocator"))
+        f"{door.framework} captured a CUDA graph (or allocated to a private pool of its own) on device {device}, its "
+        f"pool {pool_id}, with memory from metrale's pool, which keeps no private pool per graph: a piece freed "
+        f"during the capture may be handed out again while the graph still uses it, and a new segment during a "
+        f"capture fails. Capture graphs without the door (metrale's own GpuBackend.begin_capture has its rules), or "
+        f"without metrale's allocator"))
 
 
 def log_failure(message: str, value: object) -> None:

@@ -110,6 +110,29 @@ def test_the_site_skips_the_packages_the_setting_names(
         assert piece is not None and "framework_stand_in" in piece.site
 
 
+def test_record_of_no_piece_of_the_door_is_ignored_as_torch_ignores_it(make_door: type[Door], gpu: GpuBackend) -> None:
+    """torch records streams for tensors with no memory (0) and for tensors of other allocators: neither is the
+    door's business (torch's own allocator ignores them too); nor is a record after the backend closed."""
+    door = make_door(gpu, "test")
+    kept = door.alloc(4096, 7)
+    door.record(0, 8)
+    door.record(0x1234, 8)
+    assert door.failures == 0
+    door.record(kept, 8)  # used on stream 8 too: not reused by stream 7 before a wait for the device
+    door.free(kept)
+    assert door.alloc(4096, 7) != kept and door.failures == 0
+    door.close()
+
+
+def test_a_record_after_the_backend_closed_changes_nothing(make_door: type[Door]) -> None:
+    gpu = open_backend("fake", settings=PLAIN)
+    door = make_door(gpu, "test")
+    address = door.alloc(100, 0)
+    gpu.close()
+    door.record(address, 8)
+    assert door.failures == 0
+
+
 def test_a_free_after_the_backend_closed_changes_nothing(make_door: type[Door]) -> None:
     gpu = open_backend("fake", settings=PLAIN)
     door = make_door(gpu, "test")

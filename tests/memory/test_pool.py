@@ -223,6 +223,33 @@ def test_a_piece_used_on_another_stream_too_waits_for_the_device_before_any_reus
     pool.close()
 
 
+@pytest.mark.parametrize("pure", [False, True])
+def test_out_of_memory_asks_the_pool_again_after_its_wait(pure: bool) -> None:
+    """The review's case: the device full, the pool's cached pieces all used on another stream too (or cached for
+    another stream). The out-of-memory reclaim waits for the device, which makes them any stream's: the allocation
+    takes one instead of failing."""
+    with open_backend("fake", settings=PLAIN.updated(pure=pure, fake_memory_bytes=4 * MIB)) as gpu:
+        pool = gpu.create_pool(release_threshold=1 << 30)
+        pieces = [pool.alloc_on(512 * 1024, 7) for _ in range(8)]  # two segments: the whole device
+        shared = pieces[::2]
+        for piece in shared:
+            pool.record_stream(piece, 8)
+            pool.free(piece)
+        again = pool.alloc_on(512 * 1024, 7)
+        assert again.ptr in {piece.ptr for piece in shared}
+        assert gpu.stats().oom_count == 0
+        pool.close()
+
+
+def test_record_stream_on_a_closed_pool_says_it_is_closed(gpu: GpuBackend) -> None:
+    pool = gpu.create_pool()
+    piece = pool.alloc_on(64, 5)
+    gpu.free(piece)
+    pool.close()
+    with pytest.raises(InvalidArgumentError, match="is closed; create another"):
+        pool.record_stream(piece, 9)
+
+
 @pytest.mark.parametrize(("call", "error"), [
     (lambda pool, piece, freed, other: pool.record_stream(freed, 9), InvalidBufferError),
     (lambda pool, piece, freed, other: other.record_stream(piece, 9), InvalidBufferError),
