@@ -310,7 +310,8 @@ cdef class PoolLane:
     cdef object _indexes
     cdef Py_ssize_t _caller_frames
     cdef object _ref
-    cdef bint _zoned
+    cdef RedZones _zones  # (None where red zones are off)
+    cdef dict _raw_base
     cdef dict _pool_of
 
     def __init__(self, allocator, parts):
@@ -329,13 +330,19 @@ cdef class PoolLane:
         self._indexes = _INDEXES if _INDEXES_LOCK_FREE else None
         self._caller_frames = parts.caller_frames
         self._ref = ctx.ref
-        self._zoned = parts.zoning is not None
+        zoning = parts.zoning
+        if zoning is not None:
+            if not isinstance(zoning.zones, RedZones):
+                raise TypeError(f"the compiled pool lane needs the compiled zone table, got {type(zoning.zones)!r}: "
+                                f"one `pure` setting picks them all")
+            self._zones = zoning.zones
+            self._raw_base = zoning.raw_base
         self._pool_of = parts.pool_of
 
     def pool_alloc(self, pool, nbytes, stream, foreign=None):
         """`MemoryPool.alloc` and `MemoryPool.alloc_on`."""
         cdef _Cell cell
-        if (self._zoned or foreign is None or type(pool) is not MemoryPool or type(nbytes) is not int
+        if (foreign is None or type(pool) is not MemoryPool or type(nbytes) is not int
                 or type(foreign) is not int or not (0 < nbytes < _FAST_LIMIT) or not (0 <= foreign < _WORD_LIMIT)):
             return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
         cell = self._gate.enter_c(False)
@@ -343,14 +350,18 @@ cdef class PoolLane:
             forbid_c(cell.flag, "MemoryPool.alloc_on")  # first, as the allocator's `_open_pool`
             if (<MemoryPool>pool)._closed:  # the allocator's error
                 return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
-            return self._alloc_on(<MemoryPool>pool, nbytes, ("foreign", foreign))
+            index = _next_index() if self._indexes is None else next(self._indexes)
+            zones = self._zones
+            if zones is not None and not (index < zones.min_idx or index % zones.sample):  # zoned: the allocator's
+                return self._allocator.pool_piece(pool, nbytes, ("foreign", foreign), True, index,
+                                                  "MemoryPool.alloc_on")
+            return self._alloc_on(<MemoryPool>pool, nbytes, ("foreign", foreign), index)
         finally:
             self._gate.leave_c(cell)
 
-    cdef object _alloc_on(self, MemoryPool pool, object n, tuple target):
+    cdef object _alloc_on(self, MemoryPool pool, object n, tuple target, object index):
         cdef long long size = ((<long long>n) + 511) & ~(<long long>511)  # (`pool.size_class`)
         cdef _Segment segment
-        index = _next_index() if self._indexes is None else next(self._indexes)
         site = call_site_c(self._internal, self._caller_frames)
         taken = pool.take_c(size, target, False)
         if taken is None:  # a new segment: the allocator's (reclaim-and-retry)
@@ -391,7 +402,7 @@ cdef class PoolLane:
         cell = self._gate.enter_c(False)
         try:
             forbid_c(cell.flag, what)  # first, as the allocator's `pool_free`
-            if (self._zoned or stream is not None or type(buf) is not _DeviceBuffer
+            if (stream is not None or type(buf) is not _DeviceBuffer
                     or buffer_field(buf, FIELD_KIND) != "pool" or buffer_field(buf, FIELD_OWNER) is not self._ref):
                 self._allocator.free_piece(pool, buf, stream, what)
             else:
@@ -402,7 +413,8 @@ cdef class PoolLane:
     cdef int _free(self, object pool, object buf, str what) except -1:
         index = buffer_field(buf, FIELD_INDEX)
         owner = self._pool_of.get(index)
-        if owner is None or (pool is not None and owner is not pool) or type(owner) is not MemoryPool:
+        if (owner is None or (pool is not None and owner is not pool) or type(owner) is not MemoryPool
+                or (self._raw_base is not None and index in self._raw_base)):  # (a zoned piece: the allocator's)
             self._allocator.free_piece(pool, buf, None, what)  # its error (or a pure pool's work)
             return 0
         n = buffer_field(buf, FIELD_NBYTES)

@@ -533,51 +533,58 @@ class Allocator:
                     raise InvalidArgumentError(f"{what}: foreign_stream must be a stream's handle (below 2**64), "
                                                f"got {handle}")
                 target = ("foreign", handle)
-            index = next_index()
-            site = self._call_site(ctx.internal, _OWN_FRAME)
-            layout = self._guard.layout(n, index) if self._zoned else None
-            if layout is not None:
-                _fits(layout, n, what)
-            size = size_class(n if layout is None else layout.raw_bytes)
-            taken = pool.take(size, target, layout is not None)
-            if taken is None:
-                taken = self.new_piece(pool, size, n, what, target, layout is not None)
-            ptr, segment = taken
-            if layout is None:
-                buf = self._make(ptr, n, "pool", index, site, ctx.ref)
-            else:
-                buf = self._make(ptr + layout.lead, n, "pool", index, site, ctx.ref)
-                try:
-                    self._guard.guard(buf, layout)  # filled on the default stream, which metrale's streams follow
-                    if foreign is not None:  # another library's stream follows nothing of metrale's: order it
-                        self._guard.order_foreign(target[1] or 1)  # type: ignore[index]  # (0: the legacy default)
-                except MetraleError:
-                    self._guard.forget(index)
-                    pool.give_untaken(ptr, size, segment)
-                    raise
-            holdings = self._holdings
-            with ctx.lock:
-                committed = not ctx.closed and not pool.closed
-                if committed:
-                    with holdings.lock:
-                        holdings.pool_of[index] = pool
-                        if layout is not None:
-                            holdings.raw_base[index] = ptr
-                    pool.handed_out(index, ptr, size, segment, target, layout is not None)
-                    holdings.ledger.add(buf)
-                    self._stats.allocated("pool", n)
-            if not committed:
-                if layout is not None:
-                    self._guard.forget(index)
-                pool.give_untaken(ptr, size, segment)
-                if ctx.closed:
-                    raise ctx.closed_error()
-                raise InvalidArgumentError(f"{what}: {pool!r} was closed meanwhile")
-            if self._trace_idx == index:
-                self.trace(index, what, n, site)
-            return buf
+            return self.pool_piece(pool, n, target, foreign is not None, next_index(), what)
         finally:
             ctx.leave()
+
+    def pool_piece(
+        self, pool: MemoryPool, n: int, target: object, foreign: bool, index: int, what: str
+    ) -> DeviceBuffer:
+        """`pool_alloc` once its arguments passed and its creation index was drawn (the pool lane's twin hands it
+        here for a piece that gets red zones): the piece, committed. Inside the gate."""
+        ctx = self.ctx
+        site = self._call_site(ctx.internal, _OWN_FRAME)
+        layout = self._guard.layout(n, index) if self._zoned else None
+        if layout is not None:
+            _fits(layout, n, what)
+        size = size_class(n if layout is None else layout.raw_bytes)
+        taken = pool.take(size, target, layout is not None)
+        if taken is None:
+            taken = self.new_piece(pool, size, n, what, target, layout is not None)
+        ptr, segment = taken
+        if layout is None:
+            buf = self._make(ptr, n, "pool", index, site, ctx.ref)
+        else:
+            buf = self._make(ptr + layout.lead, n, "pool", index, site, ctx.ref)
+            try:
+                self._guard.guard(buf, layout)  # filled on the default stream, which metrale's streams follow
+                if foreign:  # another library's stream follows nothing of metrale's: order it
+                    self._guard.order_foreign(target[1] or 1)  # type: ignore[index]  # (0: the legacy default)
+            except MetraleError:
+                self._guard.forget(index)
+                pool.give_untaken(ptr, size, segment)
+                raise
+        holdings = self._holdings
+        with ctx.lock:
+            committed = not ctx.closed and not pool.closed
+            if committed:
+                with holdings.lock:
+                    holdings.pool_of[index] = pool
+                    if layout is not None:
+                        holdings.raw_base[index] = ptr
+                pool.handed_out(index, ptr, size, segment, target, layout is not None)
+                holdings.ledger.add(buf)
+                self._stats.allocated("pool", n)
+        if not committed:
+            if layout is not None:
+                self._guard.forget(index)
+            pool.give_untaken(ptr, size, segment)
+            if ctx.closed:
+                raise ctx.closed_error()
+            raise InvalidArgumentError(f"{what}: {pool!r} was closed meanwhile")
+        if self._trace_idx == index:
+            self.trace(index, what, n, site)
+        return buf
 
     def new_piece(
         self, pool: MemoryPool, size: int, n: int, what: str, target: object, zoned: bool

@@ -82,6 +82,29 @@ def test_one_piece_in_n_is_zoned(backend_name: str) -> None:
         pool.close()
 
 
+def test_one_piece_in_n_for_a_foreign_stream_is_zoned_and_watched(backend_name: str) -> None:
+    """A door's allocations (``alloc_on``) with ``redzone_sample``: the sampled ones get zones (the compiled lane
+    hands them to the allocator), the rest take the lane's own path; an overrun of a zoned one is found, the plain
+    ones go back to their pool at once."""
+    with _open(backend_name, redzone_sample=4) as gpu:
+        pool = gpu.create_pool()
+        pieces = [pool.alloc_on(512, 0x77) for _ in range(8)]
+        zoned = [p for p in pieces if p.index % 4 == 0]
+        plain = [p for p in pieces if p.index % 4]
+        assert len(zoned) == 2
+        assert pool.stats().piece_bytes == 2 * size_class(512 + HELD) + 6 * 512
+        gpu.memset(zoned[0].ptr + zoned[0].nbytes, 0x00, nbytes=1)
+        with pytest.raises(RedZoneError) as info:
+            gpu.scan_redzones()
+        assert [(v.index, v.site) for v in info.value.violations] == [(zoned[0].index, zoned[0].site)]
+        for piece in plain:
+            pool.free(piece)
+        assert gpu.live_alloc_len() == 2 and pool.stats().cached_bytes == 6 * 512
+        for piece in zoned:
+            pool.free(piece)
+        pool.close()
+
+
 def test_closing_a_pool_judges_its_quarantined_pieces_first(backend_name: str) -> None:
     with _open(backend_name, redzone_action="warn") as gpu:
         heard: list[int] = []

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What an allocator door's pair costs (a measurement, not a test): ``Door.alloc`` + ``Door.free`` of 4 KiB for a
-foreign stream, as PyTorch's and CuPy's hooks call them, compiled and pure, red zones off and on (4 KiB), best and
-median of many rounds, in turns. Run on a GPU machine (``PROBE_BACKEND=fake`` to try it without one)::
+foreign stream, as PyTorch's and CuPy's hooks call them, compiled and pure, red zones off, on every piece and on one
+in 64 (4 KiB), best and median of many rounds, in turns. Run on a GPU machine (``PROBE_BACKEND=fake`` to try it without one)::
 
     python3 backends/cuda/tools/probe_door.py
 """
@@ -25,10 +25,12 @@ def main() -> None:
     base = open_backend(BACKEND)
     configs = {}
     for pure in (False, True):
-        for zone in (0, 4096):
-            settings = base.settings.model_copy(update={"pure": pure, "redzone": zone, "redzone_lead": bool(zone)})
+        for zone, sample in ((0, 1), (4096, 1), (4096, 64)):
+            settings = base.settings.model_copy(update={"pure": pure, "redzone": zone, "redzone_lead": bool(zone),
+                                                        "redzone_sample": sample})
             gpu = open_backend(BACKEND, settings=settings)
-            configs[f"{'pure' if pure else 'compiled'}, zones {zone}"] = (gpu, Door(gpu, "probe"))
+            label = f"{'pure' if pure else 'compiled'}, zones {zone}" + (f" (1 in {sample})" if sample > 1 else "")
+            configs[label] = (gpu, Door(gpu, "probe"))
     times: dict[str, list[float]] = {label: [] for label in configs}
     stream = 0 if BACKEND == "cuda" else STREAM
     for _ in range(ROUNDS):
@@ -41,7 +43,7 @@ def main() -> None:
             gpu.synchronize()
     print(f"Door.alloc + Door.free of 4 KiB on {base!r}: {ROUNDS} rounds of {PAIRS} pairs, in turns")
     for label, per in times.items():
-        print(f"  {label:<22} best {min(per):7.2f} us  median {statistics.median(per):7.2f} us")
+        print(f"  {label:<32} best {min(per):7.2f} us  median {statistics.median(per):7.2f} us")
     for gpu, door in configs.values():
         door.close()
         gpu.close()
