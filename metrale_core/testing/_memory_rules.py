@@ -266,7 +266,7 @@ class MemoryRules(MachineModel):
         if stale.kind == "pool":  # a pool hands the freed piece's address out again at once (same size, stream)
             assert self.pool is not None
             fresh = self.pool.alloc(stale.nbytes)
-            self.piece_streams[fresh.index] = False
+            self.piece_streams[fresh.index] = "default"
         else:
             fresh = getattr(self.gpu, _REALLOC[stale.kind])(stale.nbytes)
         self._allocated(fresh)

@@ -128,7 +128,9 @@ class MachineModel(RuleBasedStateMachine):
         self.pool: MemoryPool | None = None  # made at the first pool rule, with a second pool and a stream
         self.other_pool: MemoryPool | None = None
         self.pool_stream: Stream | None = None
-        self.piece_streams: dict[int, bool] = {}  # live pieces by index: allocated on pool_stream (else the default)
+        #: Live pieces by index: where each was allocated (`PoolRules.WHERE`: the default stream, pool_stream, or
+        #: another library's stream through alloc_on).
+        self.piece_streams: dict[int, str] = {}
         self.peer: GpuBackend | None = None
         self.peer_pool: Pool = {}  # its live buffers, by index
         if self.redzone and self.redzone_sample > 1:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
-from .. import DeviceBuffer, InvalidBufferError, MemoryPool, Stream
+from .. import DeviceBuffer, InvalidBufferError, MemoryPool
 from .._memory.pool import size_class
 from ._memory_rules import MemoryRules
 from ._model import MAX_BYTES, Contents
@@ -17,9 +17,15 @@ from ._model import MAX_BYTES, Contents
 __all__ = ["PoolRules"]
 
 
+#: Where a piece is allocated: the default stream, a stream of the backend, or another library's stream (its raw
+#: handle, `MemoryPool.alloc_on`: the allocator doors' way, which the compiled pool lane serves at C level).
+WHERE = ("default", "stream", "foreign")
+_FOREIGN = 2  # (CUDA's per-thread default stream: a real handle, which a zoned piece's fill is ordered before)
+
+
 class PoolRules(MemoryRules):
-    """A pool of the backend (and a second one, for frees sent to the wrong pool), on the default stream and one
-    more."""
+    """A pool of the backend (and a second one, for frees sent to the wrong pool), on the default stream, one
+    more, and another library's."""
 
     def _pool(self) -> MemoryPool:
         if self.pool is None:
@@ -42,14 +48,17 @@ class PoolRules(MemoryRules):
         lead = self._zone_bytes(buf) - buf.nbytes - self.redzone
         return buf.ptr - lead, size_class(self._zone_bytes(buf))
 
-    def _stream_of(self, on_stream: bool) -> Stream | None:
-        return self.pool_stream if on_stream else None
+    def _pool_alloc(self, n: int, where: str) -> DeviceBuffer:
+        assert self.pool is not None
+        if where == "foreign":
+            return self.pool.alloc_on(n, _FOREIGN)
+        return self.pool.alloc(n, stream=self.pool_stream if where == "stream" else None)
 
-    @rule(n=st.integers(1, MAX_BYTES), on_stream=st.booleans())
-    def pool_alloc(self, n: int, on_stream: bool) -> None:
+    @rule(n=st.integers(1, MAX_BYTES), where=st.sampled_from(WHERE))
+    def pool_alloc(self, n: int, where: str) -> None:
         pool = self._pool()
         before = pool.stats()
-        buf = pool.alloc(n, stream=self._stream_of(on_stream))
+        buf = self._pool_alloc(n, where)
         assert buf.nbytes == n and buf.kind == "pool" and buf.ptr % 256 == 0 and buf.ptr != 0
         assert buf.index not in self._all(), "a creation index was handed out twice"
         assert buf.site.rpartition(":")[2].isdigit(), f"the call site {buf.site!r} is not file:line"
@@ -61,7 +70,7 @@ class PoolRules(MemoryRules):
         after = pool.stats()
         assert after.hits + after.misses == before.hits + before.misses + 1
         self.live[buf.index] = (buf, Contents(n))
-        self.piece_streams[buf.index] = on_stream
+        self.piece_streams[buf.index] = where
 
     @precondition(lambda self: any(b.kind == "pool" for b, _ in self.live.values()))
     @rule(data=st.data(), again=st.booleans())
@@ -71,18 +80,18 @@ class PoolRules(MemoryRules):
         for its check is not back in its pool yet."""
         assert self.pool is not None
         piece = data.draw(st.sampled_from(self._pool_pieces()), label="piece")
-        on_stream = self.piece_streams.pop(piece.index, False)
+        where = self.piece_streams.pop(piece.index, "default")
         self._free(piece, self.pool.free)
         if not again or piece.index in self.quarantine:
             return
-        fresh = self.pool.alloc(piece.nbytes, stream=self._stream_of(on_stream))
+        fresh = self._pool_alloc(piece.nbytes, where)
         if self._zoned(fresh) != self._zoned(piece):  # (one in N zoned: another size, another piece)
             self.live[fresh.index] = (fresh, Contents(fresh.nbytes))
-            self.piece_streams[fresh.index] = on_stream
+            self.piece_streams[fresh.index] = where
             return
         assert fresh.ptr == piece.ptr, "a piece freed on a stream was not reused by that stream's next allocation"
         self.live[fresh.index] = (fresh, Contents(fresh.nbytes))
-        self.piece_streams[fresh.index] = on_stream
+        self.piece_streams[fresh.index] = where
         self.gpu.memset(fresh, 0x5A)
         self.live[fresh.index][1].write(0, b"\x5a" * fresh.nbytes)
         for op in ("memset", "free"):
@@ -106,7 +115,7 @@ class PoolRules(MemoryRules):
         and changes nothing."""
         assert self.pool is not None
         piece = data.draw(st.sampled_from(self._pool_pieces()), label="piece")
-        on_stream = self.piece_streams.pop(piece.index, False)
+        where = self.piece_streams.pop(piece.index, "default")
         self.pool.record_stream(piece, 0x5151)
         self._free(piece, self.pool.free)
         before = self.pool.stats()
@@ -117,9 +126,9 @@ class PoolRules(MemoryRules):
         else:
             raise AssertionError(f"record_stream of freed piece #{piece.index} was not refused")
         assert self.pool.stats() == before
-        fresh = self.pool.alloc(piece.nbytes, stream=self._stream_of(on_stream))
+        fresh = self._pool_alloc(piece.nbytes, where)
         self.live[fresh.index] = (fresh, Contents(fresh.nbytes))
-        self.piece_streams[fresh.index] = on_stream
+        self.piece_streams[fresh.index] = where
         assert fresh.ptr != piece.ptr or self._zoned(fresh) != self._zoned(piece), (
             f"piece #{piece.index}, used on another stream too, was taken again before any wait for the device")
 

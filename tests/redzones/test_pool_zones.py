@@ -88,7 +88,7 @@ def test_one_piece_in_n_for_a_foreign_stream_is_zoned_and_watched(backend_name: 
     ones go back to their pool at once."""
     with _open(backend_name, redzone_sample=4) as gpu:
         pool = gpu.create_pool()
-        pieces = [pool.alloc_on(512, 0x77) for _ in range(8)]
+        pieces = [pool.alloc_on(512, 2) for _ in range(8)]  # (2: the per-thread default stream, a real handle)
         zoned = [p for p in pieces if p.index % 4 == 0]
         plain = [p for p in pieces if p.index % 4]
         assert len(zoned) == 2
