@@ -99,6 +99,14 @@ class _Reclaiming(threading.local):
     active = False
 
 
+def _foreign_handle(foreign: object, what: str) -> int:
+    """Another library's stream handle (``foreign_stream``), or a typed error: an int from 0 to 2**64 - 1."""
+    handle = integer(foreign, what, "foreign_stream")
+    if handle >= WORD_LIMIT:
+        raise InvalidArgumentError(f"{what}: foreign_stream must be a stream's handle (below 2**64), got {handle}")
+    return handle
+
+
 class Allocator:
     """Memory of one backend: allocation, release, reclaim-and-retry, arenas, host buffers, sweep."""
 
@@ -524,15 +532,8 @@ class Allocator:
         try:
             self._open_pool(pool, what)
             n = positive_size(nbytes, what)
-            target: object
-            if foreign is None:
-                target = self._resolve(stream, what)
-            else:  # the piece's reuse is ordered on that stream: its handle is the cache's key
-                handle = integer(foreign, what, "foreign_stream")
-                if handle >= WORD_LIMIT:
-                    raise InvalidArgumentError(f"{what}: foreign_stream must be a stream's handle (below 2**64), "
-                                               f"got {handle}")
-                target = ("foreign", handle)
+            # another library's stream: the piece's reuse is ordered on it, its handle the cache's key
+            target = self._resolve(stream, what) if foreign is None else ("foreign", _foreign_handle(foreign, what))
             return self.pool_piece(pool, n, target, foreign is not None, next_index(), what)
         finally:
             ctx.leave()
@@ -642,10 +643,7 @@ class Allocator:
         ctx.enter()
         try:
             self._open_pool(pool, what)
-            handle = integer(foreign, what, "foreign_stream")
-            if handle >= WORD_LIMIT:
-                raise InvalidArgumentError(f"{what}: foreign_stream must be a stream's handle (below 2**64), got "
-                                           f"{handle}")
+            handle = _foreign_handle(foreign, what)
             piece, owner = self._piece(buf, what)
             if owner is not pool or not self._holdings.ledger.has(piece):
                 raise InvalidBufferError(

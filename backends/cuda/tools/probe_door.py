@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What an allocator door's pair costs (a measurement, not a test): ``Door.alloc`` + ``Door.free`` of 4 KiB for a
 foreign stream, as PyTorch's and CuPy's hooks call them, compiled and pure, red zones off, on every piece and on one
-in 64 (4 KiB), best and median of many rounds, in turns. Run on a GPU machine (``PROBE_BACKEND=fake`` to try it without one)::
+in 64 (4 KiB), best and median of many rounds, in turns. Run on a GPU machine (``PROBE_BACKEND=fake`` to try it
+without one)::
 
     python3 backends/cuda/tools/probe_door.py
 """
