@@ -1,6 +1,6 @@
 # cython: language_level=3, binding=True, embedsignature=True
-"""The compiled twin of [`c_functions`][metrale_core.allocators.doorfuncs.c_functions]: one pair of C functions
-that call a door with the GIL, no ctypes in the way.
+"""The compiled twin of [`c_functions`][metrale_core.allocators.doorfuncs.c_functions]: one set of C functions
+(alloc, free, record_stream, graph_captured) that call a door with the GIL, no ctypes in the way.
 
 - C functions carry no context: the pair serves one door, the first of the process (torch has one current allocator
   at a time); `c_functions` answers ``None`` after that, and the caller makes ctypes callbacks instead.

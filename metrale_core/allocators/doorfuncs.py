@@ -1,4 +1,4 @@
-"""The two C functions a framework's allocator hook calls, made for a door.
+"""The C functions a framework's allocator hooks call, made for a door.
 
 - `c_functions(door, device)` returns the addresses (`DoorFunctions`) of ``void* alloc(size_t size, int device,
   void* stream)`` and ``void free(void* ptr, size_t size, int device, void* stream)`` (torch's
@@ -61,7 +61,7 @@ def address(got: object) -> int:
 
 
 class DoorLike(Protocol):
-    """What the C functions call: a `Door` (or anything with its three calls and its name)."""
+    """What the C functions call: a `Door` (or anything with its four calls and its name)."""
 
     framework: str
 
