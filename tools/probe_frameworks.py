@@ -90,14 +90,9 @@ def child(mode: str) -> None:
         keep.append(_freelist())
     import torch
 
-    from metrale_core._commands.bench.generate import _model
+    from metrale_core._commands.bench.generate import _workload
 
-    model, ids = _model(torch)
-
-    def generate() -> Any:
-        with torch.no_grad():
-            return model.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
-
+    generate = _workload(torch)
     generate()
     torch.cuda.synchronize()
     if mode == "profile":

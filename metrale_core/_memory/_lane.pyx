@@ -53,13 +53,14 @@ from .._device.raw import DEVICE_CALLS as _DEVICE_CALLS
 from .ledger import INDEXES as _INDEXES
 from .ledger import INDEXES_LOCK_FREE as _INDEXES_LOCK_FREE
 from .ledger import next_index as _next_index
+from .pool import HUGE as _HUGE
 
 _log = logging.getLogger("metrale")
 
 cdef bytes _CAPSULE_NAME = _DEVICE_CALLS.encode()
-#: The pool lane's sizes: below this one (a piece's rounded size fits a C ``long long``); larger ones, which no
-#: driver serves, go to the allocator (its out-of-memory error).
-cdef object _FAST_LIMIT = 1 << 62
+#: The pool lane's sizes are below `pool.HUGE` (a piece's rounded size fits a C ``long long``); larger ones, which
+#: no driver serves, go to the allocator (its out-of-memory error).
+cdef object _FAST_LIMIT = _HUGE
 
 
 cdef int _compiled_parts(str lane, object parts) except -1:

@@ -16,6 +16,7 @@ cimport cython
 from metrale_core._device._lock cimport acquire, release
 from metrale_core._memory._ledger cimport Ledger
 
+from .pool import HUGE as _HUGE
 from .pool import LARGE as _LARGE
 from .pool import SEGMENT as _SEGMENT
 from .pool import MemoryPool as _MemoryPool
@@ -23,9 +24,7 @@ from .pool import SHARED as _SHARED
 from .pool import PoolStats as _PoolStats
 
 cdef long long LARGE_C = _LARGE
-#: Sizes from this one up are no cached piece's and no shared segment's (and would not fit a C ``long long`` once
-#: rounded): `take` answers ``None`` for them, and the driver refuses the segment.
-cdef object HUGE = 1 << 62
+cdef object HUGE = _HUGE  # (`take` answers ``None`` from it up: the driver refuses the segment)
 cdef long long SEGMENT_C = _SEGMENT
 
 

@@ -32,13 +32,16 @@ if TYPE_CHECKING:
     from .._device.buffer import DeviceBuffer
     from .._device.handles import Stream
 
-__all__ = ["LARGE", "MemoryPool", "PoolFront", "PoolStats", "SEGMENT", "SHARED", "size_class"]
+__all__ = ["HUGE", "LARGE", "MemoryPool", "PoolFront", "PoolStats", "SEGMENT", "SHARED", "size_class"]
 
 #: Pieces of at most this many bytes are carved from shared segments; larger ones are segments of their own.
 LARGE: Final = 1 << 20
 #: The size of a shared segment.
 SEGMENT: Final = 2 << 20
 _ROUND: Final = 512
+#: Sizes from this one up are no cached piece's and no shared segment's (only the driver, which refuses them, could
+#: serve one); below it a piece's rounded size fits a C ``long long``, as the compiled pool and its lane keep it.
+HUGE: Final = 1 << 62
 #: The cache key of a piece used on a stream besides its own (`MemoryPool.record_stream`): no allocation asks for
 #: it, so such a piece is taken again only once a wait for the device made it any stream's (`MemoryPool.idle`).
 SHARED: Final = "used on another stream too"

@@ -19,6 +19,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["main"]
@@ -35,6 +36,17 @@ def _model(torch: Any) -> tuple[Any, Any]:
     return model, ids
 
 
+def _workload(torch: Any) -> Callable[[], Any]:
+    """The measured call: the model's greedy ``generate`` of 32 new tokens for its prompts."""
+    model, ids = _model(torch)
+
+    def generate() -> Any:
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
+
+    return generate
+
+
 def main(argv: list[str]) -> int:
     mode, steps = argv[0], int(argv[1])
     gpu = door = None
@@ -46,12 +58,7 @@ def main(argv: list[str]) -> int:
         door = torch_door.install(gpu)
     import torch  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
-    model, ids = _model(torch)
-
-    def generate() -> Any:
-        with torch.no_grad():
-            return model.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
-
+    generate = _workload(torch)
     generate()
     torch.cuda.synchronize()
     made = gpu.stats().alloc_count if gpu is not None else 0
