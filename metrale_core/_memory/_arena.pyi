@@ -7,6 +7,7 @@ from typing import final
 
 from .._device.buffer import DeviceBuffer
 from .arena import Arena as _Arena
+from .arena import ArenaZones
 
 @final
 class Arena:
@@ -14,7 +15,7 @@ class Arena:
     allocs: int
     def __init__(
         self, block: DeviceBuffer, on_close: Callable[[_Arena, DeviceBuffer], None],
-        where: Callable[[], str] | None = None,
+        where: Callable[[], str] | None = None, zones: ArenaZones | None = None,
     ) -> None: ...
     @property
     def base(self) -> int: ...

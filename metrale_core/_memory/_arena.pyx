@@ -13,6 +13,9 @@ allocation in C integers under a C-level lock (``_device/_lock.pxd``).
   held for C code only.
 - The buffers are built by the handle twin (`make_buffer`, at C level). Arguments that are not plain ``int``
   (numpy integers, bad ones) go through the pure module's check, so they give the same typed errors.
+- With ``redzone_arena``, the pieces' zones are the pure module's `ArenaZones` (Python calls, off the fast path):
+  a zoned piece is bumped past its leading zone and its trailing one, filled, and judged at ``reset()`` and
+  ``close()``, in the same steps and under the same locks as the pure class's.
 """
 
 cimport cython
@@ -122,8 +125,9 @@ cdef class Arena:
     cdef public object site
     cdef public long long allocs
     cdef object _where
+    cdef object _zones
 
-    def __init__(self, block, on_close, where=None):
+    def __init__(self, block, on_close, where=None, zones=None):
         # (the block is an alloc_arena buffer: its ptr and nbytes are ints from 0 to 2**64 - 1, or this raises)
         self._base = block.ptr
         self._capacity = block.nbytes
@@ -137,6 +141,7 @@ cdef class Arena:
         self._in_order = True
         self.site = block.site
         self._where = where  # a piece's site: its Arena.alloc's (None: the arena's own)
+        self._zones = zones  # the pieces' red zones (redzone_arena): an ArenaZones, or None
         self.allocs = 0
 
     def __dealloc__(self):
@@ -180,9 +185,36 @@ cdef class Arena:
                 n = -1  # more than a long long: no block has room for it
             a = align
         site = self.site if self._where is None else self._where()  # (before the lock: it runs Python)
-        return self._bump(nbytes, align, n, a, site)
+        if self._zones is not None:
+            return self._zoned(nbytes, align, n, a, site)
+        return self._bump(nbytes, align, n, a, site, None, 0, 0)
 
-    cdef object _bump(self, object nbytes, object align, long long n, long long a, object site):
+    cdef object _zoned(self, object nbytes, object align, long long n, long long a, object site):
+        """``alloc`` with ``redzone_arena`` (the pure class's ``_zoned``): the index drawn and the zones laid out
+        before the C lock (Python code), the bump under it, the fill after it; all under the zones' lock."""
+        zones = self._zones
+        with zones.lock:
+            if self._block is None:  # (before the gate: a closed backend's arenas are closed)
+                raise InvalidBufferError(
+                    f"Arena.alloc({nbytes}): this arena (from {self.site}) is closed; create another"
+                )
+            may_fill = zones.enter()
+            try:
+                index = _next_index()
+                layout = zones.layout(nbytes, index) if may_fill and n >= 0 else None
+                if layout is None:
+                    buf = self._bump(nbytes, align, n, a, site, index, 0, 0)
+                else:
+                    buf = self._bump(nbytes, align, n, a, site, index, layout.lead, layout.trail)
+                    zones.fill(buf, layout)
+                return buf
+            finally:
+                zones.leave()
+
+    cdef object _bump(self, object nbytes, object align, long long n, long long a, object site, object index,
+                      unsigned long long lead, unsigned long long trail):
+        """The next piece, ``lead`` bytes of zone before it and ``trail`` after it; ``index``: its creation index,
+        or ``None`` to draw it under the lock."""
         cdef unsigned long long start, top, pad
         cdef long long c_index
         cdef Piece *grown
@@ -194,13 +226,15 @@ cdef class Arena:
                     f"Arena.alloc({nbytes}): this arena (from {self.site}) is closed; create another"
                 )
             top = self._top
-            # the bytes from base + top up to its next multiple of a (modulo 2**64, which a divides); then the
-            # room left compared without a sum that could wrap
-            pad = (0 - (self._base + top)) & <unsigned long long>(a - 1)
-            if n < 0 or pad > self._capacity - top or <unsigned long long>n > self._capacity - top - pad:
+            # the bytes from base + top + lead up to its next multiple of a (modulo 2**64, which a divides); then
+            # the room left compared without a sum that could wrap (lead and trail are a zone's few bytes)
+            pad = lead + ((0 - (self._base + top + lead)) & <unsigned long long>(a - 1))
+            if (n < 0 or pad > self._capacity - top or trail > self._capacity - top - pad
+                    or <unsigned long long>n > self._capacity - top - pad - trail):
                 raise self._full(nbytes, align)
             start = top + pad
-            index = _next_index()
+            if index is None:
+                index = _next_index()
             c_index = index
             METRALE_PIECES_LOCK(self._pieces_lock)  # (C alone while it is held: no Python code runs)
             if self._count == self._room:
@@ -211,7 +245,7 @@ cdef class Arena:
                     raise MemoryError()
                 self._pieces = grown
                 self._room = room
-            self._top = start + <unsigned long long>n
+            self._top = start + <unsigned long long>n + trail
             self.allocs += 1
             self._pieces[self._count].index = c_index
             self._pieces[self._count].offset = start
@@ -307,7 +341,24 @@ cdef class Arena:
         PyMem_Free(gone)
 
     def reset(self):
-        """Take every piece back; buffers handed out so far are no longer live."""
+        """Take every piece back; buffers handed out so far are no longer live.
+
+        With ``redzone_arena``, their zones are judged first (it waits for the device; refused while a capture
+        runs, changing nothing), and a violation is reported once the pieces went.
+        """
+        zones = self._zones
+        if zones is None:
+            self._reset()
+            return
+        with zones.lock:
+            if self._block is None:
+                raise InvalidBufferError(f"Arena.reset: this arena (from {self.site}) is closed")
+            found = zones.judge("Arena.reset")
+            self._reset()
+            zones.release()
+        zones.report(found, "Arena.reset()")
+
+    cdef void _reset(self) except *:
         acquire(&self._lock)
         try:
             if self._block is None:
@@ -320,8 +371,22 @@ cdef class Arena:
     def close(self):
         """Release the block; idempotent. Its pieces are no longer live.
 
-        Refused (during a capture, say) it changes nothing: the arena stays open and usable.
+        Refused (during a capture, say) it changes nothing: the arena stays open and usable. With
+        ``redzone_arena``, the pieces' zones are judged first, as by ``reset()``.
         """
+        zones = self._zones
+        if zones is None:
+            self._close()
+            return
+        with zones.lock:
+            if self._block is None:
+                return
+            found = zones.judge("Arena.close")
+            self._close()
+            zones.release()
+        zones.report(found, "Arena.close()")
+
+    cdef void _close(self) except *:
         acquire(&self._lock)
         try:
             block = self._block
@@ -335,15 +400,18 @@ cdef class Arena:
             release(&self._lock)
 
     def _take_block(self):
-        """For the backend's close: forget the block (the backend releases it)."""
+        """For the backend's close (its final scan judged the zones): forget the block (the backend releases it)."""
         acquire(&self._lock)
         try:
             block, self._block = self._block, None
             self._top = 0
             self._forget_pieces()
-            return block
         finally:
             release(&self._lock)
+        if self._zones is not None:
+            with self._zones.lock:
+                self._zones.release()
+        return block
 
     def __enter__(self):
         return self

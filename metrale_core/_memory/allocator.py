@@ -35,7 +35,7 @@ from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferErr
 from .._redzones.layout import Layout, Zone
 from .._twins import pick
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
-from .arena import Arena
+from .arena import Arena, ArenaZones
 from .holdings import Holdings
 from .lane import LaneParts, PoolLane, ZonedParts
 from .ledger import call_site_for, describe_sites, largest_sites, next_index
@@ -478,7 +478,11 @@ class Allocator:
     def create_arena(self, capacity: object) -> Arena:
         block = self.alloc(capacity, "arena", "create_arena")
         # each piece carries its own Arena.alloc's site (a partial: no frame of its own on the walk)
-        arena = self._arena_class(block, self._arena_closed, functools.partial(self._call_site, self.ctx.internal, 0))
+        # (with redzone_arena, the pieces' zones: the arena owns them, the guard watches them)
+        zones = ArenaZones(self.ctx, self._guard) if self._zoned and self.ctx.settings.redzone_arena else None
+        arena = self._arena_class(
+            block, self._arena_closed, functools.partial(self._call_site, self.ctx.internal, 0), zones
+        )
         with self._holdings.lock:
             self._holdings.arenas.append(arena)
         return arena

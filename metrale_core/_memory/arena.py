@@ -1,8 +1,13 @@
 """Arenas: a bump sub-allocator over one ``alloc_arena`` block, for short-lived scratch.
 
 The fast path of metrale's memory: ``Arena.alloc`` never calls the driver. Its
-buffers are arena memory, so never on the ledger and never red-zoned; they stay
-live until the arena's ``reset()`` or ``close()``.
+buffers are arena memory, never on the ledger; they stay live until the arena's
+``reset()`` or ``close()``.
+
+- `Arena`: the bump allocation, the live pieces, the block.
+- `ArenaZones`: with ``redzone_arena``, the red zones of one arena's pieces: laid out and filled
+  as ``alloc``'s, watched by the zone guard (so every full check and in-graph verdict judges
+  them), and judged at the arena's ``reset()`` and ``close()``.
 
 `Arena` here is the pure reference and the public class. Its compiled twin (``_arena.pyx``, issue 38) registers
 itself as a virtual subclass (`Arena` is an ABC with no abstract methods), so ``isinstance(x, metrale_core.Arena)``
@@ -15,14 +20,20 @@ import abc
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Final
+from typing import TYPE_CHECKING, Final, final
 
 from .._device.buffer import DeviceBuffer
+from .._device.capture import forbid_during_capture, may_wait
 from .._errors import ArenaFullError, InvalidArgumentError, InvalidBufferError
-from .._types import as_index, format_bytes
+from .._types import RedZoneViolation, as_index, format_bytes
 from .ledger import next_index
 
-__all__ = ["Arena"]
+if TYPE_CHECKING:
+    from .._device.context import DeviceContext
+    from .._redzones.layout import Layout
+    from .._redzones.guard import ZoneGuard
+
+__all__ = ["Arena", "ArenaZones"]
 
 #: The largest alignment ``Arena.alloc`` accepts (a 2 MiB page).
 MAX_ALIGN: Final = 1 << 21
@@ -38,6 +49,84 @@ def _check_alloc(nbytes: object, align: object) -> tuple[int, int]:
     if a is None or a not in _ALIGNS:
         raise InvalidArgumentError(f"Arena.alloc: align must be a power of two from 1 to {MAX_ALIGN}, got {align!r}")
     return n, a
+
+
+@final
+class ArenaZones:
+    """The red zones of one arena's pieces (``redzone_arena``); both builds of `Arena` own one when it is on.
+
+    - A piece's zones are laid out as ``alloc``'s (`ZoneGuard.layout`: its creation index decides the sampling),
+      filled on the default stream and watched by the guard, so ``scan_redzones()``, the quarantine's batches
+      and the in-graph verdicts judge them with every other zone, and a violation names the piece's own site.
+    - A piece made while a capture runs gets none: no fill may be issued then.
+    - ``reset()`` and ``close()`` judge the zones of the pieces since the last reset (waiting for the device, so
+      refused while a capture runs, changing nothing), take them off the guard's table, then report.
+    - `lock` is held around a zoned piece's bump and fill and around a judged reset or close, so no piece is
+      filled after its arena let go of it. It is taken before the arena's own lock.
+    """
+
+    __slots__ = ("_ctx", "_guard", "_indexes", "lock")
+
+    def __init__(self, ctx: DeviceContext, guard: ZoneGuard) -> None:
+        self._ctx = ctx
+        self._guard = guard
+        self._indexes: list[int] = []  # the creation indexes of the zoned pieces since the last reset
+        self.lock = threading.RLock()
+
+    @property
+    def pieces(self) -> int:
+        """Zoned pieces since the last reset."""
+        return len(self._indexes)
+
+    def enter(self) -> bool:
+        """Enter the backend's gate for a piece; whether it may get zones (no capture runs, so its fill may be
+        issued; a capture that starts meanwhile waits for this call). Pair with `leave`."""
+        self._ctx.enter()
+        return may_wait()
+
+    def leave(self) -> None:
+        self._ctx.leave()
+
+    def layout(self, nbytes: int, index: int) -> Layout | None:
+        """The zones of the piece of ``nbytes`` with creation ``index`` (``None``: it gets none)."""
+        return self._guard.layout(nbytes, index)
+
+    def fill(self, buf: DeviceBuffer, layout: Layout) -> None:
+        """Fill the zones of a new piece and watch them (under `lock`, after the bump)."""
+        self._guard.guard(buf, layout)
+        self._indexes.append(buf.index)
+
+    def judge(self, what: str) -> list[RedZoneViolation]:
+        """Under `lock`: wait for the device and judge the zones of the pieces since the last reset. Refused while
+        a capture runs (``CaptureError``, as any wait), changing nothing."""
+        if not self._indexes:
+            return []
+        self._ctx.enter()
+        try:
+            forbid_during_capture(f"{what} of an arena with zoned pieces (judging their zones waits for the device)")
+            guard = self._guard
+            with guard.lock:
+                zones = [zone for index in self._indexes for zone in guard.zones.zones_of(index)]
+                return guard.judge(zones)
+        finally:
+            self._ctx.leave()
+
+    def release(self) -> None:
+        """Under `lock`: the pieces went (a reset, a close); their zones leave the guard's table."""
+        if not self._indexes:
+            return
+        guard = self._guard
+        with guard.lock:
+            gone = False
+            for index in self._indexes:
+                gone = bool(guard.unwatch(index)) or gone
+            self._indexes = []
+            if gone:
+                guard.zones_released()
+
+    def report(self, found: list[RedZoneViolation], when: str) -> None:
+        """What `judge` found, reported as the guard reports (observers, then a log line or a ``RedZoneError``)."""
+        self._guard.report(found, when)
 
 
 class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin to register with, nothing abstract)
@@ -57,13 +146,13 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
     """
 
     __slots__ = (
-        "_base", "_block", "_capacity", "_lock", "_on_close", "_owner", "_pieces", "_top", "_where", "allocs",
-        "site",
+        "_base", "_block", "_capacity", "_lock", "_on_close", "_owner", "_pieces", "_top", "_where", "_zones",
+        "allocs", "site",
     )
 
     def __init__(
         self, block: DeviceBuffer, on_close: Callable[[Arena, DeviceBuffer], None],
-        where: Callable[[], str] | None = None,
+        where: Callable[[], str] | None = None, zones: ArenaZones | None = None,
     ) -> None:
         self._block: DeviceBuffer | None = block
         self._base = block.ptr
@@ -77,6 +166,8 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
         self.site = block.site
         #: Where a piece is made: its ``Arena.alloc``'s call site (``None``: the arena's own site).
         self._where = where
+        #: The pieces' red zones (``redzone_arena``), or ``None``.
+        self._zones = zones
         #: Pieces handed out so far.
         self.allocs = 0
 
@@ -112,25 +203,52 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
         if type(nbytes) is not int or nbytes < 0 or type(align) is not int or align not in _ALIGNS:
             nbytes, align = _check_alloc(nbytes, align)
         site = self.site if self._where is None else self._where()
+        if self._zones is not None:
+            return self._zoned(nbytes, align, site, self._zones)
         with self._lock:
-            if self._block is None:
-                raise InvalidBufferError(
-                    f"Arena.alloc({nbytes}): this arena (from {self.site}) is closed; create another"
-                )
-            start = (self._base + self._top + align - 1) & -align
-            end = start + nbytes - self._base
-            if end > self._capacity:
-                raise ArenaFullError(
-                    f"Arena.alloc({nbytes}, align={align}): the arena from {self.site} is full: "
-                    f"{format_bytes(self._top)} of {format_bytes(self._capacity)} handed out since its last "
-                    f"reset(); reset() it when its pieces are done with, or create a larger arena",
-                    requested=nbytes, capacity=self._capacity, used=self._top,
-                )
-            self._top = end
-            self.allocs += 1
+            start = self._bump(nbytes, align, 0, 0)
             index = next_index()
             self._pieces[index] = (start, nbytes)
         return DeviceBuffer._make(start, nbytes, "arena", index, site, self._owner)
+
+    def _bump(self, nbytes: int, align: int, lead: int, trail: int) -> int:
+        """Under the lock: the address of the next piece, ``lead`` bytes of zone before it and ``trail`` after."""
+        if self._block is None:
+            raise self._closed(f"Arena.alloc({nbytes})")
+        start = (self._base + self._top + lead + align - 1) & -align
+        end = start + nbytes + trail - self._base
+        if end > self._capacity:
+            raise ArenaFullError(
+                f"Arena.alloc({nbytes}, align={align}): the arena from {self.site} is full: "
+                f"{format_bytes(self._top)} of {format_bytes(self._capacity)} handed out since its last "
+                f"reset(); reset() it when its pieces are done with, or create a larger arena",
+                requested=nbytes, capacity=self._capacity, used=self._top,
+            )
+        self._top = end
+        self.allocs += 1
+        return start
+
+    def _closed(self, what: str) -> InvalidBufferError:
+        return InvalidBufferError(f"{what}: this arena (from {self.site}) is closed; create another")
+
+    def _zoned(self, nbytes: int, align: int, site: str, zones: ArenaZones) -> DeviceBuffer:
+        """``alloc`` with ``redzone_arena``: the piece's zones bumped over and filled, under the zones' lock."""
+        with zones.lock:
+            if self._block is None:  # (before the gate: a closed backend's arenas are closed)
+                raise self._closed(f"Arena.alloc({nbytes})")
+            may_fill = zones.enter()
+            try:
+                index = next_index()
+                layout = zones.layout(nbytes, index) if may_fill else None
+                with self._lock:
+                    start = self._bump(nbytes, align, *((0, 0) if layout is None else (layout.lead, layout.trail)))
+                    self._pieces[index] = (start, nbytes)
+                buf = DeviceBuffer._make(start, nbytes, "arena", index, site, self._owner)
+                if layout is not None:
+                    zones.fill(buf, layout)
+                return buf
+            finally:
+                zones.leave()
 
     def holds(self, buf: DeviceBuffer) -> bool:
         """Whether ``buf`` is a live piece of this arena: one it handed out since the last ``reset()``,
@@ -138,18 +256,48 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
         return buf._owner is self._owner and self._pieces.get(buf.index) == (buf.ptr, buf.nbytes)
 
     def reset(self) -> None:
-        """Take every piece back; buffers handed out so far are no longer live."""
-        with self._lock:
+        """Take every piece back; buffers handed out so far are no longer live.
+
+        With ``redzone_arena``, their zones are judged first (it waits for the device; refused while a capture
+        runs, changing nothing), and a violation is reported once the pieces went.
+        """
+        zones = self._zones
+        if zones is None:
+            with self._lock:
+                if self._block is None:
+                    raise InvalidBufferError(f"Arena.reset: this arena (from {self.site}) is closed")
+                self._top = 0
+                self._pieces = {}
+            return
+        with zones.lock:
             if self._block is None:
                 raise InvalidBufferError(f"Arena.reset: this arena (from {self.site}) is closed")
-            self._top = 0
-            self._pieces = {}
+            found = zones.judge("Arena.reset")
+            with self._lock:
+                self._top = 0
+                self._pieces = {}
+            zones.release()
+        zones.report(found, "Arena.reset()")
 
     def close(self) -> None:
         """Release the block; idempotent. Its pieces are no longer live.
 
-        Refused (during a capture, say) it changes nothing: the arena stays open and usable.
+        Refused (during a capture, say) it changes nothing: the arena stays open and usable. With
+        ``redzone_arena``, the pieces' zones are judged first, as by ``reset()``.
         """
+        zones = self._zones
+        if zones is None:
+            self._close()
+            return
+        with zones.lock:
+            if self._block is None:
+                return
+            found = zones.judge("Arena.close")
+            self._close()
+            zones.release()
+        zones.report(found, "Arena.close()")
+
+    def _close(self) -> None:
         with self._lock:
             block = self._block
             if block is None:
@@ -160,12 +308,15 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
             self._pieces = {}
 
     def _take_block(self) -> DeviceBuffer | None:
-        """For the backend's close: forget the block (the backend releases it)."""
+        """For the backend's close (its final scan judged the zones): forget the block (the backend releases it)."""
         with self._lock:
             block, self._block = self._block, None
             self._top = 0
             self._pieces = {}
-            return block
+        if self._zones is not None:
+            with self._zones.lock:
+                self._zones.release()
+        return block
 
     def __enter__(self) -> Arena:
         return self

@@ -159,6 +159,13 @@ class MetraleSettings(BaseSettings):
         "waiting for it: the launch returns at once, and the scan's result is reported by the next graph launch "
         "that finds it done, or by the next `synchronize()`, `Stream.synchronize()` or `Event.synchronize()`.",
     )
+    redzone_arena: bool = Field(
+        False,
+        description="Give red zones to the pieces of every `Arena` too, laid out as `alloc`'s (`redzone_lead` and "
+        "`redzone_sample` apply): filled on the default stream at `Arena.alloc`, judged at the arena's `reset()` "
+        "and `close()` (which then wait for the device, and are refused while a capture runs) and by every full "
+        "check meanwhile. A piece made while a capture runs gets none (no fill may be issued then).",
+    )
     kernel_timing: bool = Field(
         False,
         description="Time every kernel launch made outside a capture with a pair of events; `run_metrics()` turns "
