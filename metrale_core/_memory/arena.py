@@ -30,8 +30,8 @@ from .ledger import next_index
 
 if TYPE_CHECKING:
     from .._device.context import DeviceContext
-    from .._redzones.layout import Layout
     from .._redzones.guard import ZoneGuard
+    from .._redzones.layout import Layout
 
 __all__ = ["Arena", "ArenaZones"]
 
