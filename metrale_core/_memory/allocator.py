@@ -22,7 +22,7 @@ import os
 import threading
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from .._device.args import integer, invalid_argument, positive_size
 from .._device.buffer import DeviceBuffer
@@ -31,7 +31,14 @@ from .._device.context import DeviceContext
 from .._device.guarded import raise_raw
 from .._device.handles import HostBuffer
 from .._device.stats import StatsCounter
-from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError, MetraleError, OutOfMemoryError
+from .._errors import (
+    BackendClosedError,
+    InvalidArgumentError,
+    InvalidBufferError,
+    MetraleError,
+    OutOfMemoryError,
+    error_for_code,
+)
 from .._redzones.layout import Layout, Zone
 from .._twins import pick
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
@@ -264,6 +271,11 @@ class Allocator:
         most ``oom_retries``). ``failed``: the caller's own first try already ran out of memory. ``retake``: a
         pool's allocation asks its pool again once the pools were trimmed (the wait made pieces cached for other
         streams any stream's); where it is served, the answer is 0 (no raw memory taken)."""
+        if raw_bytes >= WORD_LIMIT:  # (a pool's size class of a size near 2**64): no driver can take the size, and
+            # no remedy makes it fit; CUDA's answer for the largest size it can take, without asking it
+            self._stats.oom_count += 1
+            refused = error_for_code("CUDA_ERROR_OUT_OF_MEMORY", f"cuMemAlloc of {raw_bytes} bytes", requested=n)
+            raise self._out_of_memory(cast(OutOfMemoryError, refused), n, kind, what, 0)
         retries = 0
         drained = trimmed = False
         while True:
