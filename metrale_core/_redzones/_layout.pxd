@@ -32,6 +32,7 @@ cdef class RedZones:
     cdef readonly object sample
     cdef readonly long long version
     cdef readonly long long filled
+    cdef object _seen
 
     cdef int _grow(self, Py_ssize_t slots) except -1
     cdef int _put(self, object index, _Rec rec) except -1

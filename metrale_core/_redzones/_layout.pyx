@@ -7,6 +7,8 @@ live zones under a C-level lock (``_device/_lock.pxd``) and the scan's table in 
   a scan reads the same table in the same order.
 - Each allocation's zones are one `_Rec`: their addresses and lengths as C integers, their table slots, the
   buffer. Their `Zone` objects are made when asked for (a scan, a check, a free without quarantine), once.
+- A snapshot's zones are a `_SlotZones`: the slots' records, whose `Zone` objects are made only when asked for (a
+  scan that finds nothing asks for none), kept until the zones change (the pure class copies its list of zones).
 - The C-level door (``_layout.pxd``) is for the compiled lane and quarantine: `add_c` adds the zones of a new
   allocation from its address and size, `remove_c` forgets them, `zone_bytes_c` says how many bytes they hold.
 """
@@ -18,6 +20,8 @@ from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale_core._device._lock cimport acquire, release
 from metrale_core._device._slots cimport slot_set, slots_to_build
+
+from collections.abc import Sequence as _Sequence
 
 from .._types import WORD_LIMIT as _WORD_LIMIT
 from .._types import RedZoneViolation as _RedZoneViolation
@@ -77,6 +81,7 @@ cdef class RedZones:
         self._patterns = {}
         self.version = 0
         self.filled = 0
+        self._seen = None  # (version, _SlotZones) of the last snapshot
 
     def __dealloc__(self):
         PyMem_Free(self._table)
@@ -207,6 +212,8 @@ cdef class RedZones:
             rec = self._take(index)
         finally:
             release(&self._lock)
+        if rec is not None and self._seen is not None:
+            self._seen = None  # (after the lock: it may hold the last reference to a buffer with a finalizer)
         return rec is not None
 
     def remove(self, index):
@@ -216,6 +223,8 @@ cdef class RedZones:
             rec = self._take(index)
         finally:
             release(&self._lock)
+        if rec is not None and self._seen is not None:
+            self._seen = None  # (after the lock: it may hold the last reference to a buffer with a finalizer)
         return () if rec is None else _zones_of(rec)
 
     # -- reading ---------------------------------------------------------------------------------
@@ -276,23 +285,29 @@ cdef class RedZones:
         """Whether allocation ``index`` still has zones here (live, or freed and waiting in quarantine)."""
         return index in self._recs
 
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
     cdef tuple _live(self):
         """The slots' records in order, which of them are leads, and the version they are; their `Zone` objects are
         made after, by
         `_in_slot_order`. Takes the lock itself: the containers are made before it (making a container may run a
         collection, whose finalizers may free a zoned buffer, which takes this lock), filled under it."""
         cdef Py_ssize_t i, n
+        cdef list recs, slots
+        cdef unsigned char *lead_flags
         while True:
             n = len(self._slots)
             recs = [None] * n
             leads = bytearray(n)
+            lead_flags = leads
             acquire(&self._lock)
             try:
-                if len(self._slots) == n:  # (else it changed meanwhile: made again at its new size)
+                slots = self._slots
+                if len(slots) == n:  # (else it changed meanwhile: made again at its new size)
                     for i in range(n):
-                        rec = self._slots[i]
+                        rec = slots[i]
                         recs[i] = rec
-                        leads[i] = (<_Rec>rec).lead_slot == i
+                        lead_flags[i] = (<_Rec>rec).lead_slot == i
                     return recs, leads, self.version
             finally:
                 release(&self._lock)
@@ -317,17 +332,20 @@ cdef class RedZones:
         ``known_version``, the table's bytes for the device."""
         cdef long long version
         while True:
-            slots = self._live()
+            seen = self._seen
+            if seen is None or (<tuple>seen)[0] != self.version:
+                recs, leads, read = self._live()
+                seen = self._seen = (read, _SlotZones.of(recs, bytes(leads)))
             acquire(&self._lock)
             try:  # the table of the same version as the slots read (else read again)
                 version = self.version
-                same = version == slots[2]
+                same = version == (<tuple>seen)[0]
                 table = None if version == known_version or not same else PyBytes_FromStringAndSize(
                     <char*>self._table, len(self._slots) * 16)
             finally:
                 release(&self._lock)
             if same:
-                return version, _in_slot_order(slots), table
+                return version, (<tuple>seen)[1], table
 
     def judge(self, zone, data):
         """A violation if ``data`` (the zone read back) is not all fill bytes."""
@@ -342,6 +360,46 @@ cdef class RedZones:
             ptr=buf.ptr, nbytes=buf.nbytes, index=buf.index, site=buf.site, side=zone.side,
             offset=len(data) - len(rest),
         )
+
+
+@cython.final
+cdef class _SlotZones:
+    """The zone in each slot of a snapshot, lead or trail as the slot held then: a read-only sequence whose `Zone`
+    objects are made when asked for, once per allocation (`_zones_of`)."""
+
+    cdef list _recs
+    cdef bytes _leads
+
+    @staticmethod
+    cdef _SlotZones of(list recs, bytes leads):
+        cdef _SlotZones made = _SlotZones.__new__(_SlotZones)
+        made._recs = recs
+        made._leads = leads
+        return made
+
+    def __len__(self):
+        return len(self._recs)
+
+    def __getitem__(self, at):
+        cdef Py_ssize_t i
+        if isinstance(at, slice):
+            return [self[j] for j in range(*at.indices(len(self._recs)))]
+        i = at
+        if i < 0:
+            i += len(self._recs)
+        if not 0 <= i < len(self._recs):
+            raise IndexError("zone index out of range")
+        zones = _zones_of(<_Rec>self._recs[i])
+        return zones[0] if self._leads[i] else zones[len(zones) - 1]
+
+    def __iter__(self):
+        cdef Py_ssize_t i
+        for i in range(len(self._recs)):
+            zones = _zones_of(<_Rec>self._recs[i])
+            yield zones[0] if self._leads[i] else zones[len(zones) - 1]
+
+
+_Sequence.register(_SlotZones)
 
 
 cdef list _in_slot_order(tuple slots):

@@ -144,7 +144,7 @@ class RedZones:
         with self._lock:
             return self.version, len(self._slots), self._table.tobytes()
 
-    def snapshot(self, known_version: int) -> tuple[int, list[Zone], bytes | None]:
+    def snapshot(self, known_version: int) -> tuple[int, Sequence[Zone], bytes | None]:
         """``(version, zones, table)``: the live zones in slot order and, unless the
         version is still ``known_version``, the table's bytes for the device."""
         with self._lock:
@@ -181,9 +181,11 @@ def zone_table(zones: Sequence[Zone]) -> bytes:
 def zone_violations(
     zones: Sequence[Zone], firsts: Iterable[int], keep: Callable[[DeviceBuffer], bool] = lambda buf: True
 ) -> list[RedZoneViolation]:
-    """The violations in a scan's results: ``firsts[i]`` is zone ``i``'s first changed offset + 1, or 0."""
+    """The violations in a scan's results: ``firsts[i]`` is zone ``i``'s first changed offset + 1, or 0.
+
+    Only the zones with a violation are looked up (a snapshot's zones may be made when asked for)."""
     return [
         RedZoneViolation(z.buffer.ptr, z.buffer.nbytes, z.buffer.index, z.buffer.site, z.side, first - 1)
-        for z, first in zip(zones, firsts, strict=True)
-        if first and keep(z.buffer)
+        for i, first in enumerate(firsts)
+        if first and keep((z := zones[i]).buffer)
     ]

@@ -106,7 +106,7 @@ class Scanner:
         #: The one scratch pool of every scan (the queued ones too).
         self.pool = Scratch(ctx)
 
-    def snapshot(self) -> tuple[int, list[Zone], bytes | None]:
+    def snapshot(self) -> tuple[int, Sequence[Zone], bytes | None]:
         """Every watched zone: ``RedZones.snapshot`` against the table the device holds."""
         return self._zones.snapshot(self._table_version)
 

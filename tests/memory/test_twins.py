@@ -666,7 +666,11 @@ def test_the_zone_table_twin_keeps_the_pure_table_s_slots(ops: list[tuple[str, i
             assert twin.remove(index) == pure.remove(index)
         assert twin.live() == pure.live() and twin.table() == pure.table()
         assert (twin.version, twin.filled) == (pure.version, pure.filled)
-        assert twin.snapshot(twin.version) == pure.snapshot(pure.version)
+        (tv, tz, tt), (pv, pz, pt) = twin.snapshot(twin.version), pure.snapshot(pure.version)
+        assert (tv, list(tz), tt) == (pv, list(pz), pt)  # (the twin's zones: a sequence made when asked for)
+        assert len(tz) == len(pz) and all(tz[i] == pz[i] for i in range(-len(pz), len(pz)))
+        (tv, tz, tt), (pv, pz, pt) = twin.snapshot(-1), pure.snapshot(-1)  # (again: the twin's kept snapshot)
+        assert (tv, list(tz), tt) == (pv, list(pz), pt)
         assert all(twin.zones_of(i) == pure.zones_of(i) and twin.watched(i) for i in live)
 
 
