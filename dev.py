@@ -290,7 +290,18 @@ def wheels() -> int:
             sys.exit(f"dev.py wheels: {' '.join(str(c) for c in cmd[1:]) or cmd[0]} failed in {env_dir}")
     print(f"wheels: {len(sdists)} sdists and {len(wheel_files)} wheels in {dist}, installed in {env_dir}; "
           f"--version, selftest and conformance fake passed ({time.monotonic() - start:.0f} s)")
+    print(INSTALL_ROUTE.format(dist=dist))
     return 0
+
+
+#: What `dev.py wheels` prints last: the README's route from a clone, without dev.py (nothing is on the index yet).
+INSTALL_ROUTE = (
+    "To install these wheels into an environment of your own (metrale is not on the package index yet):\n"
+    '    pip install --find-links {dist} "metrale[report]"     # or "metrale[cuda]", "metrale[test]"\n'
+    "or, without dev.py, from the clone's root:\n"
+    "    pip wheel --no-deps -w wheels . backends/fake backends/cuda packaging/metrale\n"
+    '    pip install --find-links wheels "metrale[report]"'
+)
 
 
 #: The torch dev.py torchrun installs where none is: the release CI's machines keep a CPU build of on disk.

@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import logging
 
-    from .._errors import ConfigError, MetraleError
+    from .._errors import ConfigError, MetraleError, MissingPackageError
     from .._settings.model import MetraleSettings
 
     logging.basicConfig(
@@ -233,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "selftest":
             return commands.selftest(settings, args.snapshot)
         return {"backends": commands.backends, "info": commands.info}[args.command](settings, args.json)
+    except MissingPackageError as exc:  # a package to install: its message alone
+        print(f"metrale {args.command}: {exc}", file=sys.stderr)
+        return 1
     except MetraleError as exc:
         print(f"metrale {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

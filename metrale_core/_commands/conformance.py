@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .._discovery import available_backends, open_backend
-from .._errors import BackendUnavailableError, InvalidArgumentError, MetraleError
+from .._errors import BackendUnavailableError, InvalidArgumentError, MetraleError, MissingPackageError
 from .._settings.model import MetraleSettings, installed_plugin_settings
 
 __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_EXAMPLES", "DEFAULT_STEPS", "ConformanceReport", "run_conformance"]
@@ -191,8 +191,10 @@ def run_conformance(
         import hypothesis
         from hypothesis.stateful import get_state_machine_test
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise BackendUnavailableError(
-            f"conformance needs Hypothesis: pip install 'metrale-core[test]' ({exc})"
+        from .._install import install_command
+
+        raise MissingPackageError(
+            f"conformance needs Hypothesis, which is not installed: {install_command('test')}"
         ) from exc
     from ..testing import BAD_INPUTS, backend_state_machine, bad_input_fixture, check_bad_input
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 from .._errors import InvalidArgumentError, MissingPackageError
+from .._install import install_command
 from .._memory.snapshot import (  # the format, read and written in one module; re-exported for report's callers
     FORMAT,
     VERSION,
@@ -317,7 +318,7 @@ def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 
         from matplotlib.patches import Patch
     except ImportError as exc:
         raise MissingPackageError(
-            f'plotting a memory report needs matplotlib, which is not installed: pip install "metrale[report]" '
+            f"plotting a memory report needs matplotlib, which is not installed: {install_command('report')} "
             f"(or write the timeline instead: metrale report {snapshot.name} --trace OUT.json)"
         ) from exc
     timeline = live_by_site(snapshot, top)
@@ -413,7 +414,7 @@ def plot_html(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int =
         import plotly.graph_objects as go  # type: ignore[import-untyped, unused-ignore]
     except ImportError as exc:
         raise MissingPackageError(
-            f'an HTML timeline needs plotly, which is not installed: pip install "metrale[report]" '
+            f"an HTML timeline needs plotly, which is not installed: {install_command('report')} "
             f"(or write a Perfetto timeline instead: metrale report {snapshot.name} --trace OUT.json)"
         ) from exc
     timeline = live_by_site(snapshot, top)

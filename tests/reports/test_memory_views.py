@@ -170,7 +170,7 @@ def test_html_without_plotly_says_what_to_install(snapshot_file: Path, monkeypat
 
     monkeypatch.setitem(sys.modules, "plotly", None)
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
-    with pytest.raises(MissingPackageError, match=r'needs plotly.*pip install "metrale\[report\]"') as info:
+    with pytest.raises(MissingPackageError, match=r'needs plotly.*pip install "metrale(-core)?\[report\]"') as info:
         plot_html(load_snapshot(snapshot_file), snapshot_file.with_suffix(".html"))
     assert isinstance(info.value, MetraleError) and not isinstance(info.value, ConfigError)
 
