@@ -90,6 +90,7 @@ LINTED = [
     "backends/cuda/metrale_cuda",
     "examples/tracing-backend/metrale_tracing",
     "examples/pipeline/metrale_pipeline",
+    "examples/host-app/batch_scorer.py",
 ]
 #: What `wheels` leaves: the sdists and wheels, and the environment they were installed in.
 RELEASE = VENV / "release"

@@ -46,7 +46,7 @@ from ._settings.model import MetraleSettings
 from ._streams.front import StreamFront
 from ._streams.lane import StreamLane
 from ._twins import pick
-from ._types import KernelImplementation, MemoryInfo, Origin, RedZoneChecks, RedZoneViolation
+from ._types import AllocKind, KernelImplementation, MemoryInfo, Origin, RedZoneChecks, RedZoneViolation
 from .kernels._ntile import NTile
 from .kernels._tensormap import TensorMapSpec
 
@@ -149,25 +149,41 @@ class GpuBackend:
         """Make this backend's context current on the calling thread (for code outside metrale)."""
         self._ctx.raw.bind_to_thread()
 
-    def alloc(self, nbytes: int) -> DeviceBuffer:
+    def alloc(self, nbytes: int, *, stacklevel: int = 1) -> DeviceBuffer:
         """Device memory, on the ledger with the caller's ``file:line`` until ``free`` or ``sweep_unreleased``.
 
         :param nbytes: the size in bytes, positive (an ``int``, numpy integers too).
+        :param stacklevel: which caller is the call site, as ``warnings.warn`` counts: 1, the first frame outside
+            metrale and ``site_skip``; 2, the one that called it (an application's own allocating helper passes 2
+            to have its callers named).
         :raises OutOfMemoryError: no room, even after ``on_out_of_memory``; it names the largest call sites.
         :raises CaptureError: a capture is in progress (allocating is not a capturable call).
-        :raises InvalidArgumentError: ``nbytes`` is not a positive byte count (0 too: ``InvalidBufferError``).
+        :raises InvalidArgumentError: ``nbytes`` is not a positive byte count (0 too: ``InvalidBufferError``), or
+            ``stacklevel`` is not an int of at least 1.
         """
-        return self._lane.alloc(nbytes)  # the gate and the allocator's work (compiled where built)
+        if stacklevel == 1 and type(stacklevel) is int:
+            return self._lane.alloc(nbytes)  # the gate and the allocator's work (compiled where built)
+        return self._alloc_at(nbytes, "device", "alloc", stacklevel)
 
     @gated
-    def alloc_managed(self, nbytes: int) -> DeviceBuffer:
-        """Managed (unified) memory, on the ledger likewise."""
-        return self._memory.alloc(nbytes, "managed", "alloc_managed")
+    def _alloc_at(self, nbytes: int, kind: AllocKind, what: str, stacklevel: object) -> DeviceBuffer:
+        """An allocating call with a ``stacklevel`` other than 1 (off the hot path: the allocator's whole work)."""
+        return self._memory.alloc(nbytes, kind, what, self._memory.site_at(stacklevel, what))
 
     @gated
-    def alloc_arena(self, nbytes: int) -> DeviceBuffer:
-        """Device memory never on the ledger; released only by [`free_arena`][metrale_core.GpuBackend.free_arena]."""
-        return self._memory.alloc(nbytes, "arena", "alloc_arena")
+    def alloc_managed(self, nbytes: int, *, stacklevel: int = 1) -> DeviceBuffer:
+        """Managed (unified) memory, on the ledger likewise (``stacklevel`` as ``alloc``'s)."""
+        if stacklevel == 1 and type(stacklevel) is int:
+            return self._memory.alloc(nbytes, "managed", "alloc_managed")
+        return self._alloc_at(nbytes, "managed", "alloc_managed", stacklevel)
+
+    @gated
+    def alloc_arena(self, nbytes: int, *, stacklevel: int = 1) -> DeviceBuffer:
+        """Device memory never on the ledger; released only by [`free_arena`][metrale_core.GpuBackend.free_arena]
+        (``stacklevel`` as ``alloc``'s)."""
+        if stacklevel == 1 and type(stacklevel) is int:
+            return self._memory.alloc(nbytes, "arena", "alloc_arena")
+        return self._alloc_at(nbytes, "arena", "alloc_arena", stacklevel)
 
     @gated
     def alloc_host(self, nbytes: int) -> HostBuffer:

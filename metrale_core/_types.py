@@ -189,7 +189,10 @@ class RedZoneViolation:
 
     ``ptr``, ``nbytes``, ``index`` and ``site`` are the allocation's; ``side``
     is ``"trail"`` (or ``"lead"``); ``offset`` is the first changed byte,
-    counted from the zone's start.
+    counted from the zone's start. ``suspects`` names the kernels that took the
+    allocation (or, for an arena's piece, any piece of its arena) as an argument:
+    for a graph's verdict, that graph's kernel nodes (``"write_u8 (node 2 of graph #3)"``);
+    for any other check, the backend's last launches (``"write_u8 (the latest launch)"``).
     """
 
     ptr: int
@@ -200,16 +203,28 @@ class RedZoneViolation:
     offset: int
     #: The backend that found it (``None`` where a caller built the record without one).
     origin: Origin | None = dataclasses.field(default=None, compare=False)
+    #: The kernels suspected of the write, oldest first (empty: none took the allocation, or nobody asked).
+    suspects: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+
+    def __setstate__(self, state: tuple[Any, ...] | list[Any]) -> None:
+        """Unpickle, a pickle of an earlier version (without ``suspects``, or ``origin``) too: the missing fields
+        take their defaults."""
+        defaults: dict[str, Any] = {"origin": None, "suspects": ()}
+        names = [f.name for f in dataclasses.fields(self)]
+        values = dict(zip(names, state, strict=False))
+        for name in names:
+            object.__setattr__(self, name, values[name] if name in values else defaults[name])
 
     def describe(self) -> str:
         """One line for a log or an error message; in a distributed job (an origin with a rank) it names the
-        rank, host, process and device."""
+        rank, host, process and device; then the suspects, where there are any."""
         where = "past the end" if self.side == "trail" else "before the start"
         return (
             f"red zone {self.side}: a write {where} of allocation #{self.index} "
             f"({self.nbytes} bytes at {self.ptr:#x}, allocated at {self.site}), "
             f"first changed byte at zone offset {self.offset}"
             + (f", on {self.origin.describe()}" if self.origin is not None and self.origin.rank is not None else "")
+            + (f"; suspects: {', '.join(self.suspects)}" if self.suspects else "")
         )
 
 

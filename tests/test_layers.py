@@ -30,7 +30,7 @@ WINGS: tuple[tuple[str, ...], ...] = (
     ("_backend",),  # the facade
     ("_registration", "hookspec", "_discovery", "_placement"),  # finding and opening backends
     ("__init__", "plugin"),  # the public API
-    ("_commands", "__main__", "testing", "allocators"),  # on top: they use the public API as a user does
+    ("_commands", "__main__", "testing", "allocators", "pytest_plugin"),  # on top: the public API, as a user's
 )
 
 #: Inside each wing, bottom first: its modules (by their name in the wing) and their floors.
@@ -54,7 +54,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("allocator",),
     ),
     "_streams": (("graph_lane", "_graph_lane"), ("graphs",), ("front",), ("lane", "_lane")),
-    "_reports": (("merge", "timeline"), ("summary",)),
+    "_reports": (("merge", "timeline"), ("summary", "torch_snapshot")),
     "_launch": (("tensormaps",), ("registry",), ("_pack", "lane", "_lane"), ("front",)),
     "_commands": (("progress", "bench"), ("conformance", "selftest", "runner"), ("commands",), ("cli",)),
     "allocators": (("door", "doorfuncs"), ("_door", "_doorfuncs"), ("__init__", "torch", "cupy")),

@@ -117,6 +117,9 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--png", metavar="OUT.png", help="write a stacked plot of live memory (needs matplotlib)")
     parser.add_argument("--html", metavar="OUT.html",
                         help="write an interactive timeline, for a browser with no network (needs plotly)")
+    parser.add_argument("--torch-snapshot", metavar="OUT.pickle",
+                        help="write the pickle torch.cuda.memory._dump_snapshot writes, for "
+                        "https://pytorch.org/memory_viz (a device per snapshot)")
     parser.add_argument("--top", type=_positive, default=8, metavar="N",
                         help="call sites shown on their own (default 8)")
 
@@ -185,8 +188,8 @@ def _parser() -> argparse.ArgumentParser:
                    declare=_preflight_arguments)
     sub.add_parser("conformance", help="run the conformance state machine and the bad-input table against a backend",
                    declare=_conformance_arguments)
-    sub.add_parser("report", help="a saved memory snapshot as a Perfetto timeline, a plot or an interactive HTML "
-                   "timeline of live memory by call site", declare=_report_arguments)
+    sub.add_parser("report", help="a saved memory snapshot as a Perfetto timeline, a plot, an interactive HTML "
+                   "timeline of live memory by call site, or PyTorch's memory snapshot", declare=_report_arguments)
     sub.add_parser("bench", help="time metrale's operations next to the raw driver, CuPy and PyTorch; print medians "
                    "and ratios", declare=_bench_arguments)
     sub.add_parser("run", help="run a Python script under metrale (its torch and CuPy tensors on the ledger with "

@@ -242,7 +242,7 @@ def report(args: argparse.Namespace) -> int:
         from .._reports.merge import merge_reports, merge_snapshots
 
         snapshot = merge_snapshots(snapshots)
-    if args.trace is None and args.png is None and args.html is None:
+    if args.trace is None and args.png is None and args.html is None and args.torch_snapshot is None:
         if len(snapshots) > 1:
             print(merge_reports(snapshots, top=args.top).render())
             print()
@@ -261,6 +261,14 @@ def report(args: argparse.Namespace) -> int:
         if args.html is not None:
             plot_html(snapshot, Path(args.html), args.top)
             print(f"wrote interactive timeline: {args.html} (open it in a browser; it needs no network)")
+        out = args.torch_snapshot
+        if args.torch_snapshot is not None:
+            from .._reports.torch_snapshot import device_notes, write_torch_snapshot
+
+            written = write_torch_snapshot(snapshots, Path(args.torch_snapshot))
+            print(f"wrote PyTorch memory snapshot: {args.torch_snapshot} (open it in https://pytorch.org/memory_viz)")
+            for line in device_notes(written):
+                print(f"  {line}")
     except OSError as exc:
         print(f"metrale report: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 1

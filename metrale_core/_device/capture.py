@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, final
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, final
 
 from .._errors import CaptureError, capture_error
 
@@ -34,6 +34,8 @@ _R = TypeVar("_R")
 
 __all__ = [
     "Capture",
+    "GraphKernels",
+    "KernelNode",
     "abandon_captures",
     "active_captures",
     "call_entered",
@@ -109,13 +111,31 @@ def _others_inside(own: _Flag) -> bool:
     return any(flag.inside for flag in list(_FLAGS) if flag is not own)
 
 
+#: A kernel node of a captured graph, for a red-zone report's suspects: the kernel's name, where it sits in the
+#: graph (``"node 2"``; a kernel of a graph launched into the capture: ``"node 1 of graph #1, node 3"``), and the
+#: device addresses its pointer-sized arguments held (a tensor map's: its buffer's).
+KernelNode = tuple[str, str, tuple[int, ...]]
+
+
+class GraphKernels(NamedTuple):
+    """The kernels a captured graph launches, in capture order (its graph and executable graphs hold it; the zone
+    guard names them as the suspects of a violation its verdict found)."""
+
+    #: The graph's number on its backend (``graph #N``): its capture's, counted from 1 in capture order.
+    number: int
+    #: Its kernel nodes, in capture order.
+    nodes: tuple[KernelNode, ...]
+
+
 @final
 class Capture:
     """One capture in progress: the device context it belongs to (``owner``), whether it is
-    invalidated, and what it touched (the buffers, host buffers and kernel registries its work uses)."""
+    invalidated, and what it touched (the buffers, host buffers and kernel registries its work uses),
+    and, for a red-zone report's suspects, its kernel nodes."""
 
     __slots__ = (
-        "active", "buffers", "check", "host_buffers", "invalidated", "owner", "peers", "reason", "registries",
+        "active", "buffers", "check", "host_buffers", "invalidated", "kernels", "nodes", "number", "owner", "peers",
+        "reason", "registries",
     )
 
     def __init__(self, owner: object) -> None:
@@ -131,6 +151,12 @@ class Capture:
         self.peers: dict[int, tuple[DeviceBuffer, Callable[[DeviceBuffer], bool]]] = {}
         #: The red-zone check the graph ends with (the zone guard's, opaque here), or ``None``.
         self.check: Any = None
+        #: The graph's number on its backend (``graph #N``; its owner's count of captures), 0 where none was given.
+        self.number = 0
+        #: The work items (nodes) issued into it so far: kernels, memsets, copies, graphs launched into it.
+        self.nodes = 0
+        #: Its kernel nodes so far, in capture order.
+        self.kernels: list[KernelNode] = []
 
     def invalidate(self, reason: str) -> None:
         if not self.invalidated:

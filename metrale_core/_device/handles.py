@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, final
 
 from .._errors import BackendClosedError, InvalidArgumentError, capture_error
 from .args import invalid_argument
-from .capture import Capture, captured_event_error, forbid_during_capture, invalidated_error
+from .capture import Capture, GraphKernels, captured_event_error, forbid_during_capture, invalidated_error
 from .context import DeviceContext, gated
 
 if TYPE_CHECKING:
@@ -295,7 +295,7 @@ class HostBuffer(_Handle):
 class Graph(_Handle):
     """Work recorded by a stream capture; instantiate it to run it."""
 
-    __slots__ = ("_owner", "buffers", "check", "host_buffers", "peers", "registries")
+    __slots__ = ("_owner", "buffers", "check", "host_buffers", "kernels", "peers", "registries")
     _what = "graph"
     _destroy_op = "graph_destroy"
 
@@ -312,6 +312,8 @@ class Graph(_Handle):
         self.registries: tuple[Any, ...] = tuple(capture.registries.values())
         #: Buffers of other backends it copies from, each with its owner's liveness check.
         self.peers: tuple[tuple[DeviceBuffer, Any], ...] = tuple(capture.peers.values())
+        #: Its number and kernel nodes, in capture order (a red-zone report's suspects).
+        self.kernels = GraphKernels(capture.number, tuple(capture.kernels))
 
     @gated
     def instantiate(self) -> GraphExec:
@@ -320,7 +322,8 @@ class Graph(_Handle):
         exec_raw = self._ctx.raw.graph_instantiate(raw)
         return self._owner.adopt(
             GraphExec(
-                self._owner, exec_raw, self.buffers, self.host_buffers, self.registries, self.check, self.peers
+                self._owner, exec_raw, self.buffers, self.host_buffers, self.registries, self.check, self.peers,
+                self.kernels,
             )
         )
 
@@ -334,7 +337,7 @@ class Graph(_Handle):
 class GraphExec(_Handle):
     """An instantiated graph: ``launch`` replays its work on a stream."""
 
-    __slots__ = ("_owner", "buffers", "check", "host_buffers", "live_at", "peers", "registries")
+    __slots__ = ("_owner", "buffers", "check", "host_buffers", "kernels", "live_at", "peers", "registries")
     _what = "executable graph"
     _destroy_op = "graph_exec_destroy"
 
@@ -347,9 +350,12 @@ class GraphExec(_Handle):
         registries: tuple[Any, ...] = (),
         check: Any = None,
         peers: tuple[tuple[DeviceBuffer, Any], ...] = (),
+        kernels: GraphKernels | None = None,
     ) -> None:
         super().__init__(owner.ctx, raw)
         self._owner = owner
+        #: The number and kernel nodes of the graph it was made from (a red-zone report's suspects).
+        self.kernels = GraphKernels(0, ()) if kernels is None else kernels
         #: The red-zone check of the graph it was made from (it holds one reference), or ``None``.
         self.check = check
         if check is not None:

@@ -147,10 +147,14 @@ class KernelFront:
                 except Exception as exc:
                     raise_raw(ctx, ctx.name, "launch", exc)
             else:
-                target.capture.registries[id(kernel.registry)] = kernel.registry
-                buffers = [a for a in args if isinstance(a, DeviceBuffer)]
-                buffers += [a.tensor_map.buffer for a in packed if isinstance(a.tensor_map, TensorMap)]
+                capture = target.capture
+                capture.registries[id(kernel.registry)] = kernel.registry
+                maps = [a.tensor_map.buffer for a in packed if isinstance(a.tensor_map, TensorMap)]
+                buffers = [a for a in args if isinstance(a, DeviceBuffer)] + maps
                 streams.issue(target, what, buffers, lambda s: raw.launch(function, g, b, shm, s, packed))
+                # its node, for a red-zone report's suspects: the addresses it took (issue counted the node)
+                pointers = tuple(a.pointer for a in packed if a.pointer is not None) + tuple(m.ptr for m in maps)
+                capture.kernels.append((kernel.name, f"node {capture.nodes}", pointers))
             key = kernel.key
             if timing:
                 raw.event_record(end, target.raw)

@@ -125,9 +125,10 @@ cdef class Arena:
     cdef public object site
     cdef public long long allocs
     cdef object _where
+    cdef object _where_at
     cdef object _zones
 
-    def __init__(self, block, on_close, where=None, zones=None):
+    def __init__(self, block, on_close, where=None, zones=None, where_at=None):
         # (the block is an alloc_arena buffer: its ptr and nbytes are ints from 0 to 2**64 - 1, or this raises)
         self._base = block.ptr
         self._capacity = block.nbytes
@@ -142,6 +143,7 @@ cdef class Arena:
         self.site = block.site
         self._where = where  # a piece's site: its Arena.alloc's (None: the arena's own)
         self._zones = zones  # the pieces' red zones (redzone_arena): an ArenaZones, or None
+        self._where_at = where_at  # a piece's site for a stacklevel other than 1 (None: the arena's own)
         self.allocs = 0
 
     def __dealloc__(self):
@@ -166,7 +168,7 @@ cdef class Arena:
     def closed(self):
         return self._block is None
 
-    def alloc(self, nbytes, align=256):
+    def alloc(self, nbytes, align=256, *, stacklevel=1):
         """The next ``nbytes`` of the block, at an address that is a multiple of ``align`` (a power of two).
 
         :param nbytes: the size in bytes.
@@ -174,7 +176,7 @@ cdef class Arena:
         :returns: a buffer of kind ``"arena"``, live until the next ``reset()``; it is not on the ledger.
         :raises ArenaFullError: the block has no room left for it since the last ``reset()``.
         :raises InvalidBufferError: the arena is closed.
-        :raises InvalidArgumentError: ``nbytes`` or ``align`` is not valid.
+        :raises InvalidArgumentError: ``nbytes``, ``align`` or ``stacklevel`` is not valid.
         """
         cdef long long n = -1
         cdef long long a = 0
@@ -184,7 +186,10 @@ cdef class Arena:
             if not metrale_small(nbytes, &n):
                 n = -1  # more than a long long: no block has room for it
             a = align
-        site = self.site if self._where is None else self._where()  # (before the lock: it runs Python)
+        if stacklevel == 1 and type(stacklevel) is int:  # (the site before the lock: it runs Python)
+            site = self.site if self._where is None else self._where()
+        else:
+            site = self.site if self._where_at is None else self._where_at(stacklevel)
         if self._zones is not None:
             return self._zoned(nbytes, align, n, a, site)
         return self._bump(nbytes, align, n, a, site, None, 0, 0)

@@ -340,10 +340,12 @@ cdef class PoolLane:
             self._raw_base = zoning.raw_base
         self._pool_of = parts.pool_of
 
-    def pool_alloc(self, pool, nbytes, stream, foreign=None):
+    def pool_alloc(self, pool, nbytes, stream, foreign=None, stacklevel=1):
         """`MemoryPool.alloc` and `MemoryPool.alloc_on`."""
         cdef _Cell cell
-        if (foreign is None or type(pool) is not MemoryPool or type(nbytes) is not int
+        if foreign is None:  # (MemoryPool.alloc: the allocator's whole work)
+            return self._allocator.pool_alloc(pool, nbytes, stream, None, stacklevel)
+        if (type(pool) is not MemoryPool or type(nbytes) is not int
                 or type(foreign) is not int or not (0 < nbytes < _FAST_LIMIT) or not (0 <= foreign < _WORD_LIMIT)):
             return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
         cell = self._gate.enter_c(False)

@@ -17,6 +17,7 @@ cdef class Ledger:
     cdef public Py_ssize_t taken
     cdef public Py_ssize_t history
     cdef public object origin
+    cdef object _stack
 
     cdef void _log(self, str op, object record) except *
     cdef int add_c(self, object index, object buf, Gate gate) except -1

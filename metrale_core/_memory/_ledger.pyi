@@ -1,6 +1,6 @@
 """Stub of the compiled twin of `metrale_core._memory.ledger.Ledger` (``_ledger.pyx``): the same interface."""
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import final
 
 from .._device.buffer import DeviceBuffer
@@ -13,7 +13,7 @@ class Ledger:
     taken: int
     history: int
     origin: Origin | None
-    def __init__(self, history: int = 0) -> None: ...
+    def __init__(self, history: int = 0, stack: Callable[[], tuple[str, ...]] | None = None) -> None: ...
     def add(self, buf: DeviceBuffer) -> None: ...
     def take(self, index: int, ptr: int, nbytes: int) -> DeviceBuffer | None: ...
     def holds(self, index: int, ptr: int, nbytes: int) -> bool: ...

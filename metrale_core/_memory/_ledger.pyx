@@ -26,8 +26,9 @@ from .ledger import LedgerEvent, _record
 cdef class Ledger:
     """The live allocations of one backend, keyed by creation index; thread-safe (compiled twin)."""
 
-    def __init__(self, Py_ssize_t history=0):
+    def __init__(self, Py_ssize_t history=0, stack=None):
         self._records = {}
+        self._stack = stack  # an allocation's stack for its history event (memory_history_frames), or None
         self.history = history
         self._events = collections.deque(maxlen=history) if history else None
         self._start = time.monotonic()
@@ -39,7 +40,8 @@ cdef class Ledger:
         events = self._events
         if len(events) == events.maxlen:
             self.dropped += 1
-        events.append(LedgerEvent(time.monotonic() - self._start, op, record))
+        stack = () if self._stack is None or op != "alloc" else self._stack()
+        events.append(LedgerEvent(time.monotonic() - self._start, op, record, stack))
 
     def add(self, buf):
         """Put the allocation ``buf`` handed out on the ledger."""

@@ -56,10 +56,11 @@ cdef class MemoryPool:
 
     # -- the public face --------------------------------------------------------------------
 
-    def alloc(self, nbytes, *, stream=None):
+    def alloc(self, nbytes, *, stream=None, stacklevel=1):
         """A piece of ``nbytes`` bytes (a cached one freed on ``stream``, or a new one), on the ledger with the
-        caller's site; ``stream`` (the default stream if ``None``) is where its first use is ordered."""
-        return self._front.pool_alloc(self, nbytes, stream)
+        caller's site (``stacklevel`` as `GpuBackend.alloc`'s); ``stream`` (the default stream if ``None``) is where
+        its first use is ordered."""
+        return self._front.pool_alloc(self, nbytes, stream, None, stacklevel)
 
     def alloc_on(self, nbytes, foreign_stream):
         """As `alloc`, for a stream another library made (its raw handle): the piece is cached for that stream at

@@ -45,7 +45,7 @@ from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena, ArenaZones
 from .holdings import Holdings
 from .lane import LaneParts, PoolLane, ZonedParts
-from .ledger import call_site_for, describe_sites, largest_sites, next_index
+from .ledger import call_site_at, call_site_for, describe_sites, largest_sites, next_index
 from .pool import MemoryPool, PoolFront, PoolStats, size_class
 from .quarantine import Quarantine
 
@@ -150,6 +150,7 @@ class Allocator:
         self._guard = guard
         self._quarantine: Quarantine = pick("quarantine", Quarantine, ctx.settings.pure)(ctx, stats, guard)
         self._quarantine.give_pieces_to(self._piece_judged)
+        guard.watch_blocks(self._arena_blocks)  # a piece's suspects: the kernels that took any of its block
         self._monitor = monitor
         self._callbacks: list[Callable[[int], object]] = []
         #: The release observers switched on (the fronts' own switches), read at each release.
@@ -191,14 +192,16 @@ class Allocator:
 
     # -- allocation ---------------------------------------------------------------------------
 
-    def alloc(self, nbytes: object, kind: AllocKind, what: str) -> DeviceBuffer:
-        """Device memory of ``kind``; on the ledger unless it is arena memory."""
+    def alloc(self, nbytes: object, kind: AllocKind, what: str, site: str | None = None) -> DeviceBuffer:
+        """Device memory of ``kind``; on the ledger unless it is arena memory. ``site``: the caller's own choice
+        (`site_at`), else the first frame outside metrale and ``site_skip``."""
         forbid_during_capture(what)
         # the size rule (positive_size) with its common case written out: a hot path
         n = nbytes if type(nbytes) is int and 0 < nbytes < WORD_LIMIT else positive_size(nbytes, what)
         ctx = self.ctx
         index = next_index()
-        site = self._call_site(ctx.internal, _OWN_FRAME)
+        if site is None:
+            site = self._call_site(ctx.internal, _OWN_FRAME)
         layout = self._guard.layout(n, index) if kind == "device" and self._zoned else None
         if layout is None:
             try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors
@@ -235,6 +238,15 @@ class Allocator:
         if self._trace_idx == index:
             self.trace(index, what, n, site)
         return buf
+
+    def _arena_site_at(self, stacklevel: object) -> str:
+        return self.site_at(stacklevel, "Arena.alloc")
+
+    def site_at(self, stacklevel: object, what: str) -> str:
+        """The call site an allocating call's ``stacklevel`` names (`call_site_at`); a bad one is refused."""
+        if isinstance(stacklevel, bool) or not isinstance(stacklevel, int) or stacklevel < 1:
+            raise invalid_argument(what, "a stacklevel of at least 1 (an int)", stacklevel)
+        return call_site_at(self.ctx.internal, stacklevel)
 
     def zoned_raw(self, raw_bytes: int, n: int) -> int:
         """The raw memory of a zoned device allocation of ``n`` bytes that no kept block serves (the lane's)."""
@@ -491,13 +503,20 @@ class Allocator:
         block = self.alloc(capacity, "arena", "create_arena")
         # each piece carries its own Arena.alloc's site (a partial: no frame of its own on the walk)
         # (with redzone_arena, the pieces' zones: the arena owns them, the guard watches them)
-        zones = ArenaZones(self.ctx, self._guard) if self._zoned and self.ctx.settings.redzone_arena else None
+        zoned = self._zoned and self.ctx.settings.redzone_arena
+        zones = ArenaZones(self.ctx, self._guard, (block.ptr, block.nbytes)) if zoned else None
         arena = self._arena_class(
-            block, self._arena_closed, functools.partial(self._call_site, self.ctx.internal, 0), zones
+            block, self._arena_closed, functools.partial(self._call_site, self.ctx.internal, 0), zones,
+            self._arena_site_at,
         )
         with self._holdings.lock:
             self._holdings.arenas.append(arena)
         return arena
+
+    def _arena_blocks(self) -> list[tuple[int, int]]:
+        """Where the open arenas' blocks lie, ``(base, nbytes)`` each (the zone guard asks at a report: no lock
+        taken, as a report may come while the holdings' lock is held; the copy is one step)."""
+        return [(arena.base, arena.capacity) for arena in list(self._holdings.arenas)]
 
     def _arena_closed(self, arena: Arena, block: DeviceBuffer) -> None:
         """``Arena.close()``: refused (changing nothing) where a free would be; else the block goes."""
@@ -538,7 +557,7 @@ class Allocator:
             raise InvalidArgumentError(f"{what}: {pool!r} is closed; create another with create_pool()")
 
     def pool_alloc(
-        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None
+        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None, stacklevel: object = 1
     ) -> DeviceBuffer:
         """`MemoryPool.alloc` (``foreign`` ``None``) and `MemoryPool.alloc_on` (``foreign`` a stream's handle made
         by another library): a piece (cached or new) committed on the ledger as an allocation of its own."""
@@ -550,17 +569,20 @@ class Allocator:
             n = positive_size(nbytes, what)
             # another library's stream: the piece's reuse is ordered on it, its handle the cache's key
             target = self._resolve(stream, what) if foreign is None else ("foreign", _foreign_handle(foreign, what))
-            return self.pool_piece(pool, n, target, foreign is not None, next_index(), what)
+            site = None if stacklevel == 1 and type(stacklevel) is int else self.site_at(stacklevel, what)
+            return self.pool_piece(pool, n, target, foreign is not None, next_index(), what, site)
         finally:
             ctx.leave()
 
     def pool_piece(
-        self, pool: MemoryPool, n: int, target: object, foreign: bool, index: int, what: str
+        self, pool: MemoryPool, n: int, target: object, foreign: bool, index: int, what: str, site: str | None = None
     ) -> DeviceBuffer:
         """`pool_alloc` once its arguments passed and its creation index was drawn (the pool lane's twin hands it
-        here for a piece that gets red zones): the piece, committed. Inside the gate."""
+        here for a piece that gets red zones): the piece, committed. Inside the gate. ``site``: a ``stacklevel``'s
+        (`site_at`), else the first frame outside metrale and ``site_skip``."""
         ctx = self.ctx
-        site = self._call_site(ctx.internal, _OWN_FRAME)
+        if site is None:
+            site = self._call_site(ctx.internal, _OWN_FRAME)
         layout = self._guard.layout(n, index) if self._zoned else None
         if layout is not None:
             _fits(layout, n, what)

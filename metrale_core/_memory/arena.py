@@ -63,13 +63,16 @@ class ArenaZones:
       refused while a capture runs, changing nothing), take them off the guard's table, then report.
     - `lock` is held around a zoned piece's bump and fill and around a judged reset or close, so no piece is
       filled after its arena let go of it. It is taken before the arena's own lock.
+    - ``block``: where the arena's block lies, ``(base, nbytes)``: a violation its reset or close reports suspects
+      the kernels that took any address of it (the block has gone from the open arenas by then).
     """
 
-    __slots__ = ("_ctx", "_guard", "_indexes", "lock")
+    __slots__ = ("_block", "_ctx", "_guard", "_indexes", "lock")
 
-    def __init__(self, ctx: DeviceContext, guard: ZoneGuard) -> None:
+    def __init__(self, ctx: DeviceContext, guard: ZoneGuard, block: tuple[int, int] = (0, 0)) -> None:
         self._ctx = ctx
         self._guard = guard
+        self._block = block
         self._indexes: list[int] = []  # the creation indexes of the zoned pieces since the last reset
         self.lock = threading.RLock()
 
@@ -125,8 +128,9 @@ class ArenaZones:
                 guard.zones_released()
 
     def report(self, found: list[RedZoneViolation], when: str) -> None:
-        """What `judge` found, reported as the guard reports (observers, then a log line or a ``RedZoneError``)."""
-        self._guard.report(found, when)
+        """What `judge` found, reported as the guard reports (suspects, observers, then a log line or a
+        ``RedZoneError``)."""
+        self._guard.report(found, when, blocks=(self._block,) if self._block[1] else ())
 
 
 class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin to register with, nothing abstract)
@@ -146,13 +150,14 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
     """
 
     __slots__ = (
-        "_base", "_block", "_capacity", "_lock", "_on_close", "_owner", "_pieces", "_top", "_where", "_zones",
-        "allocs", "site",
+        "_base", "_block", "_capacity", "_lock", "_on_close", "_owner", "_pieces", "_top", "_where", "_where_at",
+        "_zones", "allocs", "site",
     )
 
     def __init__(
         self, block: DeviceBuffer, on_close: Callable[[Arena, DeviceBuffer], None],
         where: Callable[[], str] | None = None, zones: ArenaZones | None = None,
+        where_at: Callable[[object], str] | None = None,
     ) -> None:
         self._block: DeviceBuffer | None = block
         self._base = block.ptr
@@ -166,6 +171,8 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
         self.site = block.site
         #: Where a piece is made: its ``Arena.alloc``'s call site (``None``: the arena's own site).
         self._where = where
+        #: Where a piece is made with a ``stacklevel`` other than 1 (``None``: the arena's own site).
+        self._where_at = where_at
         #: The pieces' red zones (``redzone_arena``), or ``None``.
         self._zones = zones
         #: Pieces handed out so far.
@@ -190,19 +197,23 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
     def closed(self) -> bool:
         return self._block is None
 
-    def alloc(self, nbytes: int, align: int = 256) -> DeviceBuffer:
+    def alloc(self, nbytes: int, align: int = 256, *, stacklevel: int = 1) -> DeviceBuffer:
         """The next ``nbytes`` of the block, at an address that is a multiple of ``align`` (a power of two).
 
         :param nbytes: the size in bytes.
         :param align: the address alignment, a power of two.
+        :param stacklevel: which caller is the piece's call site, as `GpuBackend.alloc`'s.
         :returns: a buffer of kind ``"arena"``, live until the next ``reset()``; it is not on the ledger.
         :raises ArenaFullError: the block has no room left for it since the last ``reset()``.
         :raises InvalidBufferError: the arena is closed.
-        :raises InvalidArgumentError: ``nbytes`` or ``align`` is not valid.
+        :raises InvalidArgumentError: ``nbytes``, ``align`` or ``stacklevel`` is not valid.
         """
         if type(nbytes) is not int or nbytes < 0 or type(align) is not int or align not in _ALIGNS:
             nbytes, align = _check_alloc(nbytes, align)
-        site = self.site if self._where is None else self._where()
+        if stacklevel == 1 and type(stacklevel) is int:
+            site = self.site if self._where is None else self._where()
+        else:
+            site = self.site if self._where_at is None else self._where_at(stacklevel)
         if self._zones is not None:
             return self._zoned(nbytes, align, site, self._zones)
         with self._lock:

@@ -15,6 +15,7 @@ handed out again, or a copy with a larger ``nbytes`` is not live here.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
@@ -26,7 +27,7 @@ from .._device.handles import HostBuffer
 from .._errors import InvalidArgumentError, InvalidBufferError
 from .._twins import pick
 from .._types import as_index
-from .ledger import Ledger
+from .ledger import Ledger, user_stack
 from .watch import ReleaseWatch
 
 if TYPE_CHECKING:
@@ -55,7 +56,11 @@ class Holdings:
         self._ctx = ctx
         self._lock = threading.Lock()
         #: ``device`` and ``managed`` allocations, with their call sites (the compiled twin where built).
-        self.ledger = pick("ledger", Ledger, ctx.settings.pure)(ctx.settings.memory_history)
+        settings = ctx.settings
+        frames = settings.memory_history_frames if settings.memory_history else 0
+        # with memory_history_frames, each allocation's history event keeps its stack (a walk of Python frames)
+        stack = functools.partial(user_stack, ctx.internal, frames) if frames else None
+        self.ledger = pick("ledger", Ledger, settings.pure)(settings.memory_history, stack)
         #: ``alloc_arena`` blocks (``create_arena``'s too), by creation index.
         self.arena_blocks: dict[int, DeviceBuffer] = {}
         #: The open arenas.

@@ -147,9 +147,9 @@ class PoolLane:
         self._allocator = allocator
 
     def pool_alloc(
-        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None
+        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None, stacklevel: object = 1
     ) -> DeviceBuffer:
-        return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
+        return self._allocator.pool_alloc(pool, nbytes, stream, foreign, stacklevel)
 
     def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None:
         self._allocator.pool_free(pool, buf, stream, what)

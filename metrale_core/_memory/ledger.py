@@ -81,7 +81,13 @@ _SITES_MAX: Final = 4096
 
 
 def _is_internal(module: str, internal: frozenset[str]) -> bool:
-    return module.partition(".")[0] in internal and not module.startswith(_USER_MODULES)
+    """Whether frames of ``module`` are passed over: its top-level package is in ``internal``, or a dotted entry
+    of ``internal`` (``site_skip``'s module prefixes, ``myapp.gpu``) is it or a package above it."""
+    if module.startswith(_USER_MODULES):
+        return False
+    if module.partition(".")[0] in internal:
+        return True
+    return any(module == entry or module.startswith(entry + ".") for entry in internal if "." in entry)
 
 
 #: Whether this module runs as Python: then `call_site` has a frame of its own, which the walk skips.
@@ -125,6 +131,39 @@ def call_site(internal: frozenset[str], skip: int = 0) -> str:
             return _site(frame)
         frame = frame.f_back
     return "<unknown>:0"
+
+
+def _frames_outside(internal: frozenset[str], frame: FrameType | None) -> Iterator[FrameType]:
+    """``frame`` and its callers outward, those of ``internal`` passed over (judged as `call_site` judges them)."""
+    known = _INTERNAL_MODULES.get(internal)
+    if known is None:
+        known = _INTERNAL_MODULES.setdefault(internal, {})
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if type(module) is not str:
+            module = ""
+        inside = known.get(module)
+        if inside is None:
+            inside = known[module] = _is_internal(module, internal)
+        if not inside:
+            yield frame
+        frame = frame.f_back
+
+
+def call_site_at(internal: frozenset[str], stacklevel: int) -> str:
+    """``"file:line"`` of the ``stacklevel``-th frame outside ``internal``, counted from the caller outward, as
+    ``warnings.warn``'s ``stacklevel`` counts (1: `call_site`'s answer; 2: the frame outside ``internal`` that
+    called it). Where there are fewer such frames, the outermost one. For the allocating calls' ``stacklevel``:
+    not a hot path (a walk of Python frames)."""
+    last = collections.deque(itertools.islice(_frames_outside(internal, sys._getframe(1)), stacklevel), maxlen=1)
+    return _site(last[0]) if last else "<unknown>:0"
+
+
+def user_stack(internal: frozenset[str], limit: int) -> tuple[str, ...]:
+    """The caller's stack, ``"file:line"`` per frame: the call site (`call_site`'s answer) first, then its callers
+    outward, frames of ``internal`` passed over, ``limit`` frames at most (``memory_history_frames``; a walk of
+    Python frames, made only where that setting is on)."""
+    return tuple(_site(frame) for frame in itertools.islice(_frames_outside(internal, sys._getframe(1)), limit))
 
 
 class CallSite(Protocol):
@@ -175,11 +214,14 @@ class LedgerEvent:
     :param t: seconds since the ledger was created (a monotonic clock).
     :param op: ``"alloc"``, ``"free"``, or ``"sweep"`` (taken off by a sweep).
     :param record: the allocation.
+    :param stack: an ``"alloc"``'s stack with ``memory_history_frames`` (``"file:line"`` each, the call site first,
+        then its callers outward; metrale's frames and ``site_skip``'s passed over), else empty.
     """
 
     t: float
     op: Literal["alloc", "free", "sweep"]
     record: AllocRecord
+    stack: tuple[str, ...] = ()
 
 
 #: The backends this process opened, numbered from 1 (`Origin.instance`); ``next`` on it is atomic in CPython.
@@ -225,9 +267,9 @@ class Ledger:
     dropped first (`events`, `dropped`).
     """
 
-    __slots__ = ("_events", "_lock", "_records", "_start", "dropped", "history", "origin", "taken")
+    __slots__ = ("_events", "_lock", "_records", "_stack", "_start", "dropped", "history", "origin", "taken")
 
-    def __init__(self, history: int = 0) -> None:
+    def __init__(self, history: int = 0, stack: Callable[[], tuple[str, ...]] | None = None) -> None:
         self._lock = threading.Lock()
         self._records: dict[int, DeviceBuffer] = {}
         self.history = history
@@ -235,6 +277,7 @@ class Ledger:
             collections.deque(maxlen=history) if history else None
         )
         self._start = time.monotonic()
+        self._stack = stack  # an allocation's stack for its history event (memory_history_frames), or None
         #: Events that fell off the front of the bounded history.
         self.dropped = 0
         #: How many times records came off (frees and sweeps): while it stays the same, every buffer found
@@ -248,7 +291,8 @@ class Ledger:
         assert events is not None
         if len(events) == events.maxlen:
             self.dropped += 1
-        events.append(LedgerEvent(time.monotonic() - self._start, op, record))
+        stack = () if self._stack is None or op != "alloc" else self._stack()
+        events.append(LedgerEvent(time.monotonic() - self._start, op, record, stack))
 
     def add(self, buf: DeviceBuffer) -> None:
         """Put the allocation ``buf`` handed out on the ledger."""

@@ -83,7 +83,7 @@ class PoolFront(Protocol):
     """What a pool asks of its allocator (the ledger front, the gate, the raw memory)."""
 
     def pool_alloc(
-        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None
+        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None, stacklevel: object = 1
     ) -> DeviceBuffer: ...
 
     def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None: ...
@@ -139,10 +139,11 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
 
     # -- the public face --------------------------------------------------------------------
 
-    def alloc(self, nbytes: int, *, stream: Stream | None = None) -> DeviceBuffer:
+    def alloc(self, nbytes: int, *, stream: Stream | None = None, stacklevel: int = 1) -> DeviceBuffer:
         """A piece of ``nbytes`` bytes (a cached one freed on ``stream``, or a new one), on the ledger with the
-        caller's site; ``stream`` (the default stream if ``None``) is where its first use is ordered."""
-        return self._front.pool_alloc(self, nbytes, stream)
+        caller's site (``stacklevel`` as `GpuBackend.alloc`'s); ``stream`` (the default stream if ``None``) is where
+        its first use is ordered."""
+        return self._front.pool_alloc(self, nbytes, stream, None, stacklevel)
 
     def alloc_on(self, nbytes: int, foreign_stream: int) -> DeviceBuffer:
         """As `alloc`, for a stream another library made (its raw handle: torch's ``Stream.cuda_stream``, CuPy's

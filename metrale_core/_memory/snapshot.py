@@ -6,7 +6,7 @@ The format (``"format": "metrale-memory-snapshot"``, ``"version": 1``), one JSON
 
     {"format", "version", "backend", "device", "ordinal", "origin", "total", "created",
      "elapsed", "history_limit", "dropped",
-     "events": [{"t", "op", "ptr", "nbytes", "kind", "index", "site"}, ...],   # oldest first
+     "events": [{"t", "op", "ptr", "nbytes", "kind", "index", "site"[, "stack"]}, ...],   # oldest first
      "live":   [{"ptr", "nbytes", "kind", "index", "site"}, ...],              # on the ledger when saved
      "stats":  {...}}
 
@@ -18,9 +18,10 @@ The format (``"format": "metrale-memory-snapshot"``, ``"version": 1``), one JSON
 monotonic clock (``elapsed`` is optional for a reader); ``op`` is ``alloc``, ``free`` or ``sweep``
 (the teardown sweep took the allocation). ``history_limit`` is the bound of the event log
 (``memory_history``), ``dropped`` how many events fell off its front; ``events`` is empty when
-``memory_history`` is ``0``. An allocation has exactly an [`AllocRecord`][metrale_core.AllocRecord]'s
-fields, ``index`` its creation number on the ledger. ``stats`` is the backend's
-[`MemoryStats`][metrale_core.MemoryStats], free-form for a reader. A reader ignores fields it does not know.
+``memory_history`` is ``0``. An ``alloc`` event has a ``stack`` (a list of ``"file:line"``, the call site first)
+with ``memory_history_frames``; a reader takes its absence as none. An allocation has exactly an
+[`AllocRecord`][metrale_core.AllocRecord]'s fields, ``index`` its creation number on the ledger. ``stats`` is the
+backend's [`MemoryStats`][metrale_core.MemoryStats], free-form for a reader. A reader ignores fields it does not know.
 
 A reader finds the live set before the first event by walking the log backwards from the end state
 (``live``): an allocation was not live before its ``alloc``, and was live before its ``free`` or
@@ -114,7 +115,10 @@ def write_snapshot(
         "elapsed": round(ledger.elapsed(), 6),
         "history_limit": ledger.history,
         "dropped": ledger.dropped,
-        "events": [{"t": round(e.t, 6), "op": e.op, **_record(e.record)} for e in events],
+        "events": [
+            {"t": round(e.t, 6), "op": e.op, **_record(e.record), **({"stack": list(e.stack)} if e.stack else {})}
+            for e in events
+        ],
         "live": [_record(r) for r in ledger.snapshot()],
         "stats": dataclasses.asdict(stats) | {"current_total_bytes": stats.current_total_bytes},
     }
@@ -172,11 +176,14 @@ class SnapshotEvent:
     :param t: seconds since the backend opened (a monotonic clock).
     :param op: ``"alloc"``; ``"free"`` or ``"sweep"`` when ``free`` or the teardown sweep took it off.
     :param allocation: the allocation it concerns.
+    :param stack: an ``"alloc"``'s stack with ``memory_history_frames`` (``"file:line"``, the call site first),
+        else empty.
     """
 
     t: float
     op: EventOp
     allocation: AllocRecord
+    stack: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -363,7 +370,11 @@ def load_snapshot(path: str | os.PathLike[str]) -> MemorySnapshot:
         op = read.string(entry, "op", where)
         if op not in _OPS:
             raise read.wrong("op", where, 'one of "alloc", "free", "sweep"', op)
-        events.append(SnapshotEvent(read.seconds(entry, "t", where), cast(EventOp, op), read.allocation(entry, where)))
+        stack = entry.get("stack") or []
+        if not isinstance(stack, list) or not all(isinstance(frame, str) for frame in stack):
+            raise read.wrong("stack", where, 'a list of "file:line" strings', stack)
+        events.append(SnapshotEvent(read.seconds(entry, "t", where), cast(EventOp, op), read.allocation(entry, where),
+                                    tuple(stack)))
     live = tuple(
         read.allocation(read.mapping(raw, f"live[{i}]"), f"live[{i}]") for i, raw in enumerate(read.array(doc, "live"))
     )

@@ -7,7 +7,8 @@
   quarantine's owner hears what it found (`ZoneGuard.on_full_check`). The guard frees no user memory.
 - Graph launches: `ZoneGuard.graph_launch`, the one way the stream front launches a graph. It orders
   the in-graph checks (`.ingraph`), or queues a scan behind the launch (`.queued`), or waits for one.
-- The report: observers, then a log line or a [`RedZoneError`][metrale_core.RedZoneError].
+- The report: each violation's suspects (`ZoneGuard.report`), observers, then a log line or a
+  [`RedZoneError`][metrale_core.RedZoneError].
 
 Checks run one at a time per backend (`ZoneGuard.lock`). The scratch is shared; a free waits for a
 check that may read its zone; a checked graph launch holds the lock while the zone table is made
@@ -19,20 +20,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Final, final
 
 from .._device.buffer import DeviceBuffer
-from .._device.capture import active_captures, may_wait
-from .._device.context import DeviceContext
+from .._device.capture import GraphKernels, active_captures, may_wait
+from .._device.context import DeviceContext, Launch
 from .._device.handles import Stream
 from .._device.stats import StatsCounter
 from .._errors import MetraleError, RedZoneError
 from .._twins import pick
-from .._types import RedZoneChecks, RedZoneViolation
+from .._types import Origin, RedZoneChecks, RedZoneViolation
 from .ingraph import GraphCheck, GraphChecks, open_checks
-from .layout import Layout, RedZones, Zone
+from .layout import ALIGN, Layout, RedZones, Zone
 from .queued import QueuedScans
 from .scanner import Scanner
 
@@ -43,13 +44,21 @@ _log = logging.getLogger("metrale")
 #: What a full check found, for the quarantine's owner (``None``: nothing was judged).
 FullCheck = Callable[[Sequence[RedZoneViolation] | None], None]
 
+#: Where the open arenas' blocks lie: ``(base, nbytes)`` each (the allocator's; a piece's suspects are the kernels
+#: that took any address of its block).
+Blocks = Callable[[], Iterable[tuple[int, int]]]
+
+
+def _no_blocks() -> Iterable[tuple[int, int]]:
+    return ()
+
 
 @final
 class ZoneGuard:
     """Red zones of one backend: fills, bookkeeping, judging, graph launches and the report."""
 
     __slots__ = (
-        "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_settled",
+        "_blocks", "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_settled",
         "_full_checked", "_observers", "_orders", "_queued", "_raw", "_scan_graphs", "_scanner", "_stats", "fills",
         "lock", "zones",
     )
@@ -76,6 +85,7 @@ class ZoneGuard:
         self._checks: GraphChecks | None = None  # the in-graph checks, once open
         self._checks_off = ""  # why graphs are not checked inside ("": not tried yet, or on)
         self._orders = True  # whether the backend orders foreign streams (until it says CUDA_ERROR_NOT_SUPPORTED)
+        self._blocks: Blocks = _no_blocks  # where the open arenas' blocks lie (the allocator says: `watch_blocks`)
         stats.redzone_sample = ctx.settings.redzone_sample
 
     # -- fills ------------------------------------------------------------------------------
@@ -186,6 +196,11 @@ class ZoneGuard:
     def on_violation(self, observer: Callable[[str, RedZoneViolation], object]) -> None:
         self._observers.append(observer)
 
+    def watch_blocks(self, blocks: Blocks) -> None:
+        """Where the open arenas' blocks lie, asked at a report (the allocator's): a violation of an arena's
+        piece suspects the kernels that took any address of its block."""
+        self._blocks = blocks
+
     def scan(self) -> list[RedZoneViolation]:
         """``scan_redzones()``: wait for the device, judge every watched zone, report.
 
@@ -253,13 +268,27 @@ class ZoneGuard:
 
     # -- the report ----------------------------------------------------------------------------
 
-    def report(self, violations: list[RedZoneViolation], when: str, *, may_raise: bool = True) -> None:
-        """Tell the observers, then log or raise, as ``redzone_action`` says."""
+    def report(
+        self, violations: list[RedZoneViolation], when: str, *, may_raise: bool = True,
+        graphs: Sequence[GraphKernels] | None = None, blocks: Iterable[tuple[int, int]] = (),
+    ) -> None:
+        """Name each violation's backend and suspects, tell the observers, then log or raise, as
+        ``redzone_action`` says.
+
+        - ``graphs``: the graphs whose verdicts found them (an in-graph check, a scan after a graph launch); their
+          kernel nodes that took an address of the allocation (its zones included), or of its arena's block, are
+          the suspects. ``None``: an eager check (a scan, a free, the quarantine, an arena's reset); the backend's
+          last launches (`DeviceContext.recent`) that did are.
+        - ``blocks``: arena blocks, ``(base, nbytes)``, besides the open arenas' (an arena closing names its own).
+        """
         if not violations:
             return
         origin = self._ctx.origin
-        if origin is not None:  # each names the backend that found it (the caller's list too: scan returns it)
-            violations[:] = [v if v.origin is not None else dataclasses.replace(v, origin=origin) for v in violations]
+        spans = self._spans(violations, blocks)
+        # each names the backend that found it, and its suspects (the caller's list too: scan returns it)
+        violations[:] = [
+            self._named(v, origin, self._suspects(span, graphs)) for v, span in zip(violations, spans, strict=True)
+        ]
         for violation in violations:
             for observer in self._observers:
                 try:
@@ -279,6 +308,54 @@ class ZoneGuard:
             )
         for violation in violations:
             _log.warning("%s (found by %s)", violation.describe(), when)
+
+    @staticmethod
+    def _named(v: RedZoneViolation, origin: Origin | None, suspects: tuple[str, ...]) -> RedZoneViolation:
+        """``v`` with the backend that found it and its suspects, where it has none yet."""
+        origin = v.origin if v.origin is not None else origin
+        suspects = v.suspects or suspects
+        if origin is v.origin and suspects is v.suspects:
+            return v
+        return dataclasses.replace(v, origin=origin, suspects=suspects)
+
+    def _spans(
+        self, violations: Sequence[RedZoneViolation], blocks: Iterable[tuple[int, int]]
+    ) -> list[tuple[int, int]]:
+        """Each violation's span, ``[lo, hi)``: its allocation with its zones, or its arena's whole block."""
+        zones = self.zones
+        lead = -(-zones.size // ALIGN) * ALIGN if zones.lead else 0  # (as `RedZones.layout` lays them out)
+        trail = zones.size
+        known = [*blocks, *self._blocks()]
+        spans = []
+        for v in violations:
+            lo, hi = v.ptr - lead, v.ptr + v.nbytes + trail
+            for base, nbytes in known:
+                if base <= v.ptr < base + nbytes:  # a piece of an arena (or its block itself): the whole block
+                    lo, hi = min(lo, base), max(hi, base + nbytes)
+                    break
+            spans.append((lo, hi))
+        return spans
+
+    def _suspects(self, span: tuple[int, int], graphs: Sequence[GraphKernels] | None) -> tuple[str, ...]:
+        """The kernels that took an address in ``span``: the nodes of ``graphs``, or (``None``) the last launches."""
+        lo, hi = span
+        found: list[str] = []
+        if graphs is not None:
+            for graph in graphs:
+                found += [
+                    f"{name} ({where} of graph #{graph.number})"
+                    for name, where, pointers in graph.nodes
+                    if any(lo <= p < hi for p in pointers)
+                ]
+            return tuple(dict.fromkeys(found))  # (a graph launched again: its nodes once)
+        recent: list[Launch] = list(self._ctx.recent)  # (a copy: launches on other threads go on)
+        for back, (_, name, _, _, packed) in zip(range(len(recent) - 1, -1, -1), recent, strict=True):
+            pointers = [a.pointer for a in packed if a.pointer is not None]
+            pointers += [m.buffer.ptr for a in packed if (m := a.tensor_map) is not None and hasattr(m, "buffer")]
+            if any(lo <= p < hi for p in pointers):
+                ago = "the latest launch" if back == 0 else f"{back} launch{'es' if back > 1 else ''} before the latest"
+                found.append(f"{name} ({ago})")
+        return tuple(found)
 
     # -- graphs -------------------------------------------------------------------------------
 
@@ -320,11 +397,12 @@ class ZoneGuard:
         return RedZoneChecks(f"by a scan {wait} after every graph launch ({off})", "queued" if queued else "waited",
                              off)
 
-    def reserve_check(self) -> GraphCheck | None:
-        """At ``begin_capture`` (before its record is entered): the check its graph will end with."""
+    def reserve_check(self, number: int = 0) -> GraphCheck | None:
+        """At ``begin_capture`` (before its record is entered): the check its graph (``graph #number``) will end
+        with."""
         with self.lock:
             checks = self._in_graph()
-            return None if checks is None else checks.reserve(self._default_stream)
+            return None if checks is None else checks.reserve(self._default_stream, number)
 
     def seal_check(self, check: GraphCheck, stream: Stream) -> None:
         """At ``end_capture``, before the driver's capture ends: the check becomes the graph's last node."""
@@ -339,9 +417,12 @@ class ZoneGuard:
                 self._checks.drop(check)
 
     def graph_launch(
-        self, check: GraphCheck | None, stream: Stream, is_live: Callable[[DeviceBuffer], bool]
+        self, check: GraphCheck | None, stream: Stream, is_live: Callable[[DeviceBuffer], bool],
+        kernels: GraphKernels | None = None,
     ) -> _GraphLaunch:
-        """``with guard.graph_launch(check, stream, is_live): issue(...)``: the guard's part of one launch.
+        """``with guard.graph_launch(check, stream, is_live, kernels): issue(...)``: the guard's part of one launch
+        of the graph whose kernel nodes are ``kernels`` (what its scan finds suspects them; a checked graph's
+        check holds its own).
 
         - Before: a checked graph takes `lock` until the launch is issued. The checks that finished since
           are judged (never this launch's own); the zone table is made current. The fills are settled.
@@ -350,7 +431,7 @@ class ZoneGuard:
           ``redzone_scan_queued``. An unchecked graph gets a scan after it: queued behind it with
           ``redzone_scan_queued`` where scans run as kernels, else waited for.
         """
-        return _GraphLaunch(self, check, stream, is_live)
+        return _GraphLaunch(self, check, stream, is_live, kernels)
 
     def _launching(self, check: GraphCheck | None, stream: Stream) -> None:
         """Before a launch; the caller holds `lock` for a checked graph."""
@@ -362,7 +443,10 @@ class ZoneGuard:
         if self.fills:
             self.settle_for(stream)
 
-    def _launched(self, check: GraphCheck | None, stream: Stream, is_live: Callable[[DeviceBuffer], bool]) -> None:
+    def _launched(
+        self, check: GraphCheck | None, stream: Stream, is_live: Callable[[DeviceBuffer], bool],
+        kernels: GraphKernels | None,
+    ) -> None:
         """After a launch was issued (the lock let go): its check, as `graph_launch` says."""
         if not self._scan_graphs:
             return
@@ -380,9 +464,9 @@ class ZoneGuard:
             return
         if active_captures():
             return
-        if self._ctx.settings.redzone_scan_queued and self._queued.queue(stream, is_live):
+        if self._ctx.settings.redzone_scan_queued and self._queued.queue(stream, is_live, kernels):
             return
-        self.report(self._full_check(), "the scan after GraphExec.launch")
+        self.report(self._full_check(), "the scan after GraphExec.launch", graphs=() if kernels is None else (kernels,))
 
     def _judge_checks(self, bad: Sequence[GraphCheck]) -> None:
         """Name what the checks that found bad zones found: one full check, reported as theirs.
@@ -398,7 +482,8 @@ class ZoneGuard:
         if not violations:
             _log.debug("red zones: the in-graph check of graph(s) %s found bad zones (table version %d), all "
                        "reported since", graphs, scanned)
-        self.report(violations, f"the check inside graph {graphs} (its latest launch)")
+        self.report(violations, f"the check inside graph {graphs} (its latest launch)",
+                    graphs=[check.kernels for check in bad])
 
     def waited(self, is_live: Callable[[DeviceBuffer], bool]) -> None:
         """Report what finished checks found, without waiting (at the waits a user makes)."""
@@ -432,15 +517,17 @@ class ZoneGuard:
 class _GraphLaunch:
     """`ZoneGuard.graph_launch`: the guard's part before and after one launch's issue."""
 
-    __slots__ = ("_check", "_guard", "_is_live", "_stream")
+    __slots__ = ("_check", "_guard", "_is_live", "_kernels", "_stream")
 
     def __init__(
-        self, guard: ZoneGuard, check: GraphCheck | None, stream: Stream, is_live: Callable[[DeviceBuffer], bool]
+        self, guard: ZoneGuard, check: GraphCheck | None, stream: Stream, is_live: Callable[[DeviceBuffer], bool],
+        kernels: GraphKernels | None,
     ) -> None:
         self._guard = guard
         self._check = check
         self._stream = stream
         self._is_live = is_live
+        self._kernels = kernels
 
     def __enter__(self) -> None:
         guard = self._guard
@@ -461,4 +548,4 @@ class _GraphLaunch:
         if self._check is not None:
             guard.lock.release()
         if exc_type is None:
-            guard._launched(self._check, self._stream, self._is_live)
+            guard._launched(self._check, self._stream, self._is_live, self._kernels)

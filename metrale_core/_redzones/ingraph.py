@@ -33,7 +33,7 @@ import logging
 import struct
 from typing import TYPE_CHECKING, Final, final
 
-from .._device.capture import active_captures
+from .._device.capture import GraphKernels, active_captures
 from .._device.context import DeviceContext
 from .._errors import MetraleError
 from .._types import LaunchArg, Param
@@ -75,12 +75,15 @@ class GraphCheck:
     """The check captured into one graph (shared by its executable graphs): its slot, and how many
     of its launches the host issued and has judged."""
 
-    __slots__ = ("_at", "_page", "judged", "launched", "nested", "number", "refs")
+    __slots__ = ("_at", "_page", "judged", "kernels", "launched", "nested", "number", "refs")
 
     def __init__(self, page: _Page, index: int, number: int) -> None:
         self._page = page
         self._at = index * (_SLOT_BYTES // 8)
+        #: Its graph's number (``graph #N``).
         self.number = number
+        #: Its graph's kernel nodes (set as its capture ends): the suspects of what its verdict finds.
+        self.kernels = GraphKernels(number, ())
         seq = page.words[self._at + 2]
         #: Launches issued (from the slot's sequence number on, as a slot is reused).
         self.launched = seq
@@ -177,9 +180,10 @@ class GraphChecks:
 
     # -- captures --------------------------------------------------------------------------
 
-    def reserve(self, default: Stream) -> GraphCheck | None:
+    def reserve(self, default: Stream, number: int = 0) -> GraphCheck | None:
         """A check for a capture about to begin (before its record is entered: allocations are
-        allowed unless another capture runs); ``None`` where none can be had now."""
+        allowed unless another capture runs); ``None`` where none can be had now. ``number``: its graph's
+        (``graph #N``, the backend's count of captures); 0: these checks' own count."""
         self._retiring = [c for c in self._retiring if not self._recycle(c)]
         page = next((p for p in self._pages if p.free), None)
         idle = not active_captures()
@@ -192,7 +196,7 @@ class GraphChecks:
         if idle and self._written != self._zones.version:
             self._write(default)  # launches of this graph while captures run need no write then
         self._number += 1
-        return GraphCheck(page, page.free.pop(), self._number)
+        return GraphCheck(page, page.free.pop(), number or self._number)
 
     def seal(self, check: GraphCheck, stream: object) -> None:
         """Append the verdict kernel to the capture on raw ``stream``: the graph's last node."""

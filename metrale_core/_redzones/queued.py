@@ -5,7 +5,7 @@
   of the zone table, written on the scan's stream, only when the live zones changed since.
 - At most four slots: a launch that finds them all pending waits for the oldest.
 - A finished scan is reported through the ``report`` callable it was given (the guard's): one error,
-  naming every launch.
+  naming every launch; the kernel nodes of the graphs they followed are the suspects.
 
 Callers hold the guard's lock (it is given here as ``lock``, and taken again where a call needs it).
 """
@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Final, Protocol, final
 
 from .._device.buffer import DeviceBuffer
+from .._device.capture import GraphKernels
 from .._device.context import DeviceContext
 from .._device.handles import Stream
 from .._device.stats import StatsCounter
@@ -29,21 +30,24 @@ __all__ = ["QueuedScans", "Report"]
 #: Scans queued behind graph launches that may be in flight at once.
 _MAX_QUEUED_SCANS: Final = 4
 
-#: What a finished queued scan found: the launch it followed, and the violations.
-_Judged = tuple[str, list[RedZoneViolation]]
+#: What a finished queued scan found: the launch it followed, the violations, and the kernels of the graph launched.
+_Judged = tuple[str, list[RedZoneViolation], GraphKernels | None]
 
 
 class Report(Protocol):
-    """The guard's report: tell the observers, then log or raise."""
+    """The guard's report: name the suspects (the nodes of ``graphs``), tell the observers, then log or raise."""
 
-    def __call__(self, violations: list[RedZoneViolation], when: str, *, may_raise: bool = True) -> None: ...
+    def __call__(
+        self, violations: list[RedZoneViolation], when: str, *, may_raise: bool = True,
+        graphs: Sequence[GraphKernels] | None = None,
+    ) -> None: ...
 
 
 @final
 class _Slot:
-    """One queued scan: its event, its zones, and the launch it follows."""
+    """One queued scan: its event, its zones, and the launch it follows (and that graph's kernels)."""
 
-    __slots__ = ("capacity", "event", "name", "pending", "seq", "table_version", "when", "zones")
+    __slots__ = ("capacity", "event", "kernels", "name", "pending", "seq", "table_version", "when", "zones")
 
     def __init__(self, name: str, event: object) -> None:
         self.name = name
@@ -54,6 +58,7 @@ class _Slot:
         self.seq = 0
         self.when = ""
         self.zones: Sequence[Zone] = ()
+        self.kernels: GraphKernels | None = None
 
 
 @final
@@ -77,8 +82,11 @@ class QueuedScans:
         #: The slots made so far (none until the first scan is queued).
         self.slots: list[_Slot] = []
 
-    def queue(self, stream: Stream, is_live: Callable[[DeviceBuffer], bool]) -> bool:
-        """Queue a scan of every live zone on ``stream``, behind the graph just launched on it; no wait.
+    def queue(
+        self, stream: Stream, is_live: Callable[[DeviceBuffer], bool], kernels: GraphKernels | None = None
+    ) -> bool:
+        """Queue a scan of every live zone on ``stream``, behind the graph just launched on it (whose kernel
+        nodes are ``kernels``: what the scan finds suspects them); no wait.
 
         - The earlier launches' scans that have finished are reported. Never this launch's own: every
           backend reports it at the same later call.
@@ -112,6 +120,7 @@ class QueuedScans:
                     raw.event_record(slot.event, target)
                     slot.zones, slot.pending, slot.seq = zones, True, self._stats.graph_launches
                     slot.when = f"graph launch #{slot.seq}"
+                    slot.kernels = kernels
             except BaseException:
                 self._report_judged(finished, may_raise=False)  # logged: the failure to queue is what raises
                 raise
@@ -131,7 +140,7 @@ class QueuedScans:
         Those still running are kept."""
         for slot in self.slots:
             if slot.pending and self._raw.event_query(slot.event):
-                slot.pending, slot.zones = False, ()
+                slot.pending, slot.zones, slot.kernels = False, (), None
 
     def _slot(self, n: int, finished: list[_Judged], is_live: Callable[[DeviceBuffer], bool]) -> _Slot:
         """A slot not in flight with room for ``n`` zones. When all are in flight, the oldest is waited
@@ -173,6 +182,7 @@ class QueuedScans:
                 elif not self._raw.event_query(slot.event):
                     continue
                 zones, slot.zones, slot.pending = slot.zones, (), False
+                kernels, slot.kernels = slot.kernels, None
                 pool = self._scanner.pool
                 results = pool.host(f"{slot.name}.host", slot.capacity * 4, floor=0)[: len(zones) * 4]
                 if bytes(results).count(0) == len(results):
@@ -180,17 +190,18 @@ class QueuedScans:
                 violations = zone_violations(  # zones freed since: in quarantine, still watched, or reported
                     zones, results.cast("I"), keep=lambda buf: is_live(buf) or self._zones.watched(buf.index))
                 if violations:
-                    finished.append((slot.when, violations))
+                    finished.append((slot.when, violations, kernels))
 
     def _report_judged(self, finished: list[_Judged], *, may_raise: bool = True) -> None:
         """Report the violations of finished scans together (one error, naming every launch)."""
         if not finished:
             return
-        launches = [when for when, _ in finished]
+        launches = [when for when, _, _ in finished]
         named = launches[0] if len(launches) == 1 else ", ".join(launches[:-1]) + " and " + launches[-1]
         scans = "the scan" if len(launches) == 1 else "the scans"
-        violations = [v for _, found in finished for v in found]
-        self._report(violations, f"{scans} queued after {named} of this backend", may_raise=may_raise)
+        violations = [v for _, found, _ in finished for v in found]
+        graphs = [kernels for _, _, kernels in finished if kernels is not None]
+        self._report(violations, f"{scans} queued after {named} of this backend", may_raise=may_raise, graphs=graphs)
 
     def release(self) -> None:
         """Destroy the slots' events (at close; their scratch is the scanner's)."""

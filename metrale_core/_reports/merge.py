@@ -25,6 +25,7 @@ from .._types import AllocRecord, Origin, format_bytes
 
 __all__ = [
     "LedgerReport", "MergedReport", "RankSummary", "SiteTotal", "ledger_report", "merge_reports", "merge_snapshots",
+    "ordered_snapshots",
 ]
 
 
@@ -334,6 +335,37 @@ def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 1
     )
 
 
+def ordered_snapshots(snapshots: Iterable[MemorySnapshot], what: str) -> list[tuple[str, MemorySnapshot]]:
+    """The distinct snapshots of a job in rank order, each with its process's name (``rank 1``, or its host
+    and pid; its file where it names no origin), as `merge_snapshots` and ``metrale report --torch-snapshot``
+    take them.
+
+    - A snapshot given twice (the same object, or read from one file) counts once, as in `merge_reports`.
+    - ``what`` names the caller in messages.
+
+    :raises InvalidArgumentError: no snapshot was given, or two different snapshots of one backend were
+        (equal origins: two moments of it).
+    """
+    distinct: list[MemorySnapshot] = []
+    given: list[MemorySnapshot] = []  # held, so no id in `seen` is reused by a later snapshot
+    seen: set[object] = set()
+    kept: dict[Origin, tuple[int, object]] = {}
+    for i, snap in enumerate(snapshots):
+        given.append(snap)
+        if (key := _given_as(snap)) not in seen:
+            seen.add(key)
+            if isinstance(snap.origin, Origin):
+                _one_report_per_backend(kept, snap.origin, i, snap, what)
+            distinct.append(snap)
+    snaps = sorted(distinct, key=lambda s: _order(s.origin or _unknown_origin(s.backend, s.ordinal)))
+    if not snaps:
+        raise InvalidArgumentError(f"{what}: no snapshot to merge")
+    labels = _labels(s.origin for s in snaps if s.origin is not None)
+    return [
+        (labels[s.origin] if s.origin is not None else str(s.source or f"{s.backend}:{s.ordinal}"), s) for s in snaps
+    ]
+
+
 def merge_snapshots(snapshots: Iterable[MemorySnapshot]) -> MemorySnapshot:
     """Several memory snapshots as one, for one picture of a job (``metrale report A.json B.json``): every
     call site is prefixed with its process (``rank 1: app.py:12``), creation indices are renumbered so they
@@ -345,26 +377,12 @@ def merge_snapshots(snapshots: Iterable[MemorySnapshot]) -> MemorySnapshot:
     :raises InvalidArgumentError: no snapshot was given, or two different snapshots of one backend were
         (equal origins: two moments of it), as in `merge_reports`.
     """
-    distinct: list[MemorySnapshot] = []
-    given: list[MemorySnapshot] = []  # held, so no id in `seen` is reused by a later snapshot
-    seen: set[object] = set()
-    kept: dict[Origin, tuple[int, object]] = {}
-    for i, snap in enumerate(snapshots):
-        given.append(snap)
-        if (key := _given_as(snap)) not in seen:
-            seen.add(key)
-            if isinstance(snap.origin, Origin):
-                _one_report_per_backend(kept, snap.origin, i, snap, "merge_snapshots")
-            distinct.append(snap)
-    snaps = sorted(distinct, key=lambda s: _order(s.origin or _unknown_origin(s.backend, s.ordinal)))
-    if not snaps:
-        raise InvalidArgumentError("merge_snapshots: no snapshot to merge")
+    ordered = ordered_snapshots(snapshots, "merge_snapshots")
+    snaps = [snap for _, snap in ordered]
     events: list[SnapshotEvent] = []
     live: list[AllocRecord] = []
     base = 0
-    labels = _labels(s.origin for s in snaps if s.origin is not None)
-    for snap in snaps:
-        who = labels[snap.origin] if snap.origin is not None else str(snap.source or f"{snap.backend}:{snap.ordinal}")
+    for who, snap in ordered:
         records = [e.allocation for e in snap.events] + list(snap.live)
         shift = base - min((a.index for a in records), default=0)
 

@@ -176,6 +176,13 @@ class MetraleSettings(BaseSettings):
         description="Keep the last N allocation events (alloc, free, sweep) on the ledger for `save_snapshot()` "
         "and `metrale report`, 0..10,000,000; `0` (the default) keeps none.",
     )
+    memory_history_frames: int = Field(
+        0, ge=0, le=64,
+        description="With `memory_history`, keep up to N frames of each allocation's stack in its event (the call "
+        "site first, then its callers; metrale's and `site_skip`'s frames passed over), 0..64: snapshots carry "
+        "them, and `metrale report --torch-snapshot` writes them as the allocation's frames. A walk of the "
+        "caller's frames per allocation: a cost for debugging runs. `0` (the default) keeps the call site only.",
+    )
     oom_retries: int = Field(
         3, ge=0, le=100,
         description="How many times an allocation that ran out of memory is tried again after an "
@@ -188,10 +195,11 @@ class MetraleSettings(BaseSettings):
     )
     site_skip: Packages = Field(
         ("torch", "transformers", "accelerate", "triton", "cupy", "cupyx"),
-        description="Top-level packages whose frames an allocation's call site passes over, comma-separated "
-        "(`none`: none): the site is the first frame outside them and outside metrale. The default names the "
+        description="Packages (`torch`) or modules and their submodules (`myapp.gpu`) whose frames an "
+        "allocation's call site passes over, comma-separated (`none`: none): the site is the first frame outside "
+        "them and outside metrale, as `warnings.warn`'s `skip_file_prefixes` skips. The default names the "
         "frameworks whose tensors the allocator doors serve, so a tensor's site is the application's line; add "
-        "your own helper packages to have their callers named instead.",
+        "your own helper modules to have their callers named instead.",
     )
     target_hw: str = Field(
         "",

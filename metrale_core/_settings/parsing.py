@@ -69,24 +69,25 @@ _SIZE_VALIDATOR: Final = BeforeValidator(_size)
 Size: TypeAlias = Annotated[int, _SIZE_VALIDATOR]
 
 
-_PACKAGE_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PACKAGE_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def _packages(value: Any) -> Any:
-    """Top-level package names, comma-separated in a variable (``none``: no package), or a sequence of them."""
+    """Package or module names (``torch``, ``myapp.gpu``), comma-separated in a variable (``none``: none), or a
+    sequence of them."""
     if isinstance(value, str):
         text = value.strip()
         value = [] if text.lower() == "none" else [p.strip() for p in text.split(",") if p.strip()]
     if isinstance(value, (list, tuple)):
         for name in value:
             if not (isinstance(name, str) and _PACKAGE_RE.fullmatch(name)):
-                raise ValueError(f"expected top-level package names (a Python identifier each), got {name!r}")
+                raise ValueError(f"expected package or module names (dotted Python identifiers), got {name!r}")
         return tuple(dict.fromkeys(value))
     return value
 
 
-#: The type of a setting that names top-level packages: ``"torch,transformers"`` in a variable (``none`` for
-#: no package), a tuple of names in a keyword.
+#: The type of a setting that names packages or modules: ``"torch,myapp.gpu"`` in a variable (``none`` for
+#: none), a tuple of names in a keyword.
 Packages: TypeAlias = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_packages)]
 
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable
 from typing import TypeVar, final
@@ -42,9 +43,11 @@ def record(
     capture: Capture, what: str, buffers: Iterable[DeviceBuffer | None],
     host_buffers: Iterable[HostBuffer | None] = (), peers: Iterable[Peer] = (),
 ) -> None:
-    """Keep on ``capture`` what work issued into it touches; refused once the capture was invalidated."""
+    """Keep on ``capture`` what work issued into it touches, and count it as one of its nodes (a kernel's own
+    record names it after this, as node ``capture.nodes``); refused once the capture was invalidated."""
     if capture.invalidated:
         raise invalidated_error(capture, what)
+    capture.nodes += 1
     for buf in buffers:
         if buf is not None:
             capture.buffers[buf.index] = buf
@@ -60,7 +63,8 @@ class GraphFront:
     """Captures, graphs and graph launches of one backend (the ``HandleOwner`` of its graphs)."""
 
     __slots__ = (
-        "_default", "_guard", "_holdings", "_raw", "_scan_graphs", "_stats", "_streams", "ctx", "launch_graph",
+        "_captures", "_default", "_guard", "_holdings", "_raw", "_scan_graphs", "_stats", "_streams", "ctx",
+        "launch_graph",
     )
 
     def __init__(
@@ -74,6 +78,7 @@ class GraphFront:
         self._guard = guard
         self._scan_graphs = self.ctx.settings.redzone_scan_graphs  # (settings are fixed for the backend's life)
         self._default = default
+        self._captures = itertools.count(1)  # each capture's number: its graph is ``graph #N`` in red-zone reports
         #: ``HandleOwner.launch_graph``: the whole of ``GraphExec.launch``, the gate included (its lane's).
         self.launch_graph: Callable[[GraphExec, Stream | None], None] = (
             pick("graph_lane", GraphLane, self.ctx.settings.pure)(self, self.lane_parts()).launch
@@ -135,10 +140,15 @@ class GraphFront:
         else:
             self._check_operands(graph)
             target = self._streams.resolve(stream, "GraphExec.launch")
-        with self._guard.graph_launch(graph.check, target, is_live):
+        with self._guard.graph_launch(graph.check, target, is_live, graph.kernels):
             capture = target.capture
             if capture is not None:
                 record(capture, "GraphExec.launch", graph.buffers, peers=graph.peers)
+                inner = graph.kernels  # its kernels are the capture's too, inside the node it makes
+                capture.kernels += [
+                    (name, f"{where} of graph #{inner.number}, node {capture.nodes}", pointers)
+                    for name, where, pointers in inner.nodes
+                ]
             self._raw.graph_launch(graph.raw, target.raw)
             self._stats.graph_launches += 1
 
@@ -180,9 +190,11 @@ class GraphFront:
             )
         guard = self._guard
         guard.settle()  # no wait is allowed once a capture runs
-        check = guard.reserve_check()  # the red-zone check the graph will end with (allocations allowed now)
+        number = next(self._captures)
+        check = guard.reserve_check(number)  # the red-zone check the graph will end with (allocations allowed now)
         capture = Capture(self.ctx)
         capture.check = check
+        capture.number = number
         capture.start()  # on the record first: no barred call of another thread reaches the driver now
         try:
             self._raw.begin_capture(target.raw)
@@ -220,7 +232,10 @@ class GraphFront:
             raise
         finally:
             capture.finish()
-        return self._streams.adopt(Graph(self, graph, capture))
+        handle = self._streams.adopt(Graph(self, graph, capture))
+        if check is not None:
+            check.kernels = handle.kernels  # what its verdict finds names them
+        return handle
 
     def _discard(self, target: Stream) -> None:
         """End the driver's capture on ``target`` and destroy what it made."""

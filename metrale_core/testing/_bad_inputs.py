@@ -61,6 +61,9 @@ def _cases() -> tuple[BadInput, ...]:
         BadInput("alloc_arena(-5)", lambda f: f.gpu.alloc_arena(-5), buf_err),
         BadInput("alloc_host(0)", lambda f: f.gpu.alloc_host(0), buf_err),
         BadInput("alloc(1 << 64): past 64 bits", lambda f: f.gpu.alloc(1 << 64), arg_err),
+        BadInput("alloc(64, stacklevel=0)", lambda f: f.gpu.alloc(64, stacklevel=0), arg_err),
+        BadInput("alloc_managed(64, stacklevel='2')",
+                 lambda f: f.gpu.alloc_managed(64, stacklevel="2"), arg_err),  # type: ignore[arg-type]
         BadInput("alloc_host(1 << 70): past 64 bits", lambda f: f.gpu.alloc_host(1 << 70), arg_err),
         BadInput("free(freed)", lambda f: f.gpu.free(f.freed), buf_err),
         BadInput("free(arena)", lambda f: f.gpu.free(f.arena), buf_err),

@@ -25,12 +25,15 @@ HEAVY = ("pydantic", "pydantic_settings", "pluggy", "numpy", "importlib.metadata
          "metrale_core._settings", "metrale_core._backend", "metrale_core._discovery", "metrale_fake")
 
 
-def _loaded_after(code: str) -> list[str]:
-    """The modules of :data:`HEAVY` (and their submodules) a fresh interpreter holds after ``code``."""
-    probe = textwrap.dedent(code) + textwrap.dedent(f"""
+def _loaded_after(code: str, *, besides: str = "") -> list[str]:
+    """The modules of :data:`HEAVY` (and their submodules) a fresh interpreter holds after ``code``; with
+    ``besides``, code run first, only those ``code`` loaded (``besides="import pytest"``: pytest loads pluggy)."""
+    probe = textwrap.dedent(besides) + "\nimport sys as _sys\n_before = set(_sys.modules) if " + repr(
+        bool(besides)) + " else set()\n" + textwrap.dedent(code) + textwrap.dedent(f"""
         import json, sys
         heavy = {HEAVY!r}
-        print(json.dumps(sorted(m for m in sys.modules if m in heavy or m.startswith(tuple(h + "." for h in heavy)))),
+        print(json.dumps(sorted(m for m in sys.modules if m not in _before
+                                and (m in heavy or m.startswith(tuple(h + "." for h in heavy))))),
               file=sys.stderr)
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
@@ -54,6 +57,31 @@ def test_a_public_name_loads_what_it_needs_on_first_use() -> None:
 def test_the_ledger_and_report_names_load_neither_settings_nor_a_backend() -> None:
     loaded = _loaded_after("from metrale_core import Arena, LedgerEvent, LedgerProbe, OomWatchdog, merge_reports")
     assert loaded == [], "the ledger, arenas, the watchdog and merged reports need neither pydantic nor pluggy"
+
+
+def test_the_pytest_plugin_loads_nothing_but_pytest() -> None:
+    """Every pytest session where metrale is installed imports the plugin: it adds none of metrale's dependencies."""
+    assert _loaded_after("import metrale_core.pytest_plugin", besides="import pytest") == []
+
+
+PLAIN_SESSION = """
+    import sys
+
+    def pytest_sessionfinish(session):
+        heavy = ("pydantic", "pydantic_settings", "metrale_core._settings", "metrale_core._backend", "metrale_fake")
+        loaded = sorted(m for m in sys.modules if m in heavy or m.startswith(tuple(h + "." for h in heavy)))
+        print("\\nplugin:", "metrale_core.pytest_plugin" in sys.modules, "loaded:", loaded)
+"""
+
+
+def test_a_pytest_session_without_the_fixture_loads_neither_settings_nor_a_backend(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(PLAIN_SESSION))
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert True\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("METRALE_", "PYTEST_"))}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "plugin: True loaded: []" in out.stdout, out.stdout
 
 
 def test_every_public_name_is_there_and_is_its_module_s() -> None:
