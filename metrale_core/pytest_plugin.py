@@ -10,7 +10,10 @@
   ``scan_redzones()`` (every zone, live and quarantined), the ledger read, then ``close()``, always.
 - A leak (an allocation still on the ledger, or one a sweep took), a red-zone violation found at any check of the
   test, or a check that could not be judged fails the test at its teardown, naming each site.
-  ``metrale_allow_leaks(reason)`` lets leaks pass; violations still fail.
+  ``metrale_allow_leaks(reason)`` lets leaks pass; violations still fail. ``metrale_allow_violations(reason)``
+  lets violations pass (a test that plants an overrun to see it caught); leaks still fail.
+- Leaks are what the ledger holds (``alloc``, ``alloc_managed``, pool pieces, with their sites) and the arena memory
+  still held (``alloc_arena`` blocks, arenas not closed: counted, as they are not on the ledger).
 - A test whose body raised is not failed twice: what its teardown found is logged on ``metrale`` instead.
 - After a device fault nothing can be freed or read back: the fixture logs that it checked nothing, and closes.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -27,19 +31,23 @@ import pytest
 if TYPE_CHECKING:
     from metrale_core import AllocRecord, GpuBackend, MetraleSettings, RedZoneViolation
 
-__all__ = ["ALLOW_LEAKS", "SETTINGS_MARKER", "metrale_backend"]
+__all__ = ["ALLOW_LEAKS", "ALLOW_VIOLATIONS", "SETTINGS_MARKER", "metrale_backend"]
 
 _log = logging.getLogger("metrale")
 
 #: The marker that lets a test leave allocations behind: ``@pytest.mark.metrale_allow_leaks(reason="...")``.
 ALLOW_LEAKS: Final = "metrale_allow_leaks"
+#: The marker that lets a test's red zones be overrun (it plants one to see it caught):
+#: ``@pytest.mark.metrale_allow_violations(reason="...")``.
+ALLOW_VIOLATIONS: Final = "metrale_allow_violations"
 #: The marker that changes the test's settings: ``@pytest.mark.metrale_settings(fake_defer=True)``.
 SETTINGS_MARKER: Final = "metrale_settings"
 
 #: The most call sites a failure lists; the rest are counted.
 _MAX_SITES: Final = 20
-#: Whether the test's body raised (set as its call is reported, read by the fixture's teardown).
-_BODY_RAISED: Final = pytest.StashKey[bool]()
+#: The tests whose body raised (noted as its call is reported, read by the fixture's teardown). Not a
+#: ``pytest.StashKey``: the plugin loads in every session where metrale is installed, older pytests too.
+_BODY_RAISED: Final[weakref.WeakKeyDictionary[pytest.Item, bool]] = weakref.WeakKeyDictionary()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,6 +74,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        f"{ALLOW_VIOLATIONS}(reason=None): metrale_backend does not fail this test for red-zone violations (a "
+        "test that plants an overrun to see it caught; leaks still fail it)",
+    )
+    config.addinivalue_line(
+        "markers",
         f"{SETTINGS_MARKER}(**changes): metrale_backend opens with these settings changed "
         "(MetraleSettings keywords: fake_defer=True, redzone=64, backend='fake')",
     )
@@ -74,7 +87,11 @@ def pytest_configure(config: pytest.Config) -> None:
         from metrale_core import ConfigError, MetraleSettings
 
         try:
-            MetraleSettings().updated(redzone=redzone)
+            settings = MetraleSettings()
+        except ConfigError as exc:
+            raise pytest.UsageError(f"metrale's settings (METRALE_*): {exc}") from None
+        try:
+            settings.updated(redzone=redzone)
         except ConfigError as exc:
             raise pytest.UsageError(f"--metrale-redzone: {exc}") from None
 
@@ -83,7 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
     """Note whether the test's body raised (a failure, a skip, an expected failure), for the fixture's teardown."""
     if call.when == "call":
-        item.stash[_BODY_RAISED] = call.excinfo is not None
+        _BODY_RAISED[item] = call.excinfo is not None
 
 
 @pytest.fixture
@@ -98,7 +115,8 @@ def metrale_backend(request: pytest.FixtureRequest) -> Iterator[GpuBackend]:
     from metrale_core import open_backend
 
     node = request.node
-    allowed = _allowed_leaks(node)
+    allowed = _allowed(node, ALLOW_LEAKS)
+    allowed_violations = _allowed(node, ALLOW_VIOLATIONS)
     settings = _settings(request.config, node)
     gpu = open_backend(settings=settings)
     found: list[RedZoneViolation] = []
@@ -115,13 +133,17 @@ def metrale_backend(request: pytest.FixtureRequest) -> Iterator[GpuBackend]:
     if allowed is not None and findings.leaks:
         _log.info("%s: %d allocation(s) left, allowed by %s(%s)", node.nodeid, len(findings.leaks), ALLOW_LEAKS,
                   allowed or "no reason given")
-        findings = dataclasses.replace(findings, leaks=())
+        findings = dataclasses.replace(findings, leaks=(), arena_bytes=0)
+    if allowed_violations is not None and findings.violations:
+        _log.info("%s: %d red-zone violation(s), allowed by %s(%s)", node.nodeid, len(findings.violations),
+                  ALLOW_VIOLATIONS, allowed_violations or "no reason given")
+        findings = dataclasses.replace(findings, violations=())
     for note in findings.notes:
         _log.warning("%s: %s", node.nodeid, note)
     if not findings.failed:
         return
     message = findings.message(node.nodeid)
-    if node.stash.get(_BODY_RAISED, False):  # the test failed already: say what teardown found, once
+    if _BODY_RAISED.get(node, False):  # the test failed already: say what teardown found, once
         _log.warning("%s", message)
         return
     pytest.fail(message, pytrace=False)
@@ -134,13 +156,14 @@ class _Findings:
     backend: str
     leaks: tuple[AllocRecord, ...] = ()
     swept: int = 0  # of the leaks, those a sweep took (the first ones)
+    arena_bytes: int = 0  # arena memory still held: alloc_arena blocks, arenas not closed (not on the ledger)
     violations: tuple[RedZoneViolation, ...] = ()
     unjudged: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # logged, never failed
 
     @property
     def failed(self) -> bool:
-        return bool(self.leaks or self.violations or self.unjudged)
+        return bool(self.leaks or self.arena_bytes or self.violations or self.unjudged)
 
     def message(self, nodeid: str) -> str:
         """The failure: the leaks grouped by site, the violations, the checks not judged; then what to do."""
@@ -154,6 +177,9 @@ class _Findings:
                 f" and {self.swept} swept by sweep_unreleased()" if self.swept else "")
             lines.append(f"  leaked: {where}, {total} bytes ({format_bytes(total)}), by call site:")
             lines += [f"    {line}" for line in _by_site(self.leaks)]
+        if self.arena_bytes:
+            lines.append(f"  leaked: {self.arena_bytes} bytes ({format_bytes(self.arena_bytes)}) of arena memory still "
+                         f"held: alloc_arena blocks not released with free_arena(), or arenas not closed")
         if self.violations:
             lines.append(f"  {len(self.violations)} red-zone violation(s):")
             lines += [f"    {v.describe()}" for v in self.violations]
@@ -161,10 +187,11 @@ class _Findings:
             lines.append("  checks not judged:")
             lines += [f"    {why}" for why in self.unjudged]
         advice = []
-        if self.leaks:
+        if self.leaks or self.arena_bytes:
             advice.append(f"free what the test allocates (or mark it @pytest.mark.{ALLOW_LEAKS}(reason=...))")
         if self.violations:
-            advice.append("fix the write past the buffer's bounds (allocated at the site named)")
+            advice.append("fix the write past the buffer's bounds (allocated at the site named), or mark a test "
+                          f"that overruns on purpose @pytest.mark.{ALLOW_VIOLATIONS}(reason=...)")
         if self.unjudged:
             advice.append("end every capture the test begins")
         lines.append("  " + "; ".join(advice))
@@ -204,10 +231,11 @@ def _inspect(gpu: GpuBackend, found: list[RedZoneViolation]) -> _Findings:
         return _Findings(backend, violations=_distinct(found), unjudged=tuple(unjudged), notes=tuple(notes))
     try:
         report = gpu.ledger_report()
+        arena_bytes = gpu.stats().current_bytes.get("arena", 0)
     except MetraleError as exc:
         unjudged.append(f"the ledger could not be read: {exc}")
         return _Findings(backend, violations=_distinct(found), unjudged=tuple(unjudged), notes=tuple(notes))
-    return _Findings(backend, leaks=report.swept + report.live, swept=len(report.swept),
+    return _Findings(backend, leaks=report.swept + report.live, swept=len(report.swept), arena_bytes=arena_bytes,
                      violations=_distinct(found), unjudged=tuple(unjudged), notes=tuple(notes))
 
 
@@ -244,16 +272,16 @@ def _by_site(records: Sequence[AllocRecord]) -> list[str]:
     return lines
 
 
-def _allowed_leaks(node: pytest.Item) -> str | None:
-    """The reason of the test's ``metrale_allow_leaks`` marker (``""`` without one); ``None``: not marked."""
-    marker = node.get_closest_marker(ALLOW_LEAKS)
+def _allowed(node: pytest.Item, name: str) -> str | None:
+    """The reason of the test's marker ``name`` (``""`` without one); ``None``: not marked."""
+    marker = node.get_closest_marker(name)
     if marker is None:
         return None
     args, kwargs = marker.args, dict(marker.kwargs)
     reason = kwargs.pop("reason", args[0] if len(args) == 1 else "")
     if len(args) > 1 or (args and "reason" in marker.kwargs) or kwargs or not isinstance(reason, str):
-        pytest.fail(f"{node.nodeid}: {ALLOW_LEAKS} takes one argument, a reason (a str): "
-                    f"@pytest.mark.{ALLOW_LEAKS}(reason='...'), got {marker.args!r} {marker.kwargs!r}", pytrace=False)
+        pytest.fail(f"{node.nodeid}: {name} takes one argument, a reason (a str): "
+                    f"@pytest.mark.{name}(reason='...'), got {marker.args!r} {marker.kwargs!r}", pytrace=False)
     return reason
 
 

@@ -210,6 +210,8 @@ cdef class Arena:
                 if layout is None:
                     buf = self._bump(nbytes, align, n, a, site, index, 0, 0)
                 else:
+                    if layout.lead > WORD_MAX or layout.trail > WORD_MAX:  # (zones past 64 bits: no block holds them)
+                        raise self._full(nbytes, align)
                     buf = self._bump(nbytes, align, n, a, site, index, layout.lead, layout.trail)
                     zones.fill(buf, layout)
                 return buf
@@ -358,10 +360,11 @@ cdef class Arena:
         with zones.lock:
             if self._block is None:
                 raise InvalidBufferError(f"Arena.reset: this arena (from {self.site}) is closed")
-            found = zones.judge("Arena.reset")
-            self._reset()
-            zones.release()
+            found = zones.judged("Arena.reset", self._reset_locked)
         zones.report(found, "Arena.reset()")
+
+    def _reset_locked(self):
+        self._reset()
 
     cdef void _reset(self) except *:
         acquire(&self._lock)
@@ -386,10 +389,11 @@ cdef class Arena:
         with zones.lock:
             if self._block is None:
                 return
-            found = zones.judge("Arena.close")
-            self._close()
-            zones.release()
+            found = zones.judged("Arena.close", self._close_locked)
         zones.report(found, "Arena.close()")
+
+    def _close_locked(self):
+        self._close()
 
     cdef void _close(self) except *:
         acquire(&self._lock)
@@ -415,7 +419,7 @@ cdef class Arena:
             release(&self._lock)
         if self._zones is not None:
             with self._zones.lock:
-                self._zones.release()
+                self._zones.drop()
         return block
 
     def __enter__(self):

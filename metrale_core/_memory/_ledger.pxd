@@ -19,7 +19,7 @@ cdef class Ledger:
     cdef public object origin
     cdef object _stack
 
-    cdef void _log(self, str op, object record) except *
+    cdef void _log(self, str op, object record, tuple stack=*) except *
     cdef int add_c(self, object index, object buf, Gate gate) except -1
     cdef object take_c(self, object index, object ptr, object nbytes)
     cdef bint has_c(self, object index, object buf)

@@ -36,11 +36,10 @@ cdef class Ledger:
         self.taken = 0
         self.origin = None
 
-    cdef void _log(self, str op, object record) except *:
+    cdef void _log(self, str op, object record, tuple stack=()) except *:
         events = self._events
         if len(events) == events.maxlen:
             self.dropped += 1
-        stack = () if self._stack is None or op != "alloc" else self._stack()
         events.append(LedgerEvent(time.monotonic() - self._start, op, record, stack))
 
     def add(self, buf):
@@ -51,13 +50,15 @@ cdef class Ledger:
         """`add` while ``gate`` is open (``None``: always): ``1``, or ``0`` with nothing added once it is shut.
         Judged under the ledger's lock, which `drain` takes: a record is added before the sweep drains the ledger,
         or not at all."""
+        # (the stack walked before the lock: it makes objects, and a collection's finalizer may free a buffer)
+        stack = () if self._stack is None or self._events is None else self._stack()
         acquire(&self._lock)
         try:
             if gate is not None and gate.closed_c():
                 return 0
             self._records[index] = buf
             if self._events is not None:
-                self._log("alloc", _record(buf, self.origin))
+                self._log("alloc", _record(buf, self.origin), stack)
         finally:
             release(&self._lock)
         return 1

@@ -19,6 +19,7 @@ import collections
 import functools
 import logging
 import os
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -246,7 +247,7 @@ class Allocator:
         """The call site an allocating call's ``stacklevel`` names (`call_site_at`); a bad one is refused."""
         if isinstance(stacklevel, bool) or not isinstance(stacklevel, int) or stacklevel < 1:
             raise invalid_argument(what, "a stacklevel of at least 1 (an int)", stacklevel)
-        return call_site_at(self.ctx.internal, stacklevel)
+        return call_site_at(self.ctx.internal, min(stacklevel, sys.maxsize))
 
     def zoned_raw(self, raw_bytes: int, n: int) -> int:
         """The raw memory of a zoned device allocation of ``n`` bytes that no kept block serves (the lane's)."""

@@ -23,8 +23,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Final, final
 
 from .._device.buffer import DeviceBuffer
-from .._device.capture import forbid_during_capture, may_wait
-from .._errors import ArenaFullError, InvalidArgumentError, InvalidBufferError
+from .._device.capture import may_wait
+from .._errors import ArenaFullError, InvalidArgumentError, InvalidBufferError, capture_error
 from .._types import RedZoneViolation, as_index, format_bytes
 from .ledger import next_index
 
@@ -60,7 +60,8 @@ class ArenaZones:
       and the in-graph verdicts judge them with every other zone, and a violation names the piece's own site.
     - A piece made while a capture runs gets none: no fill may be issued then.
     - ``reset()`` and ``close()`` judge the zones of the pieces since the last reset (waiting for the device, so
-      refused while a capture runs, changing nothing), take them off the guard's table, then report.
+      refused while a capture runs, changing nothing and leaving the capture alone), and take them off the guard's
+      table in the same step as the arena lets go of its pieces or block (`judged`), then report.
     - `lock` is held around a zoned piece's bump and fill and around a judged reset or close, so no piece is
       filled after its arena let go of it. It is taken before the arena's own lock.
     - ``block``: where the arena's block lies, ``(base, nbytes)``: a violation its reset or close reports suspects
@@ -99,33 +100,57 @@ class ArenaZones:
         self._guard.guard(buf, layout)
         self._indexes.append(buf.index)
 
-    def judge(self, what: str) -> list[RedZoneViolation]:
-        """Under `lock`: wait for the device and judge the zones of the pieces since the last reset. Refused while
-        a capture runs (``CaptureError``, as any wait), changing nothing."""
+    def judged(self, what: str, then: Callable[[], None]) -> list[RedZoneViolation]:
+        """Under `lock`: wait for the device, judge the zones of the pieces since the last reset, call ``then`` (the
+        arena's own reset or close, which may free the block), and take the zones off the guard's table, all under
+        the guard's lock, so no other check reads them once their memory may be gone. What was found is returned
+        for `report` (after the arena's locks are let go).
+
+        - No zoned piece: ``then`` alone.
+        - While a capture runs no wait is allowed: refused (``CaptureError``), changing nothing, and the capture
+          goes on (a debugging setting does not break a program that resets its arena inside a capture).
+        - ``then`` refused (a close during a capture): nothing changes; its error is raised.
+        """
         if not self._indexes:
+            then()
             return []
-        self._ctx.enter()
+        ctx = self._ctx
+        ctx.enter()
         try:
-            forbid_during_capture(f"{what} of an arena with zoned pieces (judging their zones waits for the device)")
+            if not may_wait():
+                raise capture_error(
+                    "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+                    f"{what} of an arena with {len(self._indexes)} zoned piece(s) is refused while a capture runs: "
+                    f"judging their zones waits for the device; nothing changed and the capture goes on: call "
+                    f"{what}() after end_capture (or leave redzone_arena off for arenas reset inside captures)",
+                )
             guard = self._guard
             with guard.lock:
                 zones = [zone for index in self._indexes for zone in guard.zones.zones_of(index)]
-                return guard.judge(zones)
+                found = guard.judge(zones)
+                then()
+                self._unwatch(tell=True)
+            return found
         finally:
-            self._ctx.leave()
+            ctx.leave()
 
-    def release(self) -> None:
-        """Under `lock`: the pieces went (a reset, a close); their zones leave the guard's table."""
-        if not self._indexes:
-            return
+    def _unwatch(self, *, tell: bool) -> None:
+        """The pieces went: their zones leave the guard's table (the caller holds the guard's lock); ``tell``: the
+        in-graph checks' table follows (a failure there is logged: the pieces are gone all the same)."""
         guard = self._guard
-        with guard.lock:
-            gone = False
-            for index in self._indexes:
-                gone = bool(guard.unwatch(index)) or gone
-            self._indexes = []
-            if gone:
-                guard.zones_released()
+        gone = False
+        for index in self._indexes:
+            gone = bool(guard.unwatch(index)) or gone
+        self._indexes = []
+        if gone and tell:
+            self._ctx.quietly("the in-graph checks' zone table", guard.zones_released)
+
+    def drop(self) -> None:
+        """At the backend's close (its final scan judged every zone, and the guard goes next): forget the pieces'
+        zones, writing nothing to the device."""
+        if self._indexes:
+            with self._guard.lock:
+                self._unwatch(tell=False)
 
     def report(self, found: list[RedZoneViolation], when: str) -> None:
         """What `judge` found, reported as the guard reports (suspects, observers, then a log line or a
@@ -283,12 +308,13 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
         with zones.lock:
             if self._block is None:
                 raise InvalidBufferError(f"Arena.reset: this arena (from {self.site}) is closed")
-            found = zones.judge("Arena.reset")
-            with self._lock:
-                self._top = 0
-                self._pieces = {}
-            zones.release()
+            found = zones.judged("Arena.reset", self._reset)
         zones.report(found, "Arena.reset()")
+
+    def _reset(self) -> None:
+        with self._lock:
+            self._top = 0
+            self._pieces = {}
 
     def close(self) -> None:
         """Release the block; idempotent. Its pieces are no longer live.
@@ -303,9 +329,7 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
         with zones.lock:
             if self._block is None:
                 return
-            found = zones.judge("Arena.close")
-            self._close()
-            zones.release()
+            found = zones.judged("Arena.close", self._close)
         zones.report(found, "Arena.close()")
 
     def _close(self) -> None:
@@ -326,7 +350,7 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
             self._pieces = {}
         if self._zones is not None:
             with self._zones.lock:
-                self._zones.release()
+                self._zones.drop()
         return block
 
     def __enter__(self) -> Arena:

@@ -286,20 +286,23 @@ class Ledger:
         #: The origin its records name (the backend sets it once it knows its device's UUID).
         self.origin: Origin | None = None
 
-    def _log(self, op: Literal["alloc", "free", "sweep"], record: AllocRecord) -> None:
+    def _log(
+        self, op: Literal["alloc", "free", "sweep"], record: AllocRecord, stack: tuple[str, ...] = ()
+    ) -> None:
         events = self._events
         assert events is not None
         if len(events) == events.maxlen:
             self.dropped += 1
-        stack = () if self._stack is None or op != "alloc" else self._stack()
         events.append(LedgerEvent(time.monotonic() - self._start, op, record, stack))
 
     def add(self, buf: DeviceBuffer) -> None:
         """Put the allocation ``buf`` handed out on the ledger."""
+        # (the stack walked before the lock: it makes objects, and a collection's finalizer may free a buffer)
+        stack = () if self._stack is None or self._events is None else self._stack()
         with self._lock:
             self._records[buf.index] = buf
             if self._events is not None:
-                self._log("alloc", _record(buf, self.origin))
+                self._log("alloc", _record(buf, self.origin), stack)
 
     def take(self, index: int, ptr: int, nbytes: int) -> DeviceBuffer | None:
         """Take allocation ``index`` off, if it is on the ledger at ``ptr`` with ``nbytes``; the buffer

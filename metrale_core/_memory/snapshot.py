@@ -370,7 +370,8 @@ def load_snapshot(path: str | os.PathLike[str]) -> MemorySnapshot:
         op = read.string(entry, "op", where)
         if op not in _OPS:
             raise read.wrong("op", where, 'one of "alloc", "free", "sweep"', op)
-        stack = entry.get("stack") or []
+        stack = entry.get("stack")
+        stack = [] if stack is None else stack
         if not isinstance(stack, list) or not all(isinstance(frame, str) for frame in stack):
             raise read.wrong("stack", where, 'a list of "file:line" strings', stack)
         events.append(SnapshotEvent(read.seconds(entry, "t", where), cast(EventOp, op), read.allocation(entry, where),

@@ -337,25 +337,29 @@ class ZoneGuard:
         return spans
 
     def _suspects(self, span: tuple[int, int], graphs: Sequence[GraphKernels] | None) -> tuple[str, ...]:
-        """The kernels that took an address in ``span``: the nodes of ``graphs``, or (``None``) the last launches."""
+        """The kernels that took an address in ``span``: the nodes of ``graphs`` (a graph's verdict), then the last
+        launches (every check: a graph's verdict is a full check, and an eager kernel may have made the overrun it
+        found)."""
         lo, hi = span
         found: list[str] = []
-        if graphs is not None:
-            for graph in graphs:
-                found += [
-                    f"{name} ({where} of graph #{graph.number})"
-                    for name, where, pointers in graph.nodes
-                    if any(lo <= p < hi for p in pointers)
-                ]
-            return tuple(dict.fromkeys(found))  # (a graph launched again: its nodes once)
+        for graph in graphs or ():
+            found += [
+                f"{name} ({where} of graph #{graph.number})"
+                for name, where, pointers in graph.nodes
+                if any(lo <= p < hi for p in pointers)
+            ]
+        # the recent launches that are these graphs' own nodes (captured launches are kept as recent ones too)
+        captured = {(name, frozenset(pointers)) for graph in graphs or () for name, _, pointers in graph.nodes}
         recent: list[Launch] = list(self._ctx.recent)  # (a copy: launches on other threads go on)
         for back, (_, name, _, _, packed) in zip(range(len(recent) - 1, -1, -1), recent, strict=True):
             pointers = [a.pointer for a in packed if a.pointer is not None]
             pointers += [m.buffer.ptr for a in packed if (m := a.tensor_map) is not None and hasattr(m, "buffer")]
+            if (name, frozenset(pointers)) in captured:
+                continue
             if any(lo <= p < hi for p in pointers):
                 ago = "the latest launch" if back == 0 else f"{back} launch{'es' if back > 1 else ''} before the latest"
                 found.append(f"{name} ({ago})")
-        return tuple(found)
+        return tuple(dict.fromkeys(found))  # (a graph launched again: its nodes once)
 
     # -- graphs -------------------------------------------------------------------------------
 

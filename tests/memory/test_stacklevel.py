@@ -84,6 +84,9 @@ def test_stacklevel_2_names_the_helper_s_caller(app: object, pure: bool) -> None
             pool.alloc(64, stacklevel=0)
         pool.close()
         far = app.scratch(gpu, 64, 10_000)  # type: ignore[attr-defined]
+        farther = app.scratch(gpu, 64, 2**63)  # type: ignore[attr-defined]  # (past any index: no raw error)
+        assert farther.site == far.site
+        gpu.free(farther)
         assert far.site != "<unknown>:0"  # more levels than frames: the outermost one
         for buf in (a, b, c, far):
             gpu.free(buf)

@@ -345,3 +345,48 @@ def test_the_testing_page_shows_the_host_app_s_tests_as_they_are() -> None:
     shown = page.split("examples/host-app/tests/test_app.py) -->\n```python\n", 1)[1].split("```\n", 1)[0]
     code = (ROOT / "examples" / "host-app" / "tests" / "test_app.py").read_text()
     assert code.split("from __future__ import annotations\n\n", 1)[1] == shown
+
+
+def test_the_violations_marker_allows_a_planted_overrun_but_not_a_leak(pytester: pytest.Pytester) -> None:
+    """The review's case: a test that plants an overrun to see it caught passes with the marker."""
+    pytester.makepyfile(test_planted="""
+        import pytest
+        from metrale_core import RedZoneError
+
+        @pytest.mark.metrale_settings(redzone=64, redzone_action="raise")
+        @pytest.mark.metrale_allow_violations(reason="the overrun is the point")
+        def test_caught(metrale_backend):
+            gpu = metrale_backend
+            buf = gpu.alloc(100)
+            gpu.memset(buf.ptr + buf.nbytes, 0, nbytes=1)
+            with pytest.raises(RedZoneError):
+                gpu.scan_redzones()
+            gpu.free(buf)
+
+        @pytest.mark.metrale_allow_violations(reason="the overrun is the point")
+        def test_leaks_still_fail(metrale_backend):
+            metrale_backend.alloc(64)
+    """)
+    result = pytester.runpytest(*ARGS)
+    result.assert_outcomes(passed=2, errors=1)
+    assert "ERROR at teardown of test_leaks_still_fail" in result.stdout.str()
+
+
+def test_arena_memory_still_held_is_a_leak(pytester: pytest.Pytester) -> None:
+    """The review's case: ``alloc_arena`` blocks and arenas left open are not on the ledger; they fail all the same."""
+    pytester.makepyfile(test_arena="""
+        def test_block(metrale_backend):
+            metrale_backend.alloc_arena(4096)
+
+        def test_arena(metrale_backend):
+            metrale_backend.create_arena(8192).alloc(100)
+
+        def test_closed(metrale_backend):
+            with metrale_backend.create_arena(8192) as arena:
+                arena.alloc(100)
+    """)
+    result = pytester.runpytest(*ARGS)
+    result.assert_outcomes(passed=3, errors=2)
+    out = result.stdout.str()
+    assert "leaked: 4096 bytes (4.0 KiB) of arena memory still held" in out
+    assert "leaked: 8192 bytes (8.0 KiB) of arena memory still held" in out

@@ -245,3 +245,21 @@ def test_suspects_are_compared_by_no_one_and_pickle() -> None:
         old = RedZoneViolation.__new__(RedZoneViolation)
         old.__setstate__(state)
         assert old == plain and old.suspects == () and old.origin is None
+
+
+@BUILDS
+def test_a_graph_s_verdict_also_names_the_eager_launch_that_made_the_overrun(backend_name: str, pure: bool) -> None:
+    """The review's case: a graph's verdict is a full check, so an overrun made by an eager kernel before the launch
+    is found there; its suspects name that launch as well as the graph's node that took the buffer."""
+    with _open(backend_name, pure, redzone_scan_graphs=True) as gpu:
+        write, fill = _kernels(gpu)
+        buf = gpu.alloc(256)
+        stream = gpu.create_stream()
+        exe = _graph(gpu, stream, lambda: gpu.launch(fill, 1, 64, [buf, np.uint32(64), np.uint32(1)], stream=stream))
+        gpu.launch(write, 1, 1, [buf.ptr + buf.nbytes, np.uint32(0x3C)], stream=stream)  # eager: one byte past
+        error = _launch_expecting(gpu, exe, stream, False)
+        (violation,) = error.violations
+        assert "fill_u32 (node 1 of graph #1)" in violation.suspects
+        assert any(s.startswith("write_u8 (") and "graph" not in s for s in violation.suspects), violation.suspects
+        exe.close()
+        gpu.free(buf)
