@@ -4,6 +4,7 @@
     python3 dev.py selftest     # create .venv if needed, install what it needs, run `metrale selftest`
     python3 dev.py test         # the whole test suite (derandomized Hypothesis profile "ci")
     python3 dev.py test --thorough   # more Hypothesis examples, random seeds
+    python3 dev.py test --fast  # the inner loop: stops at the first failure, fewer examples, no docs/wheels/torchrun
     python3 dev.py lint         # ruff and mypy --strict on the packages; stubtest on the compiled twins
     python3 dev.py docs         # build the documentation site (mkdocs build --strict) into site/
     python3 dev.py docs --serve # serve it at http://127.0.0.1:8000 (mkdocs serve), rebuilt as files change
@@ -302,6 +303,17 @@ INSTALL_ROUTE = (
     "or, without dev.py, from the clone's root:\n"
     "    pip wheel --no-deps -w wheels . backends/fake backends/cuda packaging/metrale\n"
     '    pip install --find-links wheels "metrale[report]"'
+)
+
+
+#: ``dev.py test --fast``: the inner loop. Stops at the first failure, a few Hypothesis examples each, and leaves out
+#: what builds wheels, runs subprocess after subprocess (the docs' examples, torchrun, the pytest plugin's own
+#: sessions) or exists for CI; the whole suite still runs before a commit lands.
+FAST_SELECTION: tuple[str, ...] = (
+    "-x", "-p", "no:cacheprovider",
+    "--ignore=tests/commands/test_docs.py", "--ignore=tests/commands/test_release.py",
+    "--ignore=tests/commands/test_dev_build.py", "--ignore=tests/commands/test_dev_gpu.py",
+    "--ignore=tests/reports/test_distributed.py", "--ignore=tests/plugins/test_plugin_page.py",
 )
 
 
@@ -864,10 +876,12 @@ def main(argv: list[str]) -> int:
         return run(BIN / "mkdocs", "build", "--strict", *rest)
     if command == "lint":
         return lint()
-    profile = "thorough" if "--thorough" in rest else "ci"
-    rest = [a for a in rest if a != "--thorough"]
-    # pytest exits 5 when it collected no test: that is a failure here too.
-    return run(PY, "-m", "pytest", f"--hypothesis-profile={profile}", *rest)
+    profile = "thorough" if "--thorough" in rest else "fast" if "--fast" in rest else "ci"
+    fast = FAST_SELECTION if "--fast" in rest else ()
+    rest = [a for a in rest if a not in ("--thorough", "--fast")]
+    # pytest exits 5 when it collected no test: that is a failure here too. -rfE: failures and errors listed, the
+    # skips summed up per reason (conftest.py)
+    return run(PY, "-m", "pytest", f"--hypothesis-profile={profile}", "-rfE", *fast, *rest)
 
 
 if __name__ == "__main__":

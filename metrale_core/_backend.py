@@ -398,8 +398,10 @@ class GpuBackend:
 
     @gated
     def scan_redzones(self) -> list[RedZoneViolation]:
-        """Wait for this backend's work, then report every live zone whose bytes changed. Each violation goes to the
-        observers, then is logged (``redzone_action="warn"``) or raised: [`RedZoneError`][metrale_core.RedZoneError]."""
+        """Wait for this backend's work, then check every watched zone, those of live buffers and those of freed
+        buffers still in the quarantine (``redzone_quarantine_bytes``), report every one whose bytes changed, and
+        release the quarantine. Each violation goes to the observers, then is logged (``redzone_action="warn"``)
+        or raised: [`RedZoneError`][metrale_core.RedZoneError]."""
         forbid_during_capture("scan_redzones()")
         return self._guard.scan()
 

@@ -37,7 +37,7 @@ from ._registration import BackendRegistration
 from ._settings.hooks import alone, each
 from ._settings.model import MetraleSettings
 from ._settings.plugins import ENTRY_POINT_GROUP, backend_entry_points
-from ._types import BackendInfo, KernelImplementation, RedZoneViolation, as_index
+from ._types import BackendInfo, KernelImplementation, RedZoneViolation, as_index, format_bytes
 
 __all__ = ["ENTRY_POINT_GROUP", "available_backends", "device_count", "open_backend"]
 
@@ -45,6 +45,8 @@ _log = logging.getLogger("metrale.discovery")
 
 #: The command that installs a backend, named where none is installed (the core alone has none).
 INSTALL_ADVICE = 'pip install metrale (the fake backend) or pip install "metrale[cuda]" (NVIDIA GPUs)'
+#: Red zones larger than this (``METRALE_REDZONE``, bytes) are warned of when a backend opens.
+LARGE_REDZONE = 1 << 20
 
 
 @final
@@ -213,6 +215,19 @@ def available_backends(settings: MetraleSettings | None = None) -> dict[str, Bac
     return {name: f.info for name, f in _discover(settings or MetraleSettings()).items()}
 
 
+def _unknown_hint(requested: str, found: dict[str, _Found]) -> str:
+    """What ends the message of a name no installed backend has: the command that installs it (``cuda``, metrale's
+    own extra; the fake comes with metrale), or the installed name (or ``auto``) one typo away."""
+    if requested == "cuda":
+        from ._install import install_command
+
+        return f"; the cuda backend is not installed: {install_command('cuda')}"
+    import difflib
+
+    close = difflib.get_close_matches(requested, [*found, "auto"], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _available(name: str | None, settings: MetraleSettings) -> tuple[str, _Found, pluggy.PluginManager]:
     """The backend ``name`` (``None``: ``settings.backend``; ``"auto"``: chosen) found available here, with the
     plugin manager; else ``BackendNotFoundError`` or ``BackendUnavailableError`` saying why."""
@@ -231,11 +246,11 @@ def _available(name: str | None, settings: MetraleSettings) -> tuple[str, _Found
             raise BackendUnavailableError(
                 f"the configured backend {requested!r} (settings.backend, from METRALE_BACKEND or a "
                 f"keyword) names no installed backend (installed: {installed}); set it to one of those "
-                f"or to auto"
+                f"or to auto{_unknown_hint(requested, found)}"
             )
         raise BackendNotFoundError(
             f"no backend named {requested!r} is installed (installed: {installed}); "
-            f"see `metrale backends`"
+            f"see `metrale backends`{_unknown_hint(requested, found)}"
         )
     if entry.registration is None or not entry.info.available:
         raise BackendUnavailableError(f"backend {requested!r} is not available here: {entry.info.reason}")
@@ -334,7 +349,18 @@ def open_backend(
     except BaseException:
         backend.close()
         raise
+    if settings.redzone > LARGE_REDZONE:
+        _warn_large_redzone(settings.redzone, f"{requested}:{index}")
     return backend
+
+
+def _warn_large_redzone(redzone: int, where: str) -> None:
+    """The WARNING a backend that opens with red zones over `LARGE_REDZONE` logs, once per open."""
+    logging.getLogger("metrale").warning(
+        "red zones of %s (METRALE_REDZONE=%d) on %s: each zoned allocation costs that much more device memory, "
+        "and the time to fill and check it; 64 to 4096 bytes catch most overruns",
+        format_bytes(redzone), redzone, where,
+    )
 
 
 def _observer(hook: pluggy.HookCaller) -> Callable[[str, RedZoneViolation], object]:

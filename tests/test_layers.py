@@ -35,7 +35,7 @@ WINGS: tuple[tuple[str, ...], ...] = (
 
 #: Inside each wing, bottom first: its modules (by their name in the wing) and their floors.
 INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
-    "_settings": (("parsing", "hooks"), ("plugins",), ("model",)),
+    "_settings": (("parsing", "hooks"), ("plugins",), ("model",), ("sources",)),
     "kernels": (("_ptx", "_tensormap", "_ntile"), ("__init__",), ("__main__",)),
     "_interop": (("dlpack",), ("foreign",)),
     "_device": (

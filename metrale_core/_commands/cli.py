@@ -1,5 +1,5 @@
 """The ``metrale`` command line: ``backends``, ``info``, ``stats``, ``selftest``, ``preflight``, ``conformance``,
-``report``, ``bench``, ``run``.
+``report``, ``bench``, ``run``, ``settings``.
 
 - The parser and the dispatch live here; each command's body is in `commands`, imported once parsed.
 - Start-up is kept short: ``--help`` imports neither pydantic nor a backend.
@@ -103,7 +103,8 @@ def _json_argument(parser: argparse.ArgumentParser) -> None:
 
 def _stats_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("snapshot", nargs="?", metavar="SNAPSHOT",
-                        help="a file of backend.save_snapshot(path); without it, the configured backend as it opens")
+                        help="a file of backend.save_snapshot(path) (needed: inside the program, print "
+                        "backend.memory_summary() instead)")
     parser.add_argument("--top", type=_positive, default=5, metavar="N", help="live call sites listed (default 5)")
     _json_argument(parser)
 
@@ -158,6 +159,34 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
 
 
+def _backend_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", metavar="NAME",
+                        help="the backend to open, as `metrale backends` lists it, or auto (overrides METRALE_BACKEND)")
+
+
+def _with_backend(declare: Callable[[argparse.ArgumentParser], None] | None = None,
+                  ) -> Callable[[argparse.ArgumentParser], None]:
+    """``declare``, then ``--backend``: for a command that opens a backend."""
+
+    def declare_both(parser: argparse.ArgumentParser) -> None:
+        if declare is not None:
+            declare(parser)
+        _backend_argument(parser)
+
+    return declare_both
+
+
+_BACKEND = "METRALE_BACKEND: the backend opened (a name, or auto; --backend overrides it)"
+_REDZONES = ("METRALE_REDZONE (red zones of this many bytes after each allocation; 0: off), "
+             "METRALE_REDZONE_ACTION (warn or raise), METRALE_REDZONE_SAMPLE, METRALE_REDZONE_LEAD")
+
+
+def _epilog(*variables: str) -> str:
+    """A subcommand's epilog: the ``METRALE_*`` variables that matter to it, and where every setting is listed."""
+    return ("environment: " + "; ".join(variables) + ". Every setting: docs/settings.md, or `metrale settings` "
+            "(its value here and where it came from).")
+
+
 class _Version(argparse.Action):
     """``--version``: print ``commands.versions()`` and exit (before a command is asked for; nothing imported early)."""
 
@@ -178,23 +207,42 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version,
                         help="print the versions of metrale-core, each backend plugin, cuda-bindings and the driver")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Command)
-    sub.add_parser("backends", help="list every discovered backend and whether it can run here",
-                   declare=_json_argument)
-    sub.add_parser("info", help="the chosen backend, its device and memory", declare=_json_argument)
-    sub.add_parser("stats", help="a table of memory: current, peak and allocated by kind, counts, the largest live "
-                   "call sites (of a saved snapshot, or of the configured backend)", declare=_stats_arguments)
-    sub.add_parser("selftest", help="run a representative workload and check every step", declare=_selftest_arguments)
-    sub.add_parser("preflight", help="check PTX files against the device's architecture, loading nothing",
-                   declare=_preflight_arguments)
-    sub.add_parser("conformance", help="run the conformance state machine and the bad-input table against a backend",
-                   declare=_conformance_arguments)
-    sub.add_parser("report", help="a saved memory snapshot as a Perfetto timeline, a plot, an interactive HTML "
-                   "timeline of live memory by call site, or PyTorch's memory snapshot", declare=_report_arguments)
-    sub.add_parser("bench", help="time metrale's operations next to the raw driver, CuPy and PyTorch; print medians "
-                   "and ratios", declare=_bench_arguments)
-    sub.add_parser("run", help="run a Python script under metrale (its torch and CuPy tensors on the ledger with "
-                   "--torch, --cupy), then report leaks, red-zone violations and the peak; exits with the script's "
-                   "status", declare=_run_arguments)
+    commands: list[tuple[str, str, Callable[[argparse.ArgumentParser], None] | None, tuple[str, ...]]] = [
+        ("backends", "list every discovered backend and whether it can run here", _json_argument,
+         ("METRALE_BACKEND: not read (every backend is listed)",
+          "each plugin's own METRALE_<NAME>_* (METRALE_FAKE_MEMORY_BYTES)")),
+        ("info", "the chosen backend, its device and memory", _with_backend(_json_argument),
+         (_BACKEND, "METRALE_REDZONE (shown)", "METRALE_TARGET_HW", "METRALE_PURE")),
+        ("stats", "a table of memory: current, peak and allocated by kind, counts, the largest live call sites, of a "
+         "saved snapshot", _stats_arguments,
+         ("METRALE_BACKEND: not read (the snapshot names its backend)",
+          "METRALE_MEMORY_HISTORY, of the program that saves the snapshot")),
+        ("selftest", "run a representative workload and check every step", _with_backend(_selftest_arguments),
+         (_BACKEND, _REDZONES + " (red zones of 256 bytes where METRALE_REDZONE is 0)", "METRALE_MEMORY_HISTORY")),
+        ("preflight", "check PTX files against the device's architecture, loading nothing",
+         _with_backend(_preflight_arguments), (_BACKEND, "METRALE_TARGET_HW")),
+        ("conformance", "run the conformance state machine and the bad-input table against a backend",
+         _conformance_arguments,
+         ("METRALE_BACKEND: not read (the NAME argument picks the backend)", "each plugin's METRALE_<NAME>_*")),
+        ("report", "a saved memory snapshot as a Perfetto timeline, a plot, an interactive HTML timeline of live "
+         "memory by call site, or PyTorch's memory snapshot", _report_arguments,
+         ("METRALE_BACKEND: not read (the snapshot names its backend)",
+          "METRALE_MEMORY_HISTORY and METRALE_MEMORY_HISTORY_FRAMES, of the program that saves the snapshot")),
+        ("bench", "time metrale's operations next to the raw driver, CuPy and PyTorch; print medians and ratios",
+         _with_backend(_bench_arguments),
+         (_BACKEND, _REDZONES + " (red zones slow every allocation)", "METRALE_KERNEL_TIMING", "METRALE_PURE")),
+        ("run", "run a Python script under metrale (its torch and CuPy tensors on the ledger with --torch, --cupy), "
+         "then report leaks, red-zone violations and the peak; exits with the script's status",
+         _with_backend(_run_arguments),
+         (_BACKEND, _REDZONES + " (--redzone overrides METRALE_REDZONE)", "METRALE_MEMORY_HISTORY",
+          "METRALE_SITE_SKIP")),
+        ("settings", "list every setting, the core's and each installed plugin's: its variable, its value here and "
+         "where it came from", _json_argument,
+         ("every METRALE_* variable, METRALE_BACKEND among them", "an empty variable counts as unset")),
+    ]
+    for name, summary, declare, variables in commands:
+        sub.add_parser(name, help=summary, description=f"metrale {name}: {summary}.", epilog=_epilog(*variables),
+                       declare=declare)
     return parser
 
 
@@ -212,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         settings = MetraleSettings()
+        if getattr(args, "backend", None) is not None:  # --backend: as METRALE_BACKEND would set it
+            settings = settings.updated(backend=args.backend)
     except ConfigError as exc:
         print(f"metrale: {exc}", file=sys.stderr)
         return 2
@@ -235,7 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               redzone=args.redzone, top=args.top)
         if args.command == "selftest":
             return commands.selftest(settings, args.snapshot)
-        return {"backends": commands.backends, "info": commands.info}[args.command](settings, args.json)
+        return {"backends": commands.backends, "info": commands.info, "settings": commands.settings}[args.command](
+            settings, args.json)
     except MissingPackageError as exc:  # a package to install: its message alone
         print(f"metrale {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -1,7 +1,8 @@
 """The bodies of the ``metrale`` commands: each imports what it uses when it runs.
 
 - `table` and `print_json`: how a command prints rows and documents;
-- `backends`, `info`, `stats`, `selftest`, `preflight`, `conformance`, `report`, `bench`: one per command,
+- `backends`, `info`, `stats`, `selftest`, `preflight`, `conformance`, `report`, `bench`, `settings`: one per
+  command,
   each returning the exit status;
 - `versions`: what ``metrale --version`` prints (no backend probed or opened).
 
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
     from .selftest import Check
 
 __all__ = [
-    "backends", "bench", "conformance", "info", "preflight", "print_json", "report", "selftest", "stats", "table",
-    "versions",
+    "backends", "bench", "conformance", "info", "preflight", "print_json", "report", "selftest", "settings", "stats",
+    "table", "versions",
 ]
 
 
@@ -124,30 +125,26 @@ def _capability(gpu: Any) -> list[int] | None:
 
 
 def stats(settings: MetraleSettings, args: argparse.Namespace) -> int:
+    """A saved snapshot's memory table; without one, a usage problem (exit 2): a backend opened here holds nothing."""
     import dataclasses
     from pathlib import Path
 
-    if args.snapshot is not None:
-        from .._memory.pressure import memory_summary
-        from .._reports.summary import snapshot_pools, snapshot_stats
-        from .._reports.timeline import load_snapshot
+    if args.snapshot is None:  # a backend opened here would be empty: its zeros would say nothing
+        print("metrale stats: needs a SNAPSHOT, a file of backend.save_snapshot(path) (METRALE_MEMORY_HISTORY keeps "
+              "its history); inside the program, print(backend.memory_summary()) instead", file=sys.stderr)
+        return 2
+    from .._memory.pressure import memory_summary
+    from .._reports.summary import snapshot_pools, snapshot_stats
+    from .._reports.timeline import load_snapshot
 
-        snapshot = load_snapshot(Path(args.snapshot))
-        stats = snapshot_stats(snapshot)
-        title = f"{snapshot.backend}:{snapshot.ordinal}, {snapshot.device} (snapshot {args.snapshot}, saved " \
-                f"{snapshot.created})"
-        live = list(snapshot.live)
-        text = memory_summary(title, stats, live, None, top=args.top, pools=snapshot_pools(snapshot))
-        doc: dict[str, Any] = {"snapshot": args.snapshot, "backend": snapshot.backend, "device": snapshot.device,
-                               "ordinal": snapshot.ordinal}
-    else:
-        from .._discovery import open_backend
-
-        with open_backend(settings=settings) as gpu:
-            stats = gpu.stats()
-            text = gpu.memory_summary(args.top)
-            live = gpu.ledger_probe().records()
-            doc = {"backend": gpu.name, "device": gpu.device_name, "ordinal": gpu.ordinal}
+    snapshot = load_snapshot(Path(args.snapshot))
+    stats = snapshot_stats(snapshot)
+    title = f"{snapshot.backend}:{snapshot.ordinal}, {snapshot.device} (snapshot {args.snapshot}, saved " \
+            f"{snapshot.created})"
+    live = list(snapshot.live)
+    text = memory_summary(title, stats, live, None, top=args.top, pools=snapshot_pools(snapshot))
+    doc: dict[str, Any] = {"snapshot": args.snapshot, "backend": snapshot.backend, "device": snapshot.device,
+                           "ordinal": snapshot.ordinal}
     if args.json:
         from .._memory.ledger import largest_sites
 
@@ -157,6 +154,35 @@ def stats(settings: MetraleSettings, args: argparse.Namespace) -> int:
         print_json(doc)
     else:
         print(text)
+    return 0
+
+
+def _shown(value: object) -> str:
+    """A setting's value (as ``model_dump(mode="json")`` writes it) as its variable would be written."""
+    if value is None:
+        return "unset"
+    if value == "":
+        return '""'
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "none"
+    return str(value)
+
+
+def settings(current: MetraleSettings, as_json: bool = False) -> int:
+    """Every setting, the core's then each installed plugin's: its variable, its value, where it came from."""
+    from .._settings.sources import ENVIRONMENT, setting_sources
+
+    listed = setting_sources(current)
+    if as_json:
+        print_json([s.to_json() for s in listed])
+        return 0
+    rows = [("variable", "value", "from")]
+    for s in listed:
+        source = f"{s.source} ({s.variable})" if s.source == ENVIRONMENT else s.source
+        rows.append((s.variable, _shown(s.value), source))
+    print(table(rows))
     return 0
 
 

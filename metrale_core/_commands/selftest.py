@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -35,6 +36,50 @@ class _Capture(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+class _Heard(logging.Handler):
+    """The ``metrale`` logger's WARNING (and worse) records of one check, kept to be printed under its line;
+    records below WARNING go on to the parent logger's handlers, as they would have."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__(logging.NOTSET)
+        self.parent = logger.parent
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:
+            self.lines.append(f"{record.levelname} {record.name}: {_short_sites(record.getMessage())}")
+        elif self.parent is not None:
+            self.parent.handle(record)
+
+
+@contextlib.contextmanager
+def _heard() -> Iterator[list[str]]:
+    """Within: the ``metrale`` logger's warnings are kept in the list yielded instead of reaching the handlers
+    above it (the console's), so the check that caused them can show them under its own line."""
+    logger = logging.getLogger("metrale")
+    handler = _Heard(logger)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield handler.lines
+    finally:
+        logger.propagate = propagate
+        logger.removeHandler(handler)
+
+
+#: This module's paths as call sites name them (its source file), written ``selftest.py`` in what it prints.
+_OWN_PATHS = tuple(sorted({_Capture.emit.__code__.co_filename, str(Path(__file__))}, key=len, reverse=True))
+
+
+def _short_sites(text: str) -> str:
+    """``text`` with the call sites of this module shortened to ``selftest.py:LINE``: they are the planted
+    faults' lines, and their full path (the installed package's) says nothing more."""
+    for path in _OWN_PATHS:
+        text = text.replace(f"{path}:", "selftest.py:")
+    return text
 
 
 def _steps(gpu: GpuBackend, before_sweep: Callable[[], None] = lambda: None) -> Iterator[tuple[str, Callable[[], str]]]:
@@ -112,9 +157,13 @@ def _steps(gpu: GpuBackend, before_sweep: Callable[[], None] = lambda: None) -> 
         gpu.memset(buf.ptr + buf.nbytes + 3, 0xFF, nbytes=1)  # a planted one-byte overrun
         found = gpu.scan_redzones()
         gpu.free(buf)
+        # the freed buffer waits in the quarantine, its zones still watched: checked (and reported again) here,
+        # by the sweep that releases the quarantine, rather than by whichever later check drains it
+        gpu.sweep_unreleased()
         mine = [v for v in found if v.index == buf.index]
         assert len(mine) == 1 and mine[0].side == "trail" and mine[0].offset == 3, f"scan found {found}"
-        return f"planted a write 3 bytes past a 1000-byte buffer; scan reported {mine[0].side} offset 3"
+        return (f"planted a write 3 bytes past a 1000-byte buffer; scan reported {mine[0].side} offset 3, the "
+                "freed buffer's check reported it again")
 
     def pinned() -> str:
         host = gpu.alloc_host(64 * 1024)
@@ -171,7 +220,7 @@ def _steps(gpu: GpuBackend, before_sweep: Callable[[], None] = lambda: None) -> 
         assert gpu.ledger_probe().records() == records, "the failed allocation changed the ledger"
         assert held.site in message, f"the error does not name the call site holding memory: {message}"
         gpu.free(held)
-        return f"asked for more than the device has; the error names who holds memory:\n      {message}"
+        return f"asked for more than the device has; the error names who holds memory:\n      {_short_sites(message)}"
 
     def leak_and_sweep() -> str:
         handler = _Capture()
@@ -187,9 +236,8 @@ def _steps(gpu: GpuBackend, before_sweep: Callable[[], None] = lambda: None) -> 
             logger.removeHandler(handler)
         assert swept == 4, f"sweep found {swept} allocations, expected 4"
         assert gpu.live_alloc_len() == 0
-        report = next((m for m in handler.messages if m.startswith("sweep")), None)
-        assert report is not None, "the sweep logged no report"
-        return f"left 4 allocations on purpose; the sweep freed them and reported:\n      {report}"
+        assert any(m.startswith("sweep") for m in handler.messages), "the sweep logged no report"
+        return "left 4 allocations on purpose; the sweep freed them and logged its report"
 
     yield "copy round trip", round_trip
     yield "memset and device copy", memset_and_d2d
@@ -240,11 +288,11 @@ def run_selftest(
                 record(Check("memory snapshot", True, f"saved to {snapshot}, before the sweep: its leak is live there"))
 
         for name, step in _steps(gpu, save):
-            try:
-                detail = step()
-            except (AssertionError, MetraleError) as exc:
-                record(Check(name, False, f"{type(exc).__name__}: {exc}"))
-            else:
-                record(Check(name, True, detail))
+            with _heard() as warnings:  # the check's own warnings (its planted faults'), printed under its line
+                try:
+                    ok, detail = True, step()
+                except (AssertionError, MetraleError) as exc:
+                    ok, detail = False, f"{type(exc).__name__}: {exc}"
+            record(Check(name, ok, "\n".join([detail, *(f"      {line}" for line in warnings)])))
     record(Check("close", probe.live_count() == 0, f"backend closed; the ledger probe reads {probe.live_count()}"))
     return checks

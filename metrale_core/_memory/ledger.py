@@ -214,8 +214,9 @@ class LedgerEvent:
     :param t: seconds since the ledger was created (a monotonic clock).
     :param op: ``"alloc"``, ``"free"``, or ``"sweep"`` (taken off by a sweep).
     :param record: the allocation.
-    :param stack: an ``"alloc"``'s stack with ``memory_history_frames`` (``"file:line"`` each, the call site first,
-        then its callers outward; metrale's frames and ``site_skip``'s passed over), else empty.
+    :param stack: an ``"alloc"``'s stack with ``memory_history_frames`` (``"file:line"`` each, the first frame
+        outside metrale and ``site_skip`` first, which is the call site unless a ``stacklevel`` named one of its
+        callers, then its callers outward; metrale's frames and ``site_skip``'s passed over), else empty.
     """
 
     t: float

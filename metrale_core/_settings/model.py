@@ -131,12 +131,17 @@ class MetraleSettings(BaseSettings):
     redzone_action: Literal["warn", "raise"] = Field(
         "warn",
         description="What a red-zone violation does: `warn` logs a WARNING on the `metrale` logger, `raise` raises "
-        "`RedZoneError` from the call that found it (a scan, a free, a graph launch; never `close()`).",
+        "`RedZoneError` from the call that found it: `scan_redzones()`, a graph launch, `sweep_unreleased()`, an "
+        "arena's `reset()` or `close()`, or the `free` whose buffer pushed the quarantine past "
+        "`redzone_quarantine_bytes` and so checked its batch of freed buffers (each `free` when that is `0`); "
+        "never the backend's `close()`, nor an allocation that ran out of memory (both log it).",
     )
     redzone_scan_graphs: bool = Field(
         False,
-        description="Scan every live red zone after each graph launch (it waits for the device), so an overrun "
-        "is reported by the launch of the graph that made it.",
+        description="Check the red zones around every graph launch (inside the captured graph where the backend "
+        "can, else by a scan after each launch), so an overrun is reported by the launch of the graph that made "
+        "it. Off, zones are checked only when the quarantine of freed buffers is checked (see "
+        "`redzone_quarantine_bytes`), at `scan_redzones()` and at `close()`.",
     )
     redzone_quarantine_bytes: Size = Field(
         256 << 20, ge=0,
@@ -178,8 +183,9 @@ class MetraleSettings(BaseSettings):
     )
     memory_history_frames: int = Field(
         0, ge=0, le=64,
-        description="With `memory_history`, keep up to N frames of each allocation's stack in its event (the call "
-        "site first, then its callers; metrale's and `site_skip`'s frames passed over), 0..64: snapshots carry "
+        description="With `memory_history`, keep up to N frames of each allocation's stack in its event (the first "
+        "frame outside metrale and `site_skip` first, which is the call site unless a `stacklevel` named one of "
+        "its callers; then its callers, metrale's and `site_skip`'s frames passed over), 0..64: snapshots carry "
         "them, and `metrale report --torch-snapshot` writes them as the allocation's frames. A walk of the "
         "caller's frames per allocation: a cost for debugging runs. `0` (the default) keeps the call site only.",
     )

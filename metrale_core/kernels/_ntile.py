@@ -66,8 +66,9 @@ def n_tile(
     Candidates are kept where a TMA box allows them as its innermost dimension: at most 256 elements,
     ``width * element_bytes`` a multiple of 16, and within ``swizzle_bytes`` when given. Chosen: the least
     ``waves * n_tile``, then the greater ``last_wave_util``, then the smaller ``n_tile``. ``block_m``
-    defaults to 64 for ``m <= 64``, else 128. ``m`` or ``n`` below 1, or no candidate left, raise
-    [`InvalidArgumentError`][metrale_core.InvalidArgumentError].
+    defaults to 64 for ``m <= 64``, else 128. ``m`` or ``n`` below 1, no candidate left, an ``element_bytes``
+    other than 1, 2, 4 or 8 (the sizes of TMA's data types), or a ``swizzle_bytes`` other than 32, 64 or 128
+    (the spans of TMA's swizzle modes) raise [`InvalidArgumentError`][metrale_core.InvalidArgumentError].
     """
     rows, cols = _positive(m, "m"), _positive(n, "n")
     sms, group_count = _positive(num_sms, "num_sms"), _positive(groups, "groups")

@@ -25,6 +25,22 @@ def test_selftest_on_fake_passes() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "selftest: 12 passed, 0 failed" in out.stdout
     assert "sweep on fake:0: 4 allocation(s)" in out.stdout
+    # each planted fault's warnings are printed under the check that planted it, with short call sites
+    lines = out.stdout.splitlines()
+    assert "WARNING" not in out.stderr, out.stderr
+    assert not any(line.startswith("WARNING") for line in lines), out.stdout
+    under: dict[str, list[str]] = {}
+    for line in lines:
+        if line.startswith("["):
+            check = line.split("] ", 1)[1].split(":", 1)[0]
+        elif line.startswith("      WARNING metrale: "):
+            under.setdefault(check, []).append(line)
+    assert set(under) == {"red-zone overrun caught", "leak swept and reported"}, under
+    overrun = under["red-zone overrun caught"]
+    assert len(overrun) == 2 and "(found by scan_redzones())" in overrun[0], overrun
+    assert "at sweep_unreleased())" in overrun[1] and "allocated at selftest.py:" in overrun[1], overrun
+    assert "largest sites: selftest.py:" in under["leak swept and reported"][0]
+    assert "/_commands/selftest.py" not in out.stdout
 
 
 def test_info_on_fake() -> None:
