@@ -7,9 +7,13 @@ frameworks``'s Llama ``generate`` (``_commands/bench/generate.py``), one process
 - ``metrale-nogc``: the same, Python's cyclic garbage collector off while timing (what collections cost).
 - ``freelist``: the floor of any door with Python in it: the same C functions (`doorfuncs`) calling a pure-Python
   size-binned free list over ``cuMemAlloc`` (no metrale pool, no ledger).
-- ``profile``: ``metrale`` under cProfile, one generate: the Python functions with the most time of their own.
+- ``zones``, ``zones64``: 4 KiB red zones (both ends) on every tensor, and on one in 64 (issue 39's goals: 1.15x
+  and 1.03x of ``torch``).
+- ``profile``, ``profile-zones64``: ``metrale`` (and ``zones64``) under cProfile, one generate: the Python functions
+  with the most time of their own, and how many device-wide waits the zones made (the quarantine's checks).
 
-Run on a GPU machine with torch and transformers::
+Run on a GPU machine with torch and transformers (``PROBE_MODES=torch,zones64`` picks modes; ``PROBE_PROFILE=0``
+skips the profiles)::
 
     python3 tools/probe_frameworks.py
 """
@@ -25,7 +29,10 @@ import sys
 import time
 from typing import Any
 
-MODES = ("torch", "metrale", "metrale-nogc", "freelist")
+MODES = tuple(os.environ.get("PROBE_MODES", "torch,metrale,metrale-nogc,freelist,zones,zones64").split(","))
+#: The red-zone settings of each metrale mode (bytes, the sampling rate).
+ZONES = {"metrale": (0, 1), "metrale-nogc": (0, 1), "profile": (0, 1), "zones": (4096, 1), "zones64": (4096, 64),
+         "profile-zones64": (4096, 64)}
 TURNS = int(os.environ.get("PROBE_TURNS", "2"))
 STEPS = 5
 
@@ -72,11 +79,14 @@ def _freelist() -> Any:
 
 def child(mode: str) -> None:
     keep: list[object] = []
-    if mode in ("metrale", "metrale-nogc", "profile"):
+    gpu = None
+    if mode in ZONES:
         from metrale_core import MetraleSettings, open_backend
         from metrale_core.allocators import torch as torch_door
 
-        gpu = open_backend("cuda", settings=MetraleSettings(redzone=0))
+        zone, sample = ZONES[mode]
+        gpu = open_backend("cuda", settings=MetraleSettings(redzone=zone, redzone_lead=bool(zone),
+                                                            redzone_sample=sample))
         keep += [gpu, torch_door.install(gpu)]
     elif mode == "freelist":
         import torch
@@ -95,15 +105,18 @@ def child(mode: str) -> None:
     generate = _workload(torch)
     generate()
     torch.cuda.synchronize()
-    if mode == "profile":
+    if mode.startswith("profile"):
         import cProfile
         import pstats
 
+        scans = gpu.stats().redzone_scans if gpu is not None else 0  # type: ignore[attr-defined]
         profile = cProfile.Profile()
         profile.enable()
         generate()
         torch.cuda.synchronize()
         profile.disable()
+        print(f"== {mode}: red-zone scans during one generate: "
+              f"{(gpu.stats().redzone_scans if gpu is not None else 0) - scans}")  # type: ignore[attr-defined]
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         return
     if mode == "metrale-nogc":
@@ -139,9 +152,12 @@ def main() -> None:
             ms = statistics.median(values)
             turns = " ".join(f"{v:.1f}" for v in values)
             print(f"{mode:<14} {ms:8.1f} ms per generate  {ms / base:6.3f}x  (turns: {turns})")
-    out = subprocess.run([sys.executable, __file__, "profile"], capture_output=True, text=True, timeout=300,
-                         check=False)
-    print(out.stdout[-6000:], out.stderr[-1500:])
+    if os.environ.get("PROBE_PROFILE", "1") == "0":
+        return
+    for mode in ("profile", "profile-zones64"):
+        out = subprocess.run([sys.executable, __file__, mode], capture_output=True, text=True, timeout=300,
+                             check=False)
+        print(out.stdout[-6000:], out.stderr[-1500:])
 
 
 if __name__ == "__main__":
