@@ -350,7 +350,7 @@ def open_backend(
         backend.close()
         raise
     if settings.redzone > LARGE_REDZONE:
-        _warn_large_redzone(settings.redzone, f"{requested}:{index}")
+        _warn_large_redzone(settings.redzone, f"{backend.name}:{backend.ordinal}")
     return backend
 
 
