@@ -77,11 +77,6 @@ class ArenaZones:
         self._indexes: list[int] = []  # the creation indexes of the zoned pieces since the last reset
         self.lock = threading.RLock()
 
-    @property
-    def pieces(self) -> int:
-        """Zoned pieces since the last reset."""
-        return len(self._indexes)
-
     def enter(self) -> bool:
         """Enter the backend's gate for a piece; whether it may get zones (no capture runs, so its fill may be
         issued; a capture that starts meanwhile waits for this call). Pair with `leave`."""
@@ -299,11 +294,7 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
         """
         zones = self._zones
         if zones is None:
-            with self._lock:
-                if self._block is None:
-                    raise InvalidBufferError(f"Arena.reset: this arena (from {self.site}) is closed")
-                self._top = 0
-                self._pieces = {}
+            self._reset()
             return
         with zones.lock:
             if self._block is None:
@@ -313,6 +304,8 @@ class Arena(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin 
 
     def _reset(self) -> None:
         with self._lock:
+            if self._block is None:
+                raise InvalidBufferError(f"Arena.reset: this arena (from {self.site}) is closed")
             self._top = 0
             self._pieces = {}
 

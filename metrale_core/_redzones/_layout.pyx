@@ -289,8 +289,7 @@ cdef class RedZones:
     @cython.wraparound(False)
     cdef tuple _live(self):
         """The slots' records in order, which of them are leads, and the version they are; their `Zone` objects are
-        made after, by
-        `_in_slot_order`. Takes the lock itself: the containers are made before it (making a container may run a
+        made after, by `_SlotZones`. Takes the lock itself: the containers are made before it (making a container may run a
         collection, whose finalizers may free a zoned buffer, which takes this lock), filled under it."""
         cdef Py_ssize_t i, n
         cdef list recs, slots
@@ -313,7 +312,8 @@ cdef class RedZones:
                 release(&self._lock)
 
     def live(self):
-        return _in_slot_order(self._live())
+        recs, leads, _ = self._live()
+        return list(_SlotZones.of(recs, bytes(leads)))
 
     def table(self):
         """``(version, count, table bytes)``: what the device-side table holds for this version."""
@@ -400,17 +400,6 @@ cdef class _SlotZones:
 
 
 _Sequence.register(_SlotZones)
-
-
-cdef list _in_slot_order(tuple slots):
-    """The zone in each slot, from `RedZones._live`'s records and leads."""
-    cdef Py_ssize_t i
-    recs, leads, _ = slots
-    out = []
-    for i in range(len(recs)):
-        zones = _zones_of(<_Rec>recs[i])
-        out.append(zones[0] if leads[i] else zones[len(zones) - 1])
-    return out
 
 
 cdef tuple _zones_of(_Rec rec):
