@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -26,6 +28,12 @@ __all__ = ["MemoryRules"]
 _REALLOC = {"device": "alloc", "managed": "alloc_managed", "arena": "alloc_arena", "pool": "pool"}
 
 
+def _helper(gpu: GpuBackend, kind: str, n: int) -> DeviceBuffer:
+    """An application's allocating helper, naming its caller as the site."""
+    fn = {"device": gpu.alloc, "managed": gpu.alloc_managed, "arena": gpu.alloc_arena}[kind]
+    return fn(n, stacklevel=2)
+
+
 class MemoryRules(MachineModel):
     """Allocations, frees (double and of the wrong kind too), the arena, sweeps, copies, memsets, stale handles."""
 
@@ -39,6 +47,17 @@ class MemoryRules(MachineModel):
         assert buf.nbytes == n and buf.kind == kind and buf.ptr % 256 == 0 and buf.ptr != 0
         assert buf.index not in self._all(), "a creation index was handed out twice"
         assert buf.site.rpartition(":")[2].isdigit(), f"the call site {buf.site!r} is not file:line"
+        (self.arena if kind == "arena" else self.live)[buf.index] = (buf, Contents(n))
+
+    @rule(kind=st.sampled_from(["device", "managed", "arena"]), n=st.integers(1, MAX_BYTES))
+    def alloc_through_a_helper(self, kind: str, n: int) -> None:
+        """An application's own allocating helper passes ``stacklevel=2``: the site is the helper's caller's line
+        (this rule's), on every backend and build, and the allocation is otherwise as any other."""
+        line = sys._getframe().f_lineno + 1
+        buf = _helper(self.gpu, kind, n)
+        assert buf.site.endswith(f"{Path(__file__).name}:{line}"), (buf.site, line)
+        self._allocated(buf)
+        assert buf.nbytes == n and buf.kind == kind and buf.index not in self._all()
         (self.arena if kind == "arena" else self.live)[buf.index] = (buf, Contents(n))
 
     @precondition(lambda self: self.live)
