@@ -440,10 +440,12 @@ class GpuBackend:
 
     @gated_read
     def ledger_report(self) -> LedgerReport:
-        """This backend's ledger, what its sweeps took (its leaks), its counters and its
-        [`origin`][metrale_core.GpuBackend.origin]: picklable values another process merges
-        ([`merge_reports`][metrale_core.merge_reports], ``gather_object``). Answers after a device fault too."""
-        return ledger_report(self.origin, self._holdings.ledger, self._memory.swept, self._monitor.stats())
+        """This backend's ledger, what its sweeps took (its leaks), its counters, the red-zone violations it
+        found (each zone once) and its [`origin`][metrale_core.GpuBackend.origin]: picklable values another
+        process merges ([`merge_reports`][metrale_core.merge_reports], ``gather_object``). Answers after a device
+        fault too."""
+        return ledger_report(self.origin, self._holdings.ledger, self._memory.swept, self._monitor.stats(),
+                             self._guard.found())
 
     @gated_read
     def memory_summary(self, top: int = 5) -> str:

@@ -17,10 +17,10 @@ from typing import final
 
 from ._backend import GpuBackend
 from ._discovery import device_count, open_backend
-from ._errors import BackendUnavailableError
+from ._errors import BackendUnavailableError, ConfigError
 from ._settings.model import MetraleSettings
 
-__all__ = ["Placement", "open_for_rank", "placement"]
+__all__ = ["Placement", "assigned_ordinal", "open_for_rank", "placement"]
 
 _log = logging.getLogger("metrale")
 
@@ -63,17 +63,57 @@ def _ray_gpu_ids() -> list[str] | None:
     return [str(i) for i in ids] if ids else None
 
 
+def assigned_ordinal(ids: list[str], visible: str | None) -> tuple[int, str]:
+    """The ordinal of the first GPU an engine assigned this process (``ids``: Ray's ``get_gpu_ids()``, as
+    strings) among the devices ``CUDA_VISIBLE_DEVICES`` shows it, and why, in words.
+
+    - An id the variable lists opens its place in the list: Ray sets the variable to the assigned ids, so
+      that is 0; where Ray leaves it alone (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) it is the id's place
+      among the node's devices (ray-project/ray#26493).
+    - Ids compare as text, whitespace stripped: an ``int`` and its string are one (ray#28659); a UUID matches
+      its entry, or a unique prefix of it (ray#43314).
+    - With the variable unset, an integer id is the ordinal itself.
+
+    :raises ConfigError: no id, or one that names none of the devices shown (the message names both).
+    """
+    if not ids:
+        raise ConfigError("no GPU is assigned to this process (give the task or actor num_gpus)")
+    first = ids[0].strip()
+    others = f" (of {', '.join(ids)}: the first)" if len(ids) > 1 else ""
+    if visible is None:
+        if first.isdecimal():
+            return int(first), f"GPU {first}{others}, CUDA_VISIBLE_DEVICES unset: ordinal {int(first)}"
+        raise ConfigError(
+            f"GPU {first!r} is assigned, but CUDA_VISIBLE_DEVICES is unset, so no ordinal names it: list the node's "
+            "GPUs in CUDA_VISIBLE_DEVICES, or open an ordinal with open_backend(ordinal=...)"
+        )
+    entries = [e.strip() for e in visible.split(",")]
+    place = [i for i, e in enumerate(entries) if e == first]
+    if not place:  # a UUID given whole on one side and as a prefix on the other
+        place = [i for i, e in enumerate(entries) if e and not e.isdecimal() and (e.startswith(first) or
+                                                                                 first.startswith(e))]
+    if len(place) != 1:
+        listed = "lists it twice" if place else "does not list it"
+        raise ConfigError(
+            f"GPU {first!r} is assigned, but CUDA_VISIBLE_DEVICES={visible!r} {listed} (see ray-project/ray#26493): "
+            "let the engine set CUDA_VISIBLE_DEVICES, or open an ordinal with open_backend(ordinal=...)"
+        )
+    return place[0], f"GPU {first}{others}, entry {place[0]} of CUDA_VISIBLE_DEVICES={visible}"
+
+
 def placement(name: str | None = None, *, settings: MetraleSettings | None = None) -> Placement:
     """The device this process should open on backend ``name`` (``None``: ``settings.backend``).
 
-    In order: a Ray worker with GPUs assigned opens ordinal 0 (Ray shows it those GPUs first, through
-    ``CUDA_VISIBLE_DEVICES``); a process with ``LOCAL_RANK`` (torchrun, ``torch.distributed.launch``,
-    DeepSpeed, Accelerate) opens ``LOCAL_RANK % device_count``, so more local processes than devices share
-    them round-robin (``shared``; a WARNING says so); otherwise ordinal 0, which is also each Dask-CUDA
-    worker's own device. ``CUDA_VISIBLE_DEVICES`` needs nothing here: the driver numbers what it shows from 0.
+    In order: a Ray worker with GPUs assigned opens the first of them (`assigned_ordinal`: ordinal 0 where Ray
+    set ``CUDA_VISIBLE_DEVICES``); a process with ``LOCAL_RANK`` (torchrun, ``torch.distributed.launch``,
+    DeepSpeed, Accelerate), or else ``SLURM_LOCALID`` (``srun``), opens that local rank modulo the device count,
+    so more local processes than devices share them round-robin (``shared``; a WARNING says so); otherwise
+    ordinal 0, which is also each Dask-CUDA worker's own device. ``CUDA_VISIBLE_DEVICES`` needs nothing more: the
+    driver (and the fake) numbers what it shows from 0.
 
     :raises BackendUnavailableError: the backend cannot run here, or sees no device.
-    :raises ConfigError: a launcher variable is malformed (``LOCAL_RANK=first``).
+    :raises ConfigError: a launcher variable is malformed (``LOCAL_RANK=first``), or Ray's assignment names no
+        device shown.
     """
     settings = settings or MetraleSettings()
     launch = settings.launch
@@ -81,23 +121,30 @@ def placement(name: str | None = None, *, settings: MetraleSettings | None = Non
     if count < 1:
         raise BackendUnavailableError(f"placement: backend {name or settings.backend!r} sees no device here")
     ray_ids = _ray_gpu_ids()
-    local = launch.local_rank
+    local, variable = launch.local_rank, "LOCAL_RANK"
+    if local is None and launch.slurm_localid is not None:
+        local, variable = launch.slurm_localid, "SLURM_LOCALID"
     shared = False
     if ray_ids is not None:
-        ordinal, source = 0, f"Ray assigned GPU(s) {', '.join(ray_ids)}, shown first through CUDA_VISIBLE_DEVICES"
-    elif local is not None:
+        ordinal, why = assigned_ordinal(ray_ids, launch.cuda_visible_devices)
+        source = f"Ray assigned {why}"
+        if ordinal >= count:
+            raise BackendUnavailableError(f"placement: {source}, but backend {name or settings.backend!r} sees "
+                                          f"{count} device(s) here")
+        return Placement(ordinal, count, launch.rank, local, launch.world_size, source, False)
+    if local is not None:
         ordinal = local % count
-        source = f"LOCAL_RANK={local}" + (f" modulo {count} device(s)" if local >= count else "")
+        source = f"{variable}={local}" + (f" modulo {count} device(s)" if local >= count else "")
         local_world = launch.local_world_size
         shared = local >= count or (local_world is not None and local_world > count)
         if shared:
             _log.warning(
                 "placement: %s processes on this host and %d device(s): ranks share devices (this one, "
-                "LOCAL_RANK=%d, opens ordinal %d); their memory adds up on each device",
-                local_world if local_world is not None else f"more than {local}", count, local, ordinal,
+                "%s=%d, opens ordinal %d); their memory adds up on each device",
+                local_world if local_world is not None else f"more than {local}", count, variable, local, ordinal,
             )
     else:
-        ordinal, source = 0, "no launcher variable (LOCAL_RANK) is set: the first device"
+        ordinal, source = 0, "no launcher variable (LOCAL_RANK, SLURM_LOCALID) is set: the first device"
     if launch.cuda_visible_devices is not None:
         source += f"; CUDA_VISIBLE_DEVICES={launch.cuda_visible_devices}"
     return Placement(ordinal, count, launch.rank, local, launch.world_size, source, shared)

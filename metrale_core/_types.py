@@ -136,6 +136,9 @@ class Origin:
     :param device_uuid: the device's UUID (``"GPU-…"`` on CUDA, ``"FAKE-…"`` on the fake), or ``""``.
     :param instance: the backend's number among those its process opened (1 for the first): what tells two
         backends of one process on one device apart; ``0`` where unknown (a snapshot written before it was).
+    :param worker: the engine's name for the process (a Dask worker's address, a Ray actor's id), or ``""``.
+    :param device_share: the part of the device the engine gave the process (Ray's fractional ``num_gpus``):
+        below 1, other processes share the device.
     """
 
     host: str
@@ -146,22 +149,39 @@ class Origin:
     ordinal: int
     device_uuid: str = ""
     instance: int = 0
+    worker: str = ""
+    device_share: float = 1.0
 
     def __setstate__(self, state: tuple[Any, ...] | list[Any]) -> None:
-        """Unpickle, a pickle of an earlier version (without ``instance``) too: its instance is unknown, 0."""
-        names = [f.name for f in dataclasses.fields(self)]
-        values = dict(zip(names, (*state, *((0,) * (len(names) - len(state)))), strict=True))
-        for name, value in values.items():
-            object.__setattr__(self, name, value)
+        """Unpickle, a pickle of an earlier version (without ``instance``, ``worker`` or ``device_share``) too: the
+        missing fields take their defaults (an unknown instance is 0)."""
+        fields = dataclasses.fields(self)
+        for i, field in enumerate(fields):
+            object.__setattr__(self, field.name, state[i] if i < len(state) else field.default)
+
+    @property
+    def in_job(self) -> bool:
+        """Whether an engine named the process (a rank or a worker): a distributed job's."""
+        return self.rank is not None or bool(self.worker)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the engine gave the process only part of its device: other processes share it."""
+        return self.device_share < 1
 
     def describe(self) -> str:
-        """``rank 1 of 2 (host pid 4242), cuda:0 GPU-…``; without a rank, ``host pid 4242, cuda:0 …`` (a merged
-        report adds ``#instance`` where one process has two backends on one device)."""
+        """``rank 1 of 2 (host pid 4242), cuda:0 GPU-…``; without a rank, ``host pid 4242, cuda:0 …``; a worker
+        named first (``worker tcp://…:4242 (host pid 4242), …``); a shared device said (``, 0.5 of the device``).
+        A merged report adds ``#instance`` where one process has two backends on one device."""
         where = f"{self.host} pid {self.pid}"
         if self.rank is not None:
             of = f" of {self.world_size}" if self.world_size is not None else ""
             where = f"rank {self.rank}{of} ({where})"
+        elif self.worker:
+            where = f"worker {self.worker} ({where})"
         device = f"{self.backend}:{self.ordinal}" + (f" {self.device_uuid}" if self.device_uuid else "")
+        if self.shared:
+            device += f", {self.device_share:g} of the device (shared with other processes)"
         return f"{where}, {device}"
 
     def to_json(self) -> dict[str, Any]:
@@ -223,7 +243,7 @@ class RedZoneViolation:
             f"red zone {self.side}: a write {where} of allocation #{self.index} "
             f"({self.nbytes} bytes at {self.ptr:#x}, allocated at {self.site}), "
             f"first changed byte at zone offset {self.offset}"
-            + (f", on {self.origin.describe()}" if self.origin is not None and self.origin.rank is not None else "")
+            + (f", on {self.origin.describe()}" if self.origin is not None and self.origin.in_job else "")
             + (f"; suspects: {', '.join(self.suspects)}" if self.suspects else "")
         )
 

@@ -30,7 +30,8 @@ WINGS: tuple[tuple[str, ...], ...] = (
     ("_backend",),  # the facade
     ("_registration", "hookspec", "_discovery", "_placement"),  # finding and opening backends
     ("__init__", "plugin"),  # the public API
-    ("_commands", "__main__", "testing", "allocators", "pytest_plugin"),  # on top: the public API, as a user's
+    # on top: the public API, as a user's
+    ("_commands", "__main__", "testing", "allocators", "pytest_plugin", "dask", "ray"),
 )
 
 #: Inside each wing, bottom first: its modules (by their name in the wing) and their floors.

@@ -361,16 +361,17 @@ class Allocator:
 
     def _out_of_memory(self, exc: OutOfMemoryError, n: int, kind: str, what: str, retries: int) -> OutOfMemoryError:
         ctx = self.ctx
+        records = self._holdings.ledger.snapshot()
+        live = sum(r.nbytes for r in records)
         try:
             info = self._monitor.memory_info()
             memory = (
                 f"{format_bytes(info.free)} free ({format_bytes(info.effective_free)} effective) "
                 f"of {format_bytes(info.total)}"
             )
+            memory += self._held_by_others(info.total - info.free)
         except MetraleError:
             memory = "free memory unknown"
-        records = self._holdings.ledger.snapshot()
-        live = sum(r.nbytes for r in records)
         sites = describe_sites(largest_sites(records))
         retried = f"; tried {retries + 1} times after on_out_of_memory callbacks freed memory" if retries else ""
         saved = ""
@@ -389,6 +390,21 @@ class Allocator:
             f"{len(records)} allocation(s), largest call sites: {sites}{retried}{saved}. Free buffers "
             f"you no longer need, register an on_out_of_memory callback that can, or ask for less",
             requested=n, code=exc.code, name=exc.name,
+        )
+
+    def _held_by_others(self, used: int) -> str:
+        """Where the engine shares this device with other processes (``Origin.device_share`` below 1), the bytes
+        in use on it that this backend does not hold (its ledger, arenas, quarantine, reuse lists and pools' caches;
+        its red zones and the driver's own memory are counted in)."""
+        origin = self._holdings.ledger.origin
+        if origin is None or not origin.shared:
+            return ""
+        stats = self._monitor.stats()
+        here = (stats.current_total_bytes + stats.arena_capacity + stats.redzone_quarantined_bytes
+                + stats.redzone_reusable_bytes + sum(pool.cached_bytes for pool in list(self._holdings.pools)))
+        return (
+            f"; {format_bytes(max(0, used - here))} held by other processes on this device (it is shared: this "
+            f"process has {origin.device_share:g} of it; the driver's own memory counted in)"
         )
 
     def alloc_host(self, nbytes: object) -> HostBuffer:

@@ -235,7 +235,8 @@ def origin_of(ctx: DeviceContext) -> Origin:
 
     - the device's UUID: ``""`` where the raw layer gives none (logged at DEBUG);
     - the rank and world size: ``None`` where the launcher's variables are bad (a WARNING: only
-      ``placement()`` needs them right).
+      ``placement()`` needs them right);
+    - the worker and the device share: what the engine's glue gave (``MetraleSettings.with_launch``).
     """
     try:
         device_uuid = ctx.raw.device_uuid()
@@ -245,11 +246,13 @@ def origin_of(ctx: DeviceContext) -> Origin:
     try:
         launch = ctx.settings.launch
         rank, world_size = launch.rank, launch.world_size
+        worker, share = launch.metrale_worker or "", launch.metrale_device_share or 1.0
     except ConfigError as exc:
         _log.warning("%s:%d: the origin names no rank: %s", ctx.name, ctx.ordinal, exc)
         rank = world_size = None
+        worker, share = "", 1.0
     return Origin(socket.gethostname(), os.getpid(), rank, world_size, ctx.name, ctx.ordinal, device_uuid,
-                  next(_BACKENDS_OPENED))
+                  next(_BACKENDS_OPENED), worker, share)
 
 
 def _record(buf: DeviceBuffer | AllocRecord, origin: Origin | None) -> AllocRecord:

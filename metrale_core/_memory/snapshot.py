@@ -306,7 +306,17 @@ class _Reader:
             backend=self.string(obj, "backend", where), ordinal=self.integer(obj, "ordinal", where, minimum=0),
             device_uuid=self.string(obj, "device_uuid", where) if obj.get("device_uuid") is not None else "",
             instance=self.integer(obj, "instance", where, minimum=0) if obj.get("instance") is not None else 0,
+            worker=self.string(obj, "worker", where) if obj.get("worker") is not None else "",
+            device_share=self.share(obj, where),
         )
+
+    def share(self, obj: Mapping[str, Any], where: str) -> float:
+        value = obj.get("device_share")
+        if value is None:
+            return 1.0
+        if type(value) not in (int, float) or not 0 < value <= 1:
+            raise self.wrong("device_share", where, "a number greater than 0 and of at most 1", value)
+        return float(value)
 
     def allocation(self, obj: Mapping[str, Any], where: str) -> AllocRecord:
         return AllocRecord(

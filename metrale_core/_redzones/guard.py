@@ -48,6 +48,9 @@ FullCheck = Callable[[Sequence[RedZoneViolation] | None], None]
 #: that took any address of its block).
 Blocks = Callable[[], Iterable[tuple[int, int]]]
 
+#: How many violated zones a backend keeps for its reports (`ZoneGuard.found`).
+FOUND_KEPT: Final = 1024
+
 
 def _no_blocks() -> Iterable[tuple[int, int]]:
     return ()
@@ -58,7 +61,7 @@ class ZoneGuard:
     """Red zones of one backend: fills, bookkeeping, judging, graph launches and the report."""
 
     __slots__ = (
-        "_blocks", "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_settled",
+        "_blocks", "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_settled", "_found",
         "_full_checked", "_observers", "_orders", "_queued", "_raw", "_scan_graphs", "_scanner", "_stats", "fills",
         "lock", "zones",
     )
@@ -78,6 +81,8 @@ class ZoneGuard:
         self.lock = threading.RLock()
         self._scan_graphs = ctx.settings.redzone_scan_graphs  # (settings are fixed for the backend's life)
         self._observers: list[Callable[[str, RedZoneViolation], object]] = []
+        #: The violations found since the backend opened, a zone once (its first finding), for its reports.
+        self._found: dict[tuple[int, str], RedZoneViolation] = {}
         self._full_checked: list[FullCheck] = []
         self._scanner = Scanner(ctx, self.zones, self._default)
         self._queued = QueuedScans(ctx, self.zones, self._scanner, stats, self.lock, self.report)
@@ -289,6 +294,10 @@ class ZoneGuard:
         violations[:] = [
             self._named(v, origin, self._suspects(span, graphs)) for v, span in zip(violations, spans, strict=True)
         ]
+        with self.lock:
+            for v in violations:
+                if len(self._found) < FOUND_KEPT:
+                    self._found.setdefault((v.index, v.side), v)
         for violation in violations:
             for observer in self._observers:
                 try:
@@ -500,6 +509,12 @@ class ZoneGuard:
             return
         if self._queued.slots:
             self._queued.judge_finished(is_live)
+
+    def found(self) -> tuple[RedZoneViolation, ...]:
+        """The violations found since the backend opened, in the order found, each zone once (the first
+        `FOUND_KEPT` zones: a report of more would not be read)."""
+        with self.lock:
+            return tuple(self._found.values())
 
     # -- close ---------------------------------------------------------------------------------
 

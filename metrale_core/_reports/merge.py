@@ -21,7 +21,7 @@ from .._device.stats import MemoryStats
 from .._errors import InvalidArgumentError
 from .._memory.ledger import Ledger
 from .._memory.snapshot import MemorySnapshot, SnapshotEvent
-from .._types import AllocRecord, Origin, format_bytes
+from .._types import AllocRecord, Origin, RedZoneViolation, format_bytes
 
 __all__ = [
     "LedgerReport", "MergedReport", "RankSummary", "SiteTotal", "ledger_report", "merge_reports", "merge_snapshots",
@@ -43,12 +43,14 @@ class LedgerReport:
     :param live: the allocations on its ledger when the report was made.
     :param swept: the allocations its sweeps took since it opened (each one a leak: nobody freed it).
     :param stats: its [`MemoryStats`][metrale_core.MemoryStats] as a mapping (``peak_total_bytes`` and the rest).
+    :param violations: the red-zone violations it found since it opened, each zone once (the first finding).
     """
 
     origin: Origin
     live: tuple[AllocRecord, ...]
     swept: tuple[AllocRecord, ...]
     stats: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    violations: tuple[RedZoneViolation, ...] = ()
 
     @classmethod
     def from_snapshot(cls, snapshot: MemorySnapshot) -> LedgerReport:
@@ -70,10 +72,14 @@ class LedgerReport:
         return sum(a.nbytes for a in self.swept)
 
 
-def ledger_report(origin: Origin, ledger: Ledger, swept: Iterable[AllocRecord], stats: MemoryStats) -> LedgerReport:
-    """The report of one open backend (``GpuBackend.ledger_report``): its ledger now, its counters as plain values."""
+def ledger_report(
+    origin: Origin, ledger: Ledger, swept: Iterable[AllocRecord], stats: MemoryStats,
+    violations: Iterable[RedZoneViolation] = (),
+) -> LedgerReport:
+    """The report of one open backend (``GpuBackend.ledger_report``): its ledger now, its counters as plain values,
+    the violations it found."""
     summary = dataclasses.asdict(stats) | {"current_total_bytes": stats.current_total_bytes}
-    return LedgerReport(origin, tuple(ledger.snapshot()), tuple(swept), summary)
+    return LedgerReport(origin, tuple(ledger.snapshot()), tuple(swept), summary, tuple(violations))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,6 +92,7 @@ class RankSummary:
     leaked_bytes: int
     leaked_count: int
     peak_total_bytes: int
+    violation_count: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,7 +107,9 @@ class SiteTotal:
 
 
 def _who(origin: Origin) -> str:
-    return f"rank {origin.rank}" if origin.rank is not None else f"{origin.host} pid {origin.pid}"
+    if origin.rank is not None:
+        return f"rank {origin.rank}"
+    return f"worker {origin.worker}" if origin.worker else f"{origin.host} pid {origin.pid}"
 
 
 def _device(origin: Origin) -> str:
@@ -126,8 +135,8 @@ def _labels(origins: Iterable[Origin]) -> dict[Origin, str]:
 
 
 def _order(origin: Origin) -> tuple[Any, ...]:
-    return (origin.rank is None, origin.rank or 0, origin.host, origin.pid, origin.backend, origin.ordinal,
-            origin.instance)
+    return (origin.rank is None, origin.rank or 0, origin.worker, origin.host, origin.pid, origin.backend,
+            origin.ordinal, origin.instance)
 
 
 def _sites(
@@ -150,12 +159,15 @@ def _sites(
 @dataclasses.dataclass(frozen=True, slots=True)
 class MergedReport:
     """The ledgers of many processes as one: a line per process, the largest live call sites and the largest
-    leaks across the job. [`render`][metrale_core.MergedReport.render] writes it as text,
+    leaks across the job, and every red-zone violation with the process that found it.
+    [`render`][metrale_core.MergedReport.render] writes it as text,
     [`to_json`][metrale_core.MergedReport.to_json] as JSON."""
 
     ranks: tuple[RankSummary, ...]
     largest_live: tuple[SiteTotal, ...]
     largest_leaks: tuple[SiteTotal, ...]
+    #: Every process's red-zone violations, in process order, each with its origin.
+    violations: tuple[RedZoneViolation, ...] = ()
 
     @property
     def live_bytes(self) -> int:
@@ -169,20 +181,25 @@ class MergedReport:
 
     def render(self) -> str:
         """The report as a table per process and the call sites across the job."""
+        violations = f", {len(self.violations)} red-zone violation(s)" if self.violations else ""
         lines = [
             f"merged ledger report: {len(self.ranks)} process(es), {format_bytes(self.live_bytes)} live, "
-            f"{format_bytes(self.leaked_bytes)} leaked"
+            f"{format_bytes(self.leaked_bytes)} leaked{violations}"
         ]
-        rows = [("process", "host", "pid", "device", "live", "leaked", "peak")]
+        workers = any(r.origin.worker for r in self.ranks)
+        rows = [("process", *(("worker",) if workers else ()), "host", "pid", "device", "live", "leaked", "peak",
+                 *(("violations",) if self.violations else ()))]
         shared = collections.Counter((r.origin.host, r.origin.pid, _device(r.origin)) for r in self.ranks)
         for r in self.ranks:
             o = r.origin
             device = _device(o) + (f" #{o.instance}" if shared[(o.host, o.pid, _device(o))] > 1 and o.instance else "")
             device += f" {o.device_uuid[:13]}" if o.device_uuid else ""
+            device += f" ({o.device_share:g} shared)" if o.shared else ""
             rows.append((
-                f"rank {o.rank}" if o.rank is not None else "-", o.host, str(o.pid), device,
+                f"rank {o.rank}" if o.rank is not None else "-", *((o.worker or "-",) if workers else ()), o.host,
+                str(o.pid), device,
                 f"{format_bytes(r.live_bytes)} ({r.live_count})", f"{format_bytes(r.leaked_bytes)} ({r.leaked_count})",
-                format_bytes(r.peak_total_bytes),
+                format_bytes(r.peak_total_bytes), *((str(r.violation_count),) if self.violations else ()),
             ))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -192,6 +209,12 @@ class MergedReport:
             lines += [
                 f"  {format_bytes(s.nbytes):>10} x{s.count:<4} {s.site}  ({', '.join(s.ranks)})" for s in sites
             ]
+        if self.violations:
+            labels = _labels(r.origin for r in self.ranks)
+            lines.append("red-zone violations across the job:")
+            for v in self.violations:
+                who = labels.get(v.origin, "?") if v.origin is not None else "?"
+                lines.append(f"  {who}: {dataclasses.replace(v, origin=None).describe()}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -202,11 +225,17 @@ class MergedReport:
             "ranks": [
                 {"origin": r.origin.to_json(), "live_bytes": r.live_bytes, "live_count": r.live_count,
                  "leaked_bytes": r.leaked_bytes, "leaked_count": r.leaked_count,
-                 "peak_total_bytes": r.peak_total_bytes}
+                 "peak_total_bytes": r.peak_total_bytes, "violation_count": r.violation_count}
                 for r in self.ranks
             ],
             "largest_live": [dataclasses.asdict(s) for s in self.largest_live],
             "largest_leaks": [dataclasses.asdict(s) for s in self.largest_leaks],
+            "violations": [
+                {"origin": v.origin.to_json() if v.origin is not None else None, "describe": v.describe(),
+                 **{k: getattr(v, k) for k in ("ptr", "nbytes", "index", "site", "side", "offset")},
+                 "suspects": list(v.suspects)}
+                for v in self.violations
+            ],
         }
 
 
@@ -250,13 +279,21 @@ def _checked(item: object, i: int) -> LedgerReport:
         and type(o.ordinal) is int and type(o.device_uuid) is str and (o.rank is None or type(o.rank) is int)
         and (o.world_size is None or type(o.world_size) is int)
         and type(getattr(o, "instance", None)) is int and o.instance >= 0
+        and type(getattr(o, "worker", None)) is str
+        and type(getattr(o, "device_share", None)) in (int, float) and 0 < o.device_share <= 1
     ):
-        raise _refused(f"{where}: its origin", "must be an Origin (host, backend and device_uuid str; pid, ordinal, "
-                       "rank, world_size and instance integers, rank and world_size None outside a job)", o)
+        raise _refused(f"{where}: its origin", "must be an Origin (host, backend, device_uuid and worker str; pid, "
+                       "ordinal, rank, world_size and instance integers, rank and world_size None outside a job; "
+                       "device_share a number in (0, 1])", o)
     if not isinstance(item.stats, Mapping):
         raise _refused(f"{where}: its stats", "must be a mapping (as ledger_report() gives)", item.stats)
     live, swept = _records(item.live, f"{where}: its live"), _records(item.swept, f"{where}: its swept")
-    return LedgerReport(o, live, swept, dict(item.stats))
+    violations = getattr(item, "violations", ())
+    if not isinstance(violations, tuple | list) or not all(isinstance(v, RedZoneViolation) for v in violations):
+        raise _refused(f"{where}: its violations", "must be a tuple of RedZoneViolation", violations)
+    # each violation named by the backend that found it (a report's own, where it names none)
+    named = tuple(v if v.origin is not None else dataclasses.replace(v, origin=o) for v in violations)
+    return LedgerReport(o, live, swept, dict(item.stats), named)
 
 
 def _given_as(item: object) -> object:
@@ -325,6 +362,7 @@ def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 1
         RankSummary(
             r.origin, r.live_bytes, len(r.live), r.leaked_bytes, len(r.swept),
             int(peak) if type(peak := r.stats.get("peak_total_bytes", 0)) is int else 0,
+            len(r.violations),
         )
         for r in items
     )
@@ -332,6 +370,7 @@ def merge_reports(reports: Iterable[LedgerReport | MemorySnapshot], top: int = 1
         ranks,
         _sites(((r.origin, r.live) for r in items), top, labels),
         _sites(((r.origin, r.swept) for r in items), top, labels),
+        tuple(v for r in items for v in r.violations),
     )
 
 

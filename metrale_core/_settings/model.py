@@ -47,8 +47,10 @@ class LaunchEnvironment(BaseSettings):
     naming it.
     """
 
+    # Empty variables are read, not ignored: `CUDA_VISIBLE_DEVICES=""` shows no device (the validator below
+    # reads an empty number as unset).
     model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
-        env_prefix="", env_ignore_empty=True, extra="forbid", frozen=True,
+        env_prefix="", env_ignore_empty=False, extra="forbid", frozen=True,
     )
 
     rank: int | None = Field(None, ge=0, description="The process's rank in the whole job (torchrun's `RANK`).")
@@ -56,7 +58,22 @@ class LaunchEnvironment(BaseSettings):
     world_size: int | None = Field(None, ge=1, description="The processes in the job (torchrun's `WORLD_SIZE`).")
     local_world_size: int | None = Field(None, ge=1, description="The processes on this host.")
     cuda_visible_devices: str | None = Field(
-        None, description="The devices the CUDA driver shows this process, renumbered from 0 (the driver reads it)."
+        None, description="The devices the CUDA driver shows this process, renumbered from 0 (the driver reads it; "
+        "the fake backend too). Empty: no device, as the driver reads it.",
+    )
+    slurm_localid: int | None = Field(
+        None, ge=0, description="The task's rank on its node under Slurm (`srun`'s `SLURM_LOCALID`): the local rank "
+        "where no `LOCAL_RANK` is set.",
+    )
+    metrale_worker: str | None = Field(
+        None, min_length=1, description="The engine's name for this process (a Dask worker's address, a Ray actor's "
+        "id), carried in every record's origin: metrale's Dask plugin and `open_for_actor` give it "
+        "(`MetraleSettings.with_launch`); a launcher may set `METRALE_WORKER`.",
+    )
+    metrale_device_share: float | None = Field(
+        None, gt=0, le=1, description="The part of its device the engine gave this process (Ray's fractional "
+        "`num_gpus`): below 1, other processes share the device, as the origin and out-of-memory reports say. "
+        "`open_for_actor` gives it; a launcher may set `METRALE_DEVICE_SHARE`.",
     )
 
     def __init__(self, **values: Any) -> None:
@@ -68,6 +85,8 @@ class LaunchEnvironment(BaseSettings):
     @field_validator("*", mode="before")
     @classmethod
     def _plain_integers(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        if isinstance(value, str) and not value.strip() and info.field_name != "cuda_visible_devices":
+            return None  # an empty variable is unset, but for the devices shown
         return plain_integers(cls, value, info)
 
 
@@ -315,6 +334,21 @@ class MetraleSettings(BaseSettings):
             self._launch = LaunchEnvironment()
         return self._launch
 
+    def with_launch(self, **values: Any) -> MetraleSettings:
+        """These settings with the engine's variables of `launch` overridden by ``values`` (keywords of
+        [`LaunchEnvironment`][metrale_core.LaunchEnvironment]: ``metrale_worker="tcp://10.0.0.2:4242"``); the
+        rest still read from the environment. What an engine's glue (the Dask plugin, ``open_for_actor``) hands
+        [`open_backend`][metrale_core.open_backend], so the origin names the worker; these settings are unchanged.
+
+        :raises ConfigError: a value is bad, or names no variable.
+        """
+        if self._launch is not None:
+            values = {name: getattr(self._launch, name) for name in self._launch.model_fields_set} | values
+        launch = LaunchEnvironment(**values)
+        copy = self.model_copy()
+        copy._launch = launch
+        return copy
+
     @property
     def scale_variant(self) -> bool:
         """Whether ``target_hw`` selects the scale variant (AMD APUs through a CUDA layer)."""
@@ -324,6 +358,7 @@ class MetraleSettings(BaseSettings):
 def _warn_unknown_variables(installed: Iterable[PluginModel]) -> None:
     """One WARNING per ``METRALE_*`` variable that names no setting (a typo is otherwise silent)."""
     known = {ENV_PREFIX + name.upper() for name in MetraleSettings.model_fields}
+    known |= {name.upper() for name in LaunchEnvironment.model_fields if name.upper().startswith(ENV_PREFIX)}
     for p in installed:
         known |= {p.env_prefix + field.upper() for field in p.model.model_fields}
     for variable in sorted(os.environ):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Final, cast
@@ -37,6 +36,7 @@ from ._launch import FakeLaunch, MisalignedAddressError, kernel_arg, no_implemen
 from ._memory import KEEP_BYTES, AddressSpace, Window, check_importable, check_pinnable, give_back, take_window, zeros
 from ._settings import FakeSettings
 from ._tensormap import decode_image, encode_image
+from ._visible import fake_uuid
 from ._work import CAPTURES, FakeEvent, FakeGraph, FakeModule, FakeStream, Work, as_event, as_stream
 
 __all__ = ["FAULT_OPS", "FakeDevice"]
@@ -57,8 +57,10 @@ class FakeDevice(RawDevice):
     def fresh_memory_reads_zeros(self) -> bool:
         return True  # (what the guide promises; the core keeps it for the blocks it recycles)
 
-    def __init__(self, settings: MetraleSettings, ordinal: int) -> None:
+    def __init__(self, settings: MetraleSettings, ordinal: int, index: int | None = None) -> None:
+        """Fake device ``index`` (of all: its UUID's) as this process's ``ordinal`` (``None``: the same)."""
         own = settings.plugin(FakeSettings)
+        self._index = ordinal if index is None else index
         self._capacity = own.memory_bytes
         self._integrated = own.integrated
         self._defer = own.defer
@@ -437,10 +439,11 @@ class FakeDevice(RawDevice):
             )
 
     def device_uuid(self) -> str:
-        """A UUID of this fake device's ordinal, written as ``nvidia-smi -L`` writes a GPU's: ``FAKE-`` and the
-        UUID. As on CUDA, two backends on one ordinal report the same one; fakes of two processes do too, and
-        an origin tells them apart by host and pid."""
-        return f"FAKE-{uuid.uuid5(uuid.NAMESPACE_OID, f'metrale-fake:{self._ordinal}')}"
+        """A UUID of this fake device (of its index among all, whatever ordinal ``CUDA_VISIBLE_DEVICES`` gives it
+        here), written as ``nvidia-smi -L`` writes a GPU's: ``FAKE-`` and the UUID. As on CUDA, two backends on
+        one device report the same one; fakes of two processes do too, and an origin tells them apart by host
+        and pid."""
+        return fake_uuid(self._index)
 
     # -- streams and events ------------------------------------------------------------
 

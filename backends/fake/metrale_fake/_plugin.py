@@ -9,6 +9,7 @@ from metrale_core import BackendUnavailableError, MetraleSettings, cuda_code
 from metrale_core.plugin import BackendRegistration, KernelImplementation, PluginSettings, hookimpl
 
 from ._settings import FakeSettings
+from ._visible import visible_devices
 
 if TYPE_CHECKING:
     from ._device import FakeDevice
@@ -18,20 +19,35 @@ if TYPE_CHECKING:
 
 
 def _open(settings: MetraleSettings, ordinal: int) -> FakeDevice:
-    count = _device_count(settings)
+    shown = _shown(settings)
+    if not shown:  # as cuInit answers where CUDA_VISIBLE_DEVICES shows nothing
+        raise BackendUnavailableError(
+            f"no fake device is visible: CUDA_VISIBLE_DEVICES={settings.launch.cuda_visible_devices!r} shows none of "
+            f"the fake's {settings.plugin(FakeSettings).device_count} (list indexes or FAKE- UUIDs, or unset it)",
+            code=cuda_code("CUDA_ERROR_NO_DEVICE"), name="CUDA_ERROR_NO_DEVICE",
+        )
+    count = len(shown)
     if not 0 <= ordinal < count:  # as the CUDA backend refuses it
+        limit = "METRALE_FAKE_DEVICE_COUNT sets how many"
+        if settings.launch.cuda_visible_devices is not None:
+            limit += f"; CUDA_VISIBLE_DEVICES={settings.launch.cuda_visible_devices} shows {count}"
         raise BackendUnavailableError(
             f"fake device {ordinal} does not exist: the fake has {count} device(s), ordinals 0..{count - 1} "
-            f"(METRALE_FAKE_DEVICE_COUNT sets how many)",
+            f"({limit})",
             code=cuda_code("CUDA_ERROR_INVALID_DEVICE"), name="CUDA_ERROR_INVALID_DEVICE",
         )
     from ._device import FakeDevice
 
-    return FakeDevice(settings, ordinal)
+    return FakeDevice(settings, ordinal, shown[ordinal])
+
+
+def _shown(settings: MetraleSettings) -> tuple[int, ...]:
+    """The fake devices this process sees, by index, in ordinal order (``CUDA_VISIBLE_DEVICES``, as the driver)."""
+    return visible_devices(settings.launch.cuda_visible_devices, settings.plugin(FakeSettings).device_count)
 
 
 def _device_count(settings: MetraleSettings) -> int:
-    return settings.plugin(FakeSettings).device_count
+    return len(_shown(settings))
 
 
 @hookimpl
