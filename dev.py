@@ -12,6 +12,9 @@
                                 # environment (not editable) and run metrale --version, selftest, conformance
     python3 dev.py torchrun     # install PyTorch (the CPU build where one is on disk, as on CI: see below) and run
                                 # examples/distributed/ranks.py under torchrun, two ranks on the fake
+    python3 dev.py engines      # install Dask and Ray (the core's extras dask and ray) and run examples/dask and
+                                # examples/ray on real local clusters, two workers on two fake devices; the suite's
+                                # Dask and Ray tests run where they are installed (skipped with a reason elsewhere)
     python3 dev.py metrale ...  # any metrale command in the environment
     python3 dev.py accelerate [--clean]   # optional: compile the hot-path modules with Cython (or remove them)
     python3 dev.py gpu [--only STEPS] [--quick] [--against REV] [--dry-run]
@@ -338,6 +341,30 @@ def torchrun() -> int:
         print("dev.py torchrun: the example failed, or its merged report does not name both ranks", file=sys.stderr)
         return done.returncode or 1
     return 0
+
+
+def engines() -> int:
+    """Install Dask's distributed and Ray (the core's extras) and run the two examples on local clusters of two
+    workers, each on a fake device of its own, checking each merged report names both workers."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    # the extras' requirements alone: reinstalling the core (and recompiling its twins) would add nothing
+    if run(PY, "-m", "pip", "install", "-q", *extras["dask"], *extras["ray"]):
+        sys.exit("dev.py engines: installing the extras dask and ray failed (see above)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
+    env["RAY_AUTH_MODE"] = "disabled"
+    failed = 0
+    for example, expected in (("dask", "merged ledger report: 2 process(es)"),
+                              ("ray", "merged ledger report: 2 process(es)")):
+        command = [str(PY), str(ROOT / "examples" / example / "report.py")]
+        print("+ " + " ".join(command), flush=True)
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600)
+        print(done.stdout, end="")
+        if done.returncode or expected not in done.stdout:
+            print(done.stderr[-4000:], file=sys.stderr)
+            print(f"dev.py engines: the {example} example failed, or its report does not name both workers",
+                  file=sys.stderr)
+            failed = done.returncode or 1
+    return failed
 
 
 # -- dev.py gpu: one command for the lent GPU machine ------------------------------------------------------------
@@ -850,7 +877,7 @@ def gpu(argv: Sequence[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"selftest", "test", "lint", "docs", "metrale", "accelerate", "wheels", "torchrun", "gpu"}
+    commands = {"selftest", "test", "lint", "docs", "metrale", "accelerate", "wheels", "torchrun", "engines", "gpu"}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 2
@@ -866,6 +893,8 @@ def main(argv: list[str]) -> int:
         return run(BIN / "metrale", *rest)
     if command == "torchrun":
         return torchrun()
+    if command == "engines":
+        return engines()
     if command == "accelerate":
         if "--clean" not in rest and run(PY, "-m", "pip", "install", "-q", "cython", "setuptools"):
             sys.exit("dev.py: installing Cython failed (see above); metrale stays pure Python")

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from ._memory.pool import MemoryPool, PoolStats
     from ._memory.pressure import OomWatchdog
     from ._memory.snapshot import MemorySnapshot, load_snapshot
-    from ._placement import Placement, open_for_rank, placement
+    from ._placement import Placement, assigned_ordinal, open_for_rank, placement
     from ._registration import BackendRegistration
     from ._reports.merge import LedgerReport, MergedReport, RankSummary, SiteTotal, merge_reports
     from ._settings.model import LaunchEnvironment, MetraleSettings
@@ -160,6 +160,7 @@ __all__ = [
     "TensorMapError",
     "TensorMapSpec",
     "__version__",
+    "assigned_ordinal",
     "available_backends",
     "check_tensor_map",
     "cuda_code",
@@ -204,7 +205,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_memory.pool": ("MemoryPool", "PoolStats"),
     "_memory.pressure": ("OomWatchdog",),
     "_memory.snapshot": ("MemorySnapshot", "load_snapshot"),
-    "_placement": ("Placement", "open_for_rank", "placement"),
+    "_placement": ("Placement", "assigned_ordinal", "open_for_rank", "placement"),
     "_registration": ("BackendRegistration",),
     "_reports.merge": ("LedgerReport", "MergedReport", "RankSummary", "SiteTotal", "merge_reports"),
     "_settings.model": ("LaunchEnvironment", "MetraleSettings"),

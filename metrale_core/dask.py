@@ -13,7 +13,8 @@
 - `gather_reports(client)` asks every worker for its report (``client.run``) and merges them
   ([`merge_reports`][metrale_core.merge_reports]): a line per worker (its address, host, pid and device), the
   largest call sites, leaks and every red-zone violation. A worker that cannot answer (it died) is named in a
-  WARNING; the others' reports are whole.
+  WARNING; the others' reports are whole. ``sweep=True``, at the end of a job, first drains each worker's
+  ledger, so what is still on it counts as leaked.
 
 Dask is no dependency of metrale: this module imports ``distributed`` (``pip install "metrale[dask]"``).
 """
@@ -56,7 +57,7 @@ ALLOCATORS: Final = ("torch", "cupy")
 
 
 @final
-class MetraleSetup(WorkerPlugin):
+class MetraleSetup(WorkerPlugin):  # type: ignore[misc,unused-ignore]  # (Any where distributed is absent)
     """A Dask worker plugin: one metrale backend per worker, on its device.
 
     Register it once: ``client.register_plugin(MetraleSetup(redzone=4096))``; workers that join later get it
@@ -128,9 +129,10 @@ class MetraleSetup(WorkerPlugin):
         _log.info("metrale on Dask worker %s: %s opened (%s)", worker.address, gpu.origin.describe(),
                   ", ".join(self._allocators) or "no allocator door")
 
-    def report(self, *, sweep: bool = True) -> LedgerReport:
-        """This worker's report now: its red zones judged (a scan), its unowned allocations swept (``sweep``),
-        then its ledger, leaks, counters and violations (`GpuBackend.ledger_report`)."""
+    def report(self, *, sweep: bool = False) -> LedgerReport:
+        """This worker's report now: its red zones judged (a scan), its ledger drained where ``sweep`` says (every
+        allocation still on it freed and counted as leaked: for the end of a job only), then its ledger, leaks,
+        counters and violations (`GpuBackend.ledger_report`)."""
         return _judged(self.backend, sweep=sweep)
 
     def teardown(self, worker: Any) -> None:
@@ -200,7 +202,10 @@ def worker_backend() -> GpuBackend:
     try:
         worker = distributed.get_worker()
     except ValueError:
-        raise ConfigError("worker_backend: not inside a Dask task (no worker runs this code)") from None
+        worker = None
+    if worker is None:  # raised outside the except: its context (distributed's LookupError of a ContextVar) cannot
+        # be pickled, and the error could not travel from a worker (client.run) to the client as a ConfigError
+        raise ConfigError("worker_backend: not inside a Dask task (no worker runs this code)")
     return _plugin(worker).backend
 
 
@@ -208,18 +213,25 @@ def _worker_report(dask_worker: Any, sweep: bool) -> LedgerReport:
     return _plugin(dask_worker).report(sweep=sweep)
 
 
-def gather_reports(client: Any, *, sweep: bool = True, workers: list[str] | None = None, top: int = 10) -> MergedReport:
-    """Every worker's report (`MetraleSetup.report`: zones judged, unowned allocations swept where ``sweep``), merged
-    on the client: a line per worker with its address, host, pid and device, the largest call sites and leaks
-    across the cluster, and every red-zone violation with the worker that found it.
+def gather_reports(
+    client: Any, *, sweep: bool = False, workers: list[str] | None = None, top: int = 10
+) -> MergedReport:
+    """Every worker's report (`MetraleSetup.report`: its zones judged), merged on the client: a line per worker with
+    its address, host, pid and device, the largest call sites and leaks across the cluster, and every red-zone
+    violation with the worker that found it.
 
+    - ``sweep``: ``False`` (the default) leaves the workers' memory alone: what is allocated shows as live.
+      ``True``, at the end of a job, first drains each worker's ledger: every allocation still on it is freed
+      and counted as leaked (`GpuBackend.sweep_unreleased`). Never while tasks still use their buffers.
     - ``workers``: the addresses to ask (``None``: all).
     - A worker that cannot answer (it died, or has no plugin) is named in a WARNING and left out: the others'
       reports are whole.
 
     :raises ConfigError: no worker answered.
     """
-    answers = client.run(_worker_report, sweep, workers=workers, on_error="return")
+    # sweep by keyword: client.run passes the worker as the keyword dask_worker, so a positional argument would
+    # land on dask_worker too (a TypeError on every worker)
+    answers = client.run(_worker_report, sweep=sweep, workers=workers, on_error="return")
     reports: list[LedgerReport] = []
     for address, answer in sorted(answers.items()):
         if isinstance(answer, LedgerReport):

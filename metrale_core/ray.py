@@ -46,8 +46,10 @@ def _assignment(ray: Any) -> tuple[list[str], float | None, str]:
         raise ConfigError("open_for_actor: Ray is not initialized here: call it inside a Ray task or actor")
     context = ray.get_runtime_context()
     ids = [str(i) for i in ray.get_gpu_ids()]
-    gpus = context.get_assigned_resources().get("GPU")
-    share = float(gpus) if gpus is not None and 0 < float(gpus) < 1 else None
+    share = None
+    if ids:  # none in Ray's driver, whose get_assigned_resources() fails an assert: assigned_ordinal says "no GPU"
+        gpus = context.get_assigned_resources().get("GPU")
+        share = float(gpus) if gpus is not None and 0 < float(gpus) < 1 else None
     actor = context.get_actor_id()
     name = f"ray actor {actor}" if actor else f"ray worker {context.get_worker_id()}"
     return ids, share, name

@@ -334,6 +334,17 @@ class MetraleSettings(BaseSettings):
             self._launch = LaunchEnvironment()
         return self._launch
 
+    @property
+    def visible_devices(self) -> str | None:
+        """``CUDA_VISIBLE_DEVICES`` (`launch`'s), read even where another of the engine's variables is bad
+        (``LOCAL_RANK=-1`` stops a placement, not a plain open): what a backend that numbers its devices as the
+        driver does (the fake) reads."""
+        try:
+            return self.launch.cuda_visible_devices
+        except ConfigError:  # read alone: the other variables overridden as unset
+            alone = {name: None for name in LaunchEnvironment.model_fields if name != "cuda_visible_devices"}
+            return LaunchEnvironment(**alone).cuda_visible_devices
+
     def with_launch(self, **values: Any) -> MetraleSettings:
         """These settings with the engine's variables of `launch` overridden by ``values`` (keywords of
         [`LaunchEnvironment`][metrale_core.LaunchEnvironment]: ``metrale_worker="tcp://10.0.0.2:4242"``); the

@@ -16,6 +16,7 @@ from .. import (
     MetraleError,
     RedZoneError,
 )
+from .._redzones.guard import FOUND_KEPT
 from ._model import MAX_BYTES, Pool
 from ._tensormap_rules import TensorMapRules
 
@@ -208,6 +209,12 @@ class BackendMachine(TensorMapRules):
         got = {(v.index, v.side): v.offset for v in found}
         assert len(got) == len(found), f"a zone was reported twice: {found}"
         assert got == changed, f"scan reported {got}, the model expects {changed}"
+        # the backend's report (what an engine gathers) keeps each zone found, once, named by the backend
+        kept = self.gpu.ledger_report().violations
+        keys = [(v.index, v.side) for v in kept]
+        assert len(keys) == len(set(keys)), f"ledger_report() names a zone twice: {kept}"
+        assert set(got) <= set(keys) or len(keys) >= FOUND_KEPT, f"ledger_report() lost a violation: {got} {keys}"
+        assert all(v.origin == self.gpu.origin for v in kept), "a reported violation names another backend"
 
     # -- injected driver failures -------------------------------------------------------------------
 

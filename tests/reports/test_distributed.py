@@ -257,8 +257,9 @@ def test_placement_asks_ray_only_where_the_program_imported_it(monkeypatch: pyte
     ray.get_gpu_ids = lambda: [3]  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.setenv("LOCAL_RANK", "1")
-    where = placement("fake", settings=MetraleSettings(fake_device_count=2))
-    assert where.ordinal == 0 and "Ray assigned GPU(s) 3" in where.source
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # as Ray sets it for the GPU it assigned
+    where = placement("fake", settings=MetraleSettings(fake_device_count=4))
+    assert where.ordinal == 0 and "Ray assigned GPU 3, entry 0 of CUDA_VISIBLE_DEVICES=3" in where.source
 
 
 # -- origins and merged reports ------------------------------------------------------------------------

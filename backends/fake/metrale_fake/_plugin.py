@@ -22,15 +22,15 @@ def _open(settings: MetraleSettings, ordinal: int) -> FakeDevice:
     shown = _shown(settings)
     if not shown:  # as cuInit answers where CUDA_VISIBLE_DEVICES shows nothing
         raise BackendUnavailableError(
-            f"no fake device is visible: CUDA_VISIBLE_DEVICES={settings.launch.cuda_visible_devices!r} shows none of "
+            f"no fake device is visible: CUDA_VISIBLE_DEVICES={settings.visible_devices!r} shows none of "
             f"the fake's {settings.plugin(FakeSettings).device_count} (list indexes or FAKE- UUIDs, or unset it)",
             code=cuda_code("CUDA_ERROR_NO_DEVICE"), name="CUDA_ERROR_NO_DEVICE",
         )
     count = len(shown)
     if not 0 <= ordinal < count:  # as the CUDA backend refuses it
         limit = "METRALE_FAKE_DEVICE_COUNT sets how many"
-        if settings.launch.cuda_visible_devices is not None:
-            limit += f"; CUDA_VISIBLE_DEVICES={settings.launch.cuda_visible_devices} shows {count}"
+        if settings.visible_devices is not None:
+            limit += f"; CUDA_VISIBLE_DEVICES={settings.visible_devices} shows {count}"
         raise BackendUnavailableError(
             f"fake device {ordinal} does not exist: the fake has {count} device(s), ordinals 0..{count - 1} "
             f"({limit})",
@@ -43,7 +43,7 @@ def _open(settings: MetraleSettings, ordinal: int) -> FakeDevice:
 
 def _shown(settings: MetraleSettings) -> tuple[int, ...]:
     """The fake devices this process sees, by index, in ordinal order (``CUDA_VISIBLE_DEVICES``, as the driver)."""
-    return visible_devices(settings.launch.cuda_visible_devices, settings.plugin(FakeSettings).device_count)
+    return visible_devices(settings.visible_devices, settings.plugin(FakeSettings).device_count)
 
 
 def _device_count(settings: MetraleSettings) -> int:

@@ -1,0 +1,166 @@
+"""What the engines' glue adds to origins and reports: a worker's name, a shared device, red-zone violations that
+travel in a report, Slurm's local rank, and `MetraleSettings.with_launch`."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from metrale_core import (
+    ConfigError,
+    LaunchEnvironment,
+    LedgerReport,
+    MetraleSettings,
+    OutOfMemoryError,
+    RedZoneViolation,
+    load_snapshot,
+    merge_reports,
+    open_backend,
+    placement,
+)
+from metrale_core._types import Origin
+
+WORKER = "tcp://10.0.0.2:4242"
+
+
+def test_with_launch_overrides_the_engines_variables_and_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    base = MetraleSettings()
+    named = base.with_launch(metrale_worker=WORKER)
+    shared = named.with_launch(metrale_device_share=0.25)
+    assert (shared.launch.rank, shared.launch.metrale_worker, shared.launch.metrale_device_share) == (3, WORKER, 0.25)
+    assert base.launch.metrale_worker is None and named.launch.metrale_device_share is None  # each unchanged
+    with pytest.raises(ConfigError, match="metrale_device_share=1.5"):
+        base.with_launch(metrale_device_share=1.5)
+    with pytest.raises(ConfigError, match="nodes"):
+        base.with_launch(nodes=2)
+
+
+def test_an_empty_variable_is_unset_but_for_the_devices_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    launch = LaunchEnvironment()
+    assert launch.local_rank is None and launch.cuda_visible_devices == ""
+
+
+def test_a_launcher_may_name_the_worker_and_its_share(monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("METRALE_WORKER", "node7-gpu1")
+    monkeypatch.setenv("METRALE_DEVICE_SHARE", "0.5")
+    with open_backend("fake", settings=MetraleSettings()) as gpu:
+        assert (gpu.origin.worker, gpu.origin.device_share, gpu.origin.shared) == ("node7-gpu1", 0.5, True)
+    assert "is not a metrale setting" not in caplog.text
+
+
+def test_slurm_localid_places_a_task_where_no_local_rank_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    where = placement("fake", settings=MetraleSettings(fake_device_count=2))
+    assert (where.ordinal, where.local_rank) == (1, 3) and where.source.startswith("SLURM_LOCALID=3 modulo 2")
+    monkeypatch.setenv("LOCAL_RANK", "0")  # torchrun's variable wins
+    assert placement("fake", settings=MetraleSettings(fake_device_count=2)).ordinal == 0
+
+
+def test_an_origin_names_its_worker_and_a_shared_device() -> None:
+    origin = Origin("vm", 42, None, None, "fake", 0, "FAKE-1", 1, WORKER, 0.5)
+    assert origin.describe() == (f"worker {WORKER} (vm pid 42), fake:0 FAKE-1, 0.5 of the device (shared with other "
+                                 "processes)")
+    assert origin.in_job and origin.shared
+    ranked = Origin("vm", 42, 1, 2, "fake", 0, worker=WORKER)
+    assert ranked.describe().startswith("rank 1 of 2 (vm pid 42)")  # a rank first, where there is one
+
+
+@pytest.mark.parametrize("state", [
+    ["h", 1, None, None, "fake", 0, "FAKE-1"],  # before instance
+    ["h", 1, None, None, "fake", 0, "FAKE-1", 2],  # before worker and device_share
+])
+def test_an_origin_pickled_before_workers_loads_with_the_defaults(state: list[object]) -> None:
+    old = Origin.__new__(Origin)
+    old.__setstate__(state)
+    assert (old.worker, old.device_share, old.shared) == ("", 1.0, False)
+    assert pickle.loads(pickle.dumps(old)) == old
+
+
+def _leak_and_overrun(worker: str, share: float | None = None) -> LedgerReport:
+    launch: dict[str, object] = {"metrale_worker": worker}
+    if share is not None:
+        launch["metrale_device_share"] = share
+    settings = MetraleSettings(redzone=64).with_launch(**launch)
+    with open_backend("fake", settings=settings) as gpu:
+        leaked = gpu.alloc(4096)
+        overrun = gpu.alloc(256)
+        gpu.memset(overrun.ptr + overrun.nbytes + 3, 7, nbytes=2)
+        gpu.scan_redzones()
+        gpu.scan_redzones()  # found twice, kept once
+        gpu.free(overrun)  # found a third time (its free checks its zones)
+        del leaked
+        gpu.sweep_unreleased()  # the end of the job: what is left is leaked
+        report = gpu.ledger_report()
+    return pickle.loads(pickle.dumps(report))  # as an engine carries it
+
+
+def test_a_report_carries_each_violated_zone_once_named_by_its_backend() -> None:
+    report = _leak_and_overrun("w1")
+    assert [(v.nbytes, v.side, v.offset) for v in report.violations] == [(256, "trail", 3)]
+    assert report.violations[0].origin == report.origin
+    assert "on worker w1 (" in report.violations[0].describe()
+
+
+def test_merged_reports_name_each_worker_its_leaks_and_its_violations() -> None:
+    merged = merge_reports([_leak_and_overrun("w1"), _leak_and_overrun("w2", share=0.5)])
+    text = merged.render()
+    assert "2 red-zone violation(s)" in text.splitlines()[0]
+    header = text.splitlines()[1].split()
+    assert header[:2] == ["process", "worker"] and header[-1] == "violations"
+    assert "(0.5 shared)" in text
+    assert "red-zone violations across the job:" in text
+    assert "  worker w2: red zone trail: a write past the end of allocation" in text
+    assert [r.violation_count for r in merged.ranks] == [1, 1]
+    site = f"{Path(__file__).name}:"
+    assert any(site in s.site for s in merged.largest_leaks)
+    as_json = json.loads(json.dumps(merged.to_json()))
+    assert as_json["violations"][1]["origin"]["worker"] == "w2" and as_json["ranks"][0]["violation_count"] == 1
+
+
+def test_merge_refuses_a_report_whose_violations_or_worker_are_not_what_they_claim() -> None:
+    report = _leak_and_overrun("w1")
+    with pytest.raises(Exception, match="its violations"):
+        merge_reports([LedgerReport(report.origin, report.live, report.swept, report.stats, ("x",))])  # type: ignore[arg-type]
+    import dataclasses
+
+    bad = dataclasses.replace(report, origin=dataclasses.replace(report.origin, device_share=2.0))
+    with pytest.raises(Exception, match="device_share"):
+        merge_reports([bad])
+
+
+def test_a_violation_without_an_origin_is_named_by_its_report() -> None:
+    report = _leak_and_overrun("w1")
+    bare = RedZoneViolation(1, 2, 3, "x.py:1", "trail", 0)
+    merged = merge_reports([LedgerReport(report.origin, (), (), {}, (bare,))])
+    assert merged.violations[0].origin == report.origin
+
+
+def test_a_snapshot_keeps_the_worker_and_the_share(tmp_path: Path) -> None:
+    settings = MetraleSettings().with_launch(metrale_worker=WORKER, metrale_device_share=0.5)
+    with open_backend("fake", settings=settings) as gpu:
+        path = gpu.save_snapshot(tmp_path / "s.json")
+        assert load_snapshot(path).origin == gpu.origin
+    data = json.loads(path.read_text())
+    data["origin"]["device_share"] = 0
+    path.write_text(json.dumps(data))
+    with pytest.raises(Exception, match="device_share"):
+        load_snapshot(path)
+
+
+def test_out_of_memory_on_a_shared_device_says_what_others_hold() -> None:
+    settings = MetraleSettings(fake_memory_bytes="1 MiB").with_launch(metrale_device_share=0.5)
+    with open_backend("fake", settings=settings) as gpu, pytest.raises(OutOfMemoryError) as info:
+        gpu.alloc(2 << 20)
+    assert "0 B held by other processes on this device (it is shared: this process has 0.5 of it" in str(info.value)
+    with open_backend("fake", settings=MetraleSettings(fake_memory_bytes="1 MiB")) as gpu, \
+            pytest.raises(OutOfMemoryError) as whole:
+        gpu.alloc(2 << 20)
+    assert "other processes" not in str(whole.value)
