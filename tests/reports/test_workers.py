@@ -33,7 +33,7 @@ def test_with_launch_overrides_the_engines_variables_and_stacks(monkeypatch: pyt
     shared = named.with_launch(metrale_device_share=0.25)
     assert (shared.launch.rank, shared.launch.metrale_worker, shared.launch.metrale_device_share) == (3, WORKER, 0.25)
     assert base.launch.metrale_worker is None and named.launch.metrale_device_share is None  # each unchanged
-    with pytest.raises(ConfigError, match="metrale_device_share=1.5"):
+    with pytest.raises(ConfigError, match=r"metrale_device_share=1\.5"):
         base.with_launch(metrale_device_share=1.5)
     with pytest.raises(ConfigError, match="nodes"):
         base.with_launch(nodes=2)
