@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+from collections.abc import Sequence
 from typing import final
 
 from ._backend import GpuBackend
 from ._discovery import device_count, open_backend
-from ._errors import BackendUnavailableError, ConfigError
+from ._errors import BackendUnavailableError, ConfigError, InvalidArgumentError
 from ._settings.model import MetraleSettings
 
 __all__ = ["Placement", "assigned_ordinal", "open_for_rank", "placement"]
@@ -63,8 +64,8 @@ def _ray_gpu_ids() -> list[str] | None:
     return [str(i) for i in ids] if ids else None
 
 
-def assigned_ordinal(ids: list[str], visible: str | None) -> tuple[int, str]:
-    """The ordinal of the first GPU an engine assigned this process (``ids``: Ray's ``get_gpu_ids()``, as
+def assigned_ordinal(ids: Sequence[str | int], visible: str | None) -> tuple[int, str]:
+    """The ordinal of the first GPU an engine assigned this process (``ids``: Ray's ``get_gpu_ids()``, ints or
     strings) among the devices ``CUDA_VISIBLE_DEVICES`` shows it, and why, in words.
 
     - An id the variable lists opens its place in the list: Ray sets the variable to the assigned ids, so
@@ -75,11 +76,18 @@ def assigned_ordinal(ids: list[str], visible: str | None) -> tuple[int, str]:
     - With the variable unset, an integer id is the ordinal itself.
 
     :raises ConfigError: no id, or one that names none of the devices shown (the message names both).
+    :raises InvalidArgumentError: ``ids`` is not a list of ints and strings, or ``visible`` not a string.
     """
+    if not isinstance(ids, list | tuple) or not all(type(i) in (int, str) for i in ids):
+        raise InvalidArgumentError(f"assigned_ordinal: ids must be a list of GPU ids (ints or strings), got {ids!r}")
+    if visible is not None and not isinstance(visible, str):
+        raise InvalidArgumentError(f"assigned_ordinal: visible must be CUDA_VISIBLE_DEVICES (a str) or None, got "
+                                   f"{visible!r}")
     if not ids:
         raise ConfigError("no GPU is assigned to this process (give the task or actor num_gpus)")
-    first = ids[0].strip()
-    others = f" (of {', '.join(ids)}: the first)" if len(ids) > 1 else ""
+    names = [str(i).strip() for i in ids]
+    first = names[0]
+    others = f" (of {', '.join(names)}: the first)" if len(names) > 1 else ""
     if visible is None:
         if first.isdecimal():
             return int(first), f"GPU {first}{others}, CUDA_VISIBLE_DEVICES unset: ordinal {int(first)}"
@@ -156,6 +164,7 @@ def open_for_rank(name: str | None = None, *, settings: MetraleSettings | None =
     processes and carries their messages; metrale opens the right device.
 
     :raises BackendUnavailableError: the backend cannot run here, or the device cannot be opened.
+    :raises ConfigError: a launcher variable is malformed, or Ray's assignment names no device shown.
     """
     settings = settings or MetraleSettings()
     where = placement(name, settings=settings)

@@ -155,9 +155,7 @@ class Origin:
     def __setstate__(self, state: tuple[Any, ...] | list[Any]) -> None:
         """Unpickle, a pickle of an earlier version (without ``instance``, ``worker`` or ``device_share``) too: the
         missing fields take their defaults (an unknown instance is 0)."""
-        fields = dataclasses.fields(self)
-        for i, field in enumerate(fields):
-            object.__setattr__(self, field.name, state[i] if i < len(state) else field.default)
+        restore_fields(self, state)
 
     @property
     def in_job(self) -> bool:
@@ -187,6 +185,20 @@ class Origin:
     def to_json(self) -> dict[str, Any]:
         """The fields as a JSON object (a snapshot's ``"origin"``)."""
         return dataclasses.asdict(self)
+
+
+def restore_fields(obj: Any, state: tuple[Any, ...] | list[Any]) -> None:
+    """Set the fields of a frozen dataclass ``obj`` from a pickle's ``state``, their values in order: what
+    ``__setstate__`` does for a dataclass that gained fields (with defaults) at its end, so a pickle of an earlier
+    version loads with the new fields at their defaults."""
+    for i, field in enumerate(dataclasses.fields(obj)):
+        if i < len(state):
+            value = state[i]
+        elif field.default_factory is not dataclasses.MISSING:
+            value = field.default_factory()
+        else:
+            value = field.default
+        object.__setattr__(obj, field.name, value)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

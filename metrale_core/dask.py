@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, final
 
 from ._discovery import open_backend
-from ._errors import ConfigError, MetraleError, MissingPackageError, RedZoneError
+from ._errors import ConfigError, InvalidArgumentError, MetraleError, MissingPackageError, RedZoneError
 from ._reports.merge import LedgerReport, MergedReport, merge_reports
 from ._settings.model import MetraleSettings
 
@@ -77,7 +77,13 @@ class MetraleSetup(WorkerPlugin):  # type: ignore[misc,unused-ignore]  # (Any wh
         self, backend: str | None = None, *, allocators: Iterable[str] = (), snapshot_dir: str | os.PathLike[str]
         | None = None, **settings: Any,
     ) -> None:
-        wanted = tuple(allocators) if not isinstance(allocators, str) else (allocators,)
+        if isinstance(allocators, str):
+            allocators = (allocators,)
+        try:
+            wanted = tuple(allocators)
+        except TypeError:
+            raise ConfigError(f"MetraleSetup: allocators must be names among {list(ALLOCATORS)}, got "
+                              f"{allocators!r}") from None
         unknown = [a for a in wanted if a not in ALLOCATORS]
         if unknown:
             raise ConfigError(f"MetraleSetup: unknown allocator(s) {unknown}: choose from {list(ALLOCATORS)}")
@@ -150,7 +156,8 @@ class MetraleSetup(WorkerPlugin):  # type: ignore[misc,unused-ignore]  # (Any wh
             if self._snapshot_dir is not None:
                 folder = Path(self._snapshot_dir)
                 folder.mkdir(parents=True, exist_ok=True)
-                gpu.save_snapshot(folder / f"metrale-{report.origin.host}-{report.origin.pid}.json")
+                o = report.origin  # (two workers of one process, or a plugin registered again: distinct files)
+                gpu.save_snapshot(folder / f"metrale-{o.host}-{o.pid}-{o.instance}.json")
         except (MetraleError, OSError) as exc:
             _log.warning("metrale on Dask worker %s: the report at teardown failed: %s", worker.address, exc)
         finally:
@@ -228,7 +235,10 @@ def gather_reports(
       reports are whole.
 
     :raises ConfigError: no worker answered.
+    :raises InvalidArgumentError: ``top`` is not a positive integer (before any worker is asked).
     """
+    if type(top) is not int or top < 1:
+        raise InvalidArgumentError(f"gather_reports: top must be a positive integer, got {top!r}")
     # sweep by keyword: client.run passes the worker as the keyword dask_worker, so a positional argument would
     # land on dask_worker too (a TypeError on every worker)
     answers = client.run(_worker_report, sweep=sweep, workers=workers, on_error="return")

@@ -400,11 +400,13 @@ class Allocator:
         if origin is None or not origin.shared:
             return ""
         stats = self._monitor.stats()
+        zones = sum(z.length for z in self._guard.zones.live())  # the live allocations' red zones
         here = (stats.current_total_bytes + stats.arena_capacity + stats.redzone_quarantined_bytes
-                + stats.redzone_reusable_bytes + sum(pool.cached_bytes for pool in list(self._holdings.pools)))
+                + stats.redzone_reusable_bytes + sum(pool.cached_bytes for pool in list(self._holdings.pools)) + zones)
         return (
             f"; {format_bytes(max(0, used - here))} held by other processes on this device (it is shared: this "
-            f"process has {origin.device_share:g} of it; the driver's own memory counted in)"
+            f"process has {origin.device_share:g} of it; the driver's own memory and other libraries' in this "
+            "process counted in)"
         )
 
     def alloc_host(self, nbytes: object) -> HostBuffer:

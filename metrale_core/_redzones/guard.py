@@ -62,8 +62,8 @@ class ZoneGuard:
 
     __slots__ = (
         "_blocks", "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_settled", "_found",
-        "_full_checked", "_observers", "_orders", "_queued", "_raw", "_scan_graphs", "_scanner", "_stats", "fills",
-        "lock", "zones",
+        "_found_lock", "_full_checked", "_observers", "_orders", "_queued", "_raw", "_scan_graphs", "_scanner",
+        "_stats", "fills", "lock", "zones",
     )
 
     def __init__(self, ctx: DeviceContext, stats: StatsCounter, default: Stream) -> None:
@@ -83,6 +83,8 @@ class ZoneGuard:
         self._observers: list[Callable[[str, RedZoneViolation], object]] = []
         #: The violations found since the backend opened, a zone once (its first finding), for its reports.
         self._found: dict[tuple[int, str], RedZoneViolation] = {}
+        #: Its own lock, never held while waiting: a report reads it while a scan (holding `lock`) waits for the device.
+        self._found_lock = threading.Lock()
         self._full_checked: list[FullCheck] = []
         self._scanner = Scanner(ctx, self.zones, self._default)
         self._queued = QueuedScans(ctx, self.zones, self._scanner, stats, self.lock, self.report)
@@ -294,7 +296,7 @@ class ZoneGuard:
         violations[:] = [
             self._named(v, origin, self._suspects(span, graphs)) for v, span in zip(violations, spans, strict=True)
         ]
-        with self.lock:
+        with self._found_lock:
             for v in violations:
                 if len(self._found) < FOUND_KEPT:
                     self._found.setdefault((v.index, v.side), v)
@@ -512,8 +514,8 @@ class ZoneGuard:
 
     def found(self) -> tuple[RedZoneViolation, ...]:
         """The violations found since the backend opened, in the order found, each zone once (the first
-        `FOUND_KEPT` zones: a report of more would not be read)."""
-        with self.lock:
+        `FOUND_KEPT` zones: a report of more would not be read). It never waits for a check, nor for the device."""
+        with self._found_lock:
             return tuple(self._found.values())
 
     # -- close ---------------------------------------------------------------------------------

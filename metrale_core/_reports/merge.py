@@ -21,7 +21,7 @@ from .._device.stats import MemoryStats
 from .._errors import InvalidArgumentError
 from .._memory.ledger import Ledger
 from .._memory.snapshot import MemorySnapshot, SnapshotEvent
-from .._types import AllocRecord, Origin, RedZoneViolation, format_bytes
+from .._types import AllocRecord, Origin, RedZoneViolation, format_bytes, restore_fields
 
 __all__ = [
     "LedgerReport", "MergedReport", "RankSummary", "SiteTotal", "ledger_report", "merge_reports", "merge_snapshots",
@@ -51,6 +51,10 @@ class LedgerReport:
     swept: tuple[AllocRecord, ...]
     stats: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     violations: tuple[RedZoneViolation, ...] = ()
+
+    def __setstate__(self, state: tuple[Any, ...] | list[Any]) -> None:
+        """Unpickle, a pickle of an earlier version (without ``violations``) too: it has none."""
+        restore_fields(self, state)
 
     @classmethod
     def from_snapshot(cls, snapshot: MemorySnapshot) -> LedgerReport:
@@ -93,6 +97,10 @@ class RankSummary:
     leaked_count: int
     peak_total_bytes: int
     violation_count: int = 0
+
+    def __setstate__(self, state: tuple[Any, ...] | list[Any]) -> None:
+        """Unpickle, a pickle of an earlier version (without ``violation_count``) too: 0."""
+        restore_fields(self, state)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -168,6 +176,10 @@ class MergedReport:
     largest_leaks: tuple[SiteTotal, ...]
     #: Every process's red-zone violations, in process order, each with its origin.
     violations: tuple[RedZoneViolation, ...] = ()
+
+    def __setstate__(self, state: tuple[Any, ...] | list[Any]) -> None:
+        """Unpickle, a pickle of an earlier version (without ``violations``) too: none."""
+        restore_fields(self, state)
 
     @property
     def live_bytes(self) -> int:
@@ -289,8 +301,18 @@ def _checked(item: object, i: int) -> LedgerReport:
         raise _refused(f"{where}: its stats", "must be a mapping (as ledger_report() gives)", item.stats)
     live, swept = _records(item.live, f"{where}: its live"), _records(item.swept, f"{where}: its swept")
     violations = getattr(item, "violations", ())
-    if not isinstance(violations, tuple | list) or not all(isinstance(v, RedZoneViolation) for v in violations):
+    if not isinstance(violations, tuple | list):
         raise _refused(f"{where}: its violations", "must be a tuple of RedZoneViolation", violations)
+    for j, v in enumerate(violations):
+        if not (
+            isinstance(v, RedZoneViolation)
+            and all(type(getattr(v, k)) is int for k in ("ptr", "nbytes", "index", "offset"))
+            and type(v.site) is str and v.side in ("trail", "lead") and isinstance(v.suspects, tuple)
+            and all(type(x) is str for x in v.suspects) and (v.origin is None or v.origin == o)
+        ):
+            raise _refused(f"{where}: its violations[{j}]", "must be a RedZoneViolation its backend found (ptr, "
+                           "nbytes, index and offset integers, site a str, side 'trail' or 'lead', suspects a tuple "
+                           "of str, origin None or the report's)", v)
     # each violation named by the backend that found it (a report's own, where it names none)
     named = tuple(v if v.origin is not None else dataclasses.replace(v, origin=o) for v in violations)
     return LedgerReport(o, live, swept, dict(item.stats), named)

@@ -351,11 +351,20 @@ class MetraleSettings(BaseSettings):
         rest still read from the environment. What an engine's glue (the Dask plugin, ``open_for_actor``) hands
         [`open_backend`][metrale_core.open_backend], so the origin names the worker; these settings are unchanged.
 
+        A bad variable the values leave to the environment (``LOCAL_RANK=-1``) is logged at WARNING and read as
+        unset, as a plain open reads it: it stops a placement, not this.
+
         :raises ConfigError: a value is bad, or names no variable.
         """
         if self._launch is not None:
             values = {name: getattr(self._launch, name) for name in self._launch.model_fields_set} | values
-        launch = LaunchEnvironment(**values)
+        alone = {name: None for name in LaunchEnvironment.model_fields if name not in values}
+        given = LaunchEnvironment(**alone, **values)  # the values alone: a bad one raises here
+        try:
+            launch = LaunchEnvironment(**values)
+        except ConfigError as exc:  # a variable's
+            _log.warning("with_launch: the engine's variables are read as unset: %s", exc)
+            launch = given
         copy = self.model_copy()
         copy._launch = launch
         return copy

@@ -34,6 +34,7 @@ from metrale_core import (
     BackendNotFoundError,
     ConfigError,
     DoorError,
+    InvalidArgumentError,
     MetraleError,
     MissingPackageError,
     load_snapshot,
@@ -252,6 +253,13 @@ def test_metrale_setup_refuses_a_bad_allocator_or_setting_on_the_client() -> Non
         MetraleSetup(redzone=-1)
     with pytest.raises(ConfigError, match="bogus=1: no such setting"):
         MetraleSetup(bogus=1)
+    with pytest.raises(ConfigError, match="allocators must be names"):
+        MetraleSetup(allocators=5)  # type: ignore[arg-type]
+
+
+def test_gather_reports_refuses_a_bad_top_before_asking_a_worker(client: Client) -> None:
+    with pytest.raises(InvalidArgumentError, match="top must be a positive integer"):
+        gather_reports(client, sweep=True, top=0)
 
 
 def test_a_setup_that_fails_on_the_workers_reaches_the_client_typed(client: Client) -> None:

@@ -26,8 +26,15 @@ pytest.importorskip("ray", reason="metrale_core.ray needs Ray (pip install ray)"
 
 import ray
 
-from metrale_core import ConfigError, LedgerReport, MetraleSettings, OutOfMemoryError, merge_reports
-from metrale_core._placement import assigned_ordinal
+from metrale_core import (
+    ConfigError,
+    InvalidArgumentError,
+    LedgerReport,
+    MetraleSettings,
+    OutOfMemoryError,
+    assigned_ordinal,
+    merge_reports,
+)
 from metrale_core.ray import open_for_actor
 from metrale_fake._visible import fake_uuid
 
@@ -142,11 +149,17 @@ def test_assigned_ordinal(ids: list[str], visible: str | None, ordinal: int) -> 
 
 
 def test_an_integer_id_and_its_string_are_one_gpu() -> None:
-    """Ray gives ints where the node's variable is unset and strings where it is set (ray#28659); the caller hands
-    them over as strings (``str(i)``), and both name one device."""
+    """Ray gives ints where the node's variable is unset and strings where it is set (ray#28659): both name one
+    device, handed over as Ray gives them."""
     for visible in (None, "1", "1,0", "0,1"):
-        assert assigned_ordinal([str(1)], visible) == assigned_ordinal(["1"], visible)
-    assert assigned_ordinal([str(i) for i in [1, 0]], "0,1")[0] == 1
+        assert assigned_ordinal([1], visible) == assigned_ordinal(["1"], visible)
+    assert assigned_ordinal([1, 0], "0,1")[0] == 1
+
+
+@pytest.mark.parametrize(("ids", "visible"), [("1", "1"), ([1.0], "1"), ([None], None), ([1], 1)])
+def test_assigned_ordinal_refuses_what_is_no_list_of_ids(ids: object, visible: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="assigned_ordinal"):
+        assigned_ordinal(ids, visible)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("ids", "visible", "message"), [

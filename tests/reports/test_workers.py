@@ -3,6 +3,7 @@ travel in a report, Slurm's local rank, and `MetraleSettings.with_launch`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 from pathlib import Path
@@ -11,11 +12,13 @@ import pytest
 
 from metrale_core import (
     ConfigError,
+    InvalidArgumentError,
     LaunchEnvironment,
     LedgerReport,
     MetraleSettings,
     OutOfMemoryError,
     RedZoneViolation,
+    SnapshotError,
     load_snapshot,
     merge_reports,
     open_backend,
@@ -37,6 +40,25 @@ def test_with_launch_overrides_the_engines_variables_and_stacks(monkeypatch: pyt
         base.with_launch(metrale_device_share=1.5)
     with pytest.raises(ConfigError, match="nodes"):
         base.with_launch(nodes=2)
+
+
+def test_with_launch_reads_a_bad_variable_it_leaves_to_the_environment_as_unset(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "-1")  # stops a placement, not a worker's open
+    monkeypatch.setenv("RANK", "2")
+    settings = MetraleSettings().with_launch(metrale_worker=WORKER)
+    assert (settings.launch.metrale_worker, settings.launch.local_rank) == (WORKER, None)
+    assert "LOCAL_RANK='-1'" in caplog.text
+    with open_backend("fake", settings=settings) as gpu:
+        assert gpu.origin.worker == WORKER
+
+
+def test_old_pickles_of_reports_load_without_violations() -> None:
+    origin = Origin("h", 1, None, None, "fake", 0)
+    old = LedgerReport.__new__(LedgerReport)
+    old.__setstate__((origin, (), (), {}))  # a LedgerReport pickled before it carried violations
+    assert old.violations == () and merge_reports([old]).violations == ()
 
 
 def test_an_empty_variable_is_unset_but_for_the_devices_shown(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,12 +149,16 @@ def test_merged_reports_name_each_worker_its_leaks_and_its_violations() -> None:
 
 def test_merge_refuses_a_report_whose_violations_or_worker_are_not_what_they_claim() -> None:
     report = _leak_and_overrun("w1")
-    with pytest.raises(Exception, match="its violations"):
+    with pytest.raises(InvalidArgumentError, match=r"its violations\[0\]"):
         merge_reports([LedgerReport(report.origin, report.live, report.swept, report.stats, ("x",))])  # type: ignore[arg-type]
-    import dataclasses
-
+    (found,) = report.violations
+    elsewhere = dataclasses.replace(found, origin=dataclasses.replace(report.origin, pid=report.origin.pid + 1))
+    with pytest.raises(InvalidArgumentError, match="origin None or the report's"):
+        merge_reports([dataclasses.replace(report, violations=(elsewhere,))])
+    with pytest.raises(InvalidArgumentError, match="ptr, nbytes"):
+        merge_reports([dataclasses.replace(report, violations=(dataclasses.replace(found, ptr="0x10"),))])
     bad = dataclasses.replace(report, origin=dataclasses.replace(report.origin, device_share=2.0))
-    with pytest.raises(Exception, match="device_share"):
+    with pytest.raises(InvalidArgumentError, match="device_share"):
         merge_reports([bad])
 
 
@@ -151,7 +177,7 @@ def test_a_snapshot_keeps_the_worker_and_the_share(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     data["origin"]["device_share"] = 0
     path.write_text(json.dumps(data))
-    with pytest.raises(Exception, match="device_share"):
+    with pytest.raises(SnapshotError, match="device_share"):
         load_snapshot(path)
 
 

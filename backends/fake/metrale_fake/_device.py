@@ -431,7 +431,7 @@ class FakeDevice(RawDevice):
             raise error_for_code(
                 "CUDA_ERROR_INVALID_DEVICE", f"fake enable_peer_access: the peer is not a fake device ({peer!r})"
             )
-        if peer._ordinal != self._ordinal and not (self._peer_access and peer._peer_access):
+        if peer._index != self._index and not (self._peer_access and peer._peer_access):
             raise error_for_code(
                 "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
                 f"fake enable_peer_access: fake device {self._ordinal} cannot access device {peer._ordinal} "

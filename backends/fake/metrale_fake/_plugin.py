@@ -20,16 +20,19 @@ if TYPE_CHECKING:
 
 def _open(settings: MetraleSettings, ordinal: int) -> FakeDevice:
     shown = _shown(settings)
+    own = settings.plugin(FakeSettings)
     if not shown:  # as cuInit answers where CUDA_VISIBLE_DEVICES shows nothing
         raise BackendUnavailableError(
-            f"no fake device is visible: CUDA_VISIBLE_DEVICES={settings.visible_devices!r} shows none of "
-            f"the fake's {settings.plugin(FakeSettings).device_count} (list indexes or FAKE- UUIDs, or unset it)",
+            f"no fake device is visible: CUDA_VISIBLE_DEVICES={settings.visible_devices!r} shows none of the fake's "
+            f"{own.device_count} (it lists indexes 0..{own.device_count - 1} or FAKE- UUIDs, each once, as the "
+            "driver reads them). Where it names real GPUs, set METRALE_FAKE_FOLLOW_VISIBLE_DEVICES=0 (or "
+            "METRALE_FAKE_DEVICE_COUNT past the highest index)",
             code=cuda_code("CUDA_ERROR_NO_DEVICE"), name="CUDA_ERROR_NO_DEVICE",
         )
     count = len(shown)
     if not 0 <= ordinal < count:  # as the CUDA backend refuses it
         limit = "METRALE_FAKE_DEVICE_COUNT sets how many"
-        if settings.visible_devices is not None:
+        if own.follow_visible_devices and settings.visible_devices is not None:
             limit += f"; CUDA_VISIBLE_DEVICES={settings.visible_devices} shows {count}"
         raise BackendUnavailableError(
             f"fake device {ordinal} does not exist: the fake has {count} device(s), ordinals 0..{count - 1} "
@@ -42,8 +45,10 @@ def _open(settings: MetraleSettings, ordinal: int) -> FakeDevice:
 
 
 def _shown(settings: MetraleSettings) -> tuple[int, ...]:
-    """The fake devices this process sees, by index, in ordinal order (``CUDA_VISIBLE_DEVICES``, as the driver)."""
-    return visible_devices(settings.visible_devices, settings.plugin(FakeSettings).device_count)
+    """The fake devices this process sees, by index, in ordinal order (``CUDA_VISIBLE_DEVICES``, as the driver,
+    where ``follow_visible_devices`` is on)."""
+    own = settings.plugin(FakeSettings)
+    return visible_devices(settings.visible_devices if own.follow_visible_devices else None, own.device_count)
 
 
 def _device_count(settings: MetraleSettings) -> int:

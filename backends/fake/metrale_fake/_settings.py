@@ -31,6 +31,12 @@ class FakeSettings(PluginSettings):
         description="How many fake devices this process sees, ordinals `0 .. device_count - 1`, each with its own "
         "capacity and address range; opening a higher ordinal is refused as CUDA refuses it.",
     )
+    follow_visible_devices: bool = Field(
+        True,
+        description="The fake shows only the devices `CUDA_VISIBLE_DEVICES` lists, renumbered from 0, as the driver "
+        "does (indexes, or `FAKE-` UUIDs), so an engine's worker code runs on the fake as on a GPU host. Off, it shows "
+        "its `device_count` devices whatever the variable says (a GPU host whose variable names real GPUs).",
+    )
     peer_access: bool = Field(
         True,
         description="Whether two fake devices can reach each other directly: off, `enable_peer_access` between two "

@@ -14,14 +14,19 @@ from metrale_fake._visible import fake_uuid, visible_devices
     ("", ()),  # empty: none
     ("1,0", (1, 0)),  # renumbered from 0 in the order listed
     (" 2 , 0 ", (2, 0)),  # whitespace around entries
-    ("0,0,1", (0,)),  # a device listed twice ends the list there
-    ("1,5,0", (1,)),  # out of range ends it
-    ("-1,0", ()),
-    ("x,1", ()),  # an unknown entry first: nothing shown
-    ("MIG-0a1b,0", ()),
+    ("1gpu2,0", (1, 0)),  # read as strtoul reads a number: its leading digits
+    ("0,0,1", ()),  # a device listed twice: none at all
+    ("1,0,1", ()),
+    ("1,5,0", (1,)),  # past the last device ends the list
+    ("1,-1,0", (1,)),  # so does a negative entry
+    ("x,1", ()),  # an entry that is no number first: nothing shown
+    ("0,FAKE-,1", (0,)),  # a UUID in a list of indexes ends it
     (fake_uuid(2), (2,)),  # a UUID whole
-    (fake_uuid(1)[:13] + ",0", (1, 0)),  # or a unique prefix of one, as the driver takes GPU-…
+    (fake_uuid(1)[:13] + "," + fake_uuid(0), (1, 0)),  # or a unique prefix of one, as the driver takes GPU-…
+    (fake_uuid(1) + ",0", (1,)),  # an index in a list of UUIDs ends it
+    (fake_uuid(1) + "," + fake_uuid(1), ()),  # a UUID listed twice: none
     ("FAKE-", ()),  # no UUID at all
+    ("MIG-0a1b,0", ()),
 ])
 def test_cuda_visible_devices_reads_as_the_driver_reads_it(spec: str | None, shown: tuple[int, ...]) -> None:
     assert visible_devices(spec, 3) == shown
@@ -57,6 +62,16 @@ def test_an_ordinal_past_the_devices_shown_is_refused_naming_the_variable(monkey
     with pytest.raises(BackendUnavailableError, match="CUDA_VISIBLE_DEVICES=1 shows 1") as info:
         open_backend("fake", ordinal=1, settings=MetraleSettings(fake_device_count=2))
     assert info.value.name == "CUDA_ERROR_INVALID_DEVICE"
+
+
+def test_a_variable_naming_real_gpus_is_followed_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # a GPU host's, naming its fourth GPU
+    with pytest.raises(BackendUnavailableError, match="METRALE_FAKE_FOLLOW_VISIBLE_DEVICES=0"):
+        open_backend("fake", settings=MetraleSettings())
+    settings = MetraleSettings(fake_follow_visible_devices=False, fake_device_count=2)
+    assert device_count("fake", settings=settings) == 2
+    with open_backend("fake", ordinal=1, settings=settings) as gpu:
+        assert gpu.origin.device_uuid == fake_uuid(1)
 
 
 def test_a_bad_launcher_variable_does_not_hide_the_devices(monkeypatch: pytest.MonkeyPatch) -> None:
