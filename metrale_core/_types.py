@@ -196,8 +196,10 @@ def restore_fields(obj: Any, state: tuple[Any, ...] | list[Any]) -> None:
             value = state[i]
         elif field.default_factory is not dataclasses.MISSING:
             value = field.default_factory()
-        else:
+        elif field.default is not dataclasses.MISSING:
             value = field.default
+        else:  # a pickle cut short: no version of the class lacked this field
+            raise TypeError(f"{type(obj).__name__}: the pickle has no {field.name!r}")
         object.__setattr__(obj, field.name, value)
 
 

@@ -68,7 +68,7 @@ def open_for_actor(name: str | None = None, *, settings: MetraleSettings | None 
     settings = settings or MetraleSettings()
     ids, share, worker = _assignment(ray)
     try:
-        ordinal, why = assigned_ordinal(ids, settings.launch.cuda_visible_devices)
+        ordinal, why = assigned_ordinal(ids, settings.visible_devices)
     except ConfigError as exc:
         raise ConfigError(f"open_for_actor: {exc}") from None
     launch: dict[str, Any] = {"metrale_worker": worker}

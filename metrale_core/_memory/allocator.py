@@ -369,7 +369,7 @@ class Allocator:
                 f"{format_bytes(info.free)} free ({format_bytes(info.effective_free)} effective) "
                 f"of {format_bytes(info.total)}"
             )
-            memory += self._held_by_others(info.total - info.free)
+            memory += self._held_by_others(info.total - info.free, records)
         except MetraleError:
             memory = "free memory unknown"
         sites = describe_sites(largest_sites(records))
@@ -392,21 +392,23 @@ class Allocator:
             requested=n, code=exc.code, name=exc.name,
         )
 
-    def _held_by_others(self, used: int) -> str:
-        """Where the engine shares this device with other processes (``Origin.device_share`` below 1), the bytes
-        in use on it that this backend does not hold (its ledger, arenas, quarantine, reuse lists and pools' caches;
-        its red zones and the driver's own memory are counted in)."""
+    def _held_by_others(self, used: int, records: list[AllocRecord]) -> str:
+        """Where the engine shares this device with other processes (``Origin.device_share`` below 1), the bytes in
+        use on it outside this backend's allocations: its ledger (with the red zones of what is on it), arenas,
+        quarantine (zones included), reuse lists and pools' caches are this backend's; the rest is the other
+        processes', with the driver's own memory and metrale's scratch for its checks."""
         origin = self._holdings.ledger.origin
         if origin is None or not origin.shared:
             return ""
         stats = self._monitor.stats()
-        zones = sum(z.length for z in self._guard.zones.live())  # the live allocations' red zones
-        here = (stats.current_total_bytes + stats.arena_capacity + stats.redzone_quarantined_bytes
-                + stats.redzone_reusable_bytes + sum(pool.cached_bytes for pool in list(self._holdings.pools)) + zones)
+        on_ledger = {r.index for r in records}
+        zones = sum(z.length for z in self._guard.zones.live() if z.buffer.index in on_ledger)
+        here = (stats.current_total_bytes + zones + stats.arena_capacity + stats.redzone_quarantined_bytes
+                + stats.redzone_reusable_bytes + sum(pool.cached_bytes for pool in list(self._holdings.pools)))
         return (
-            f"; {format_bytes(max(0, used - here))} held by other processes on this device (it is shared: this "
-            f"process has {origin.device_share:g} of it; the driver's own memory and other libraries' in this "
-            "process counted in)"
+            f"; {format_bytes(max(0, used - here))} in use outside this backend's allocations, most of it held by "
+            f"other processes on this device (it is shared: this process has {origin.device_share:g} of it; the "
+            "driver's own memory and metrale's scratch are counted in)"
         )
 
     def alloc_host(self, nbytes: object) -> HostBuffer:

@@ -358,13 +358,20 @@ class MetraleSettings(BaseSettings):
         """
         if self._launch is not None:
             values = {name: getattr(self._launch, name) for name in self._launch.model_fields_set} | values
-        alone = {name: None for name in LaunchEnvironment.model_fields if name not in values}
-        given = LaunchEnvironment(**alone, **values)  # the values alone: a bad one raises here
+        unset = dict.fromkeys(LaunchEnvironment.model_fields)
+        LaunchEnvironment(**(unset | values))  # the values alone: a bad one raises here
         try:
             launch = LaunchEnvironment(**values)
-        except ConfigError as exc:  # a variable's
-            _log.warning("with_launch: the engine's variables are read as unset: %s", exc)
-            launch = given
+        except ConfigError as exc:  # a variable's: each read alone, the bad ones as unset
+            _log.warning("with_launch: %s (read as unset)", exc)
+            read: dict[str, Any] = {}
+            for name in unset.keys() - values.keys():
+                try:
+                    others = {k: None for k in unset if k != name}  # (name, not given, is read from its variable)
+                    read[name] = getattr(LaunchEnvironment(**(others | values)), name)
+                except ConfigError:
+                    read[name] = None
+            launch = LaunchEnvironment(**(unset | read | values))
         copy = self.model_copy()
         copy._launch = launch
         return copy

@@ -146,6 +146,13 @@ def _use_held() -> bool:
     return True
 
 
+def _overrun_and_leak() -> int:
+    gpu = worker_backend()
+    buf = gpu.alloc(256)  # left on the ledger: the end-of-job sweep checks its zones again
+    gpu.memset(buf.ptr + buf.nbytes + 3, 7, nbytes=2)
+    return os.getpid()
+
+
 def _capture_log(dask_worker: Any) -> None:
     logging.getLogger("metrale").addHandler(logging.handlers.BufferingHandler(10_000))
 
@@ -207,6 +214,15 @@ def test_a_leak_on_one_worker_and_an_overrun_on_the_other_are_in_the_merged_repo
     assert f"allocated at {OVERRUN_SITE}" in zones[0], text
     once = gather_reports(setup, sweep=True, workers=[leaky])  # one worker asked: its report alone
     assert [r.origin.worker for r in once.ranks] == [leaky] and once.leaked_bytes == 4096
+
+
+def test_a_worker_that_raises_on_violations_still_reports_them(client: Client) -> None:
+    client.register_plugin(MetraleSetup(redzone=64, redzone_action="raise"))
+    _, overrunning = _workers(client)
+    client.submit(_overrun_and_leak, workers=[overrunning], pure=False).result()
+    merged = gather_reports(client, sweep=True)  # the scan and the sweep raise on the worker: the report is whole
+    assert [v.site for v in merged.violations] == [_site(_overrun_and_leak, ".alloc(256)")]
+    assert merged.leaked_bytes == 256
 
 
 def test_gathering_without_a_sweep_leaves_the_workers_memory_alone(setup: Client) -> None:

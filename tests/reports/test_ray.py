@@ -28,11 +28,9 @@ import ray
 
 from metrale_core import (
     ConfigError,
-    InvalidArgumentError,
     LedgerReport,
     MetraleSettings,
     OutOfMemoryError,
-    assigned_ordinal,
     merge_reports,
 )
 from metrale_core.ray import open_for_actor
@@ -123,57 +121,6 @@ def holders(count: int, **options: Any) -> Iterator[list[Any]]:
 
 def _where(actors: list[Any]) -> list[dict[str, Any]]:
     return list(ray.get([a.where.remote() for a in actors], timeout=TIMEOUT))
-
-
-# -- which ordinal Ray's assignment is, without Ray --------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("ids", "visible", "ordinal"), [
-    (["0"], None, 0),  # the variable unset: an integer id is the ordinal
-    (["1"], None, 1),
-    (["1"], "1", 0),  # Ray set the variable to the assigned GPU: it is shown first
-    (["1"], "1,0", 0),  # Ray left the node's variable alone (NOSET, ray#26493): its place in the list
-    (["0"], "1,0", 1),
-    ([" 1 "], " 0 , 1 ", 1),  # whitespace on either side
-    (["1", "0"], "0,1", 1),  # several GPUs: the first
-    ([U1], f"{U0},{U1}", 1),  # UUIDs (ray#43314), whole on both sides
-    ([U1], f"{U0[:13]},{U1[:13]}", 1),  # a prefix in the variable
-    ([U1[:13]], f"{U0},{U1}", 1),  # a prefix as the id
-    ([U1], U1, 0),
-], ids=["unset-0", "unset-1", "set-by-ray", "noset-1", "noset-0", "whitespace", "several", "uuid", "uuid-prefix-listed",
-        "uuid-prefix-assigned", "uuid-set-by-ray"])
-def test_assigned_ordinal(ids: list[str], visible: str | None, ordinal: int) -> None:
-    got, why = assigned_ordinal(ids, visible)
-    assert got == ordinal
-    assert ids[0].strip() in why and (visible is None or visible in why)
-
-
-def test_an_integer_id_and_its_string_are_one_gpu() -> None:
-    """Ray gives ints where the node's variable is unset and strings where it is set (ray#28659): both name one
-    device, handed over as Ray gives them."""
-    for visible in (None, "1", "1,0", "0,1"):
-        assert assigned_ordinal([1], visible) == assigned_ordinal(["1"], visible)
-    assert assigned_ordinal([1, 0], "0,1")[0] == 1
-
-
-@pytest.mark.parametrize(("ids", "visible"), [("1", "1"), ([1.0], "1"), ([None], None), ([1], 1)])
-def test_assigned_ordinal_refuses_what_is_no_list_of_ids(ids: object, visible: object) -> None:
-    with pytest.raises(InvalidArgumentError, match="assigned_ordinal"):
-        assigned_ordinal(ids, visible)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(("ids", "visible", "message"), [
-    ([], "0", "no GPU is assigned"),
-    (["2"], "0,1", "GPU '2' is assigned, but CUDA_VISIBLE_DEVICES='0,1' does not list it"),
-    ([U1], f"{U0}", f"GPU '{U1}' is assigned, but CUDA_VISIBLE_DEVICES='{U0}' does not list it"),
-    (["1"], "1,1", "CUDA_VISIBLE_DEVICES='1,1' lists it twice"),
-    (["1"], "", "CUDA_VISIBLE_DEVICES='' does not list it"),
-    ([U1], None, f"GPU '{U1}' is assigned, but CUDA_VISIBLE_DEVICES is unset"),
-], ids=["none", "not-listed", "uuid-not-listed", "listed-twice", "empty", "uuid-unset"])
-def test_an_assignment_no_device_shows_is_a_config_error_naming_both(ids: list[str], visible: str | None,
-                                                                      message: str) -> None:
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        assigned_ordinal(ids, visible)
 
 
 # -- outside Ray, and without a GPU ------------------------------------------------------------------------------
@@ -280,6 +227,26 @@ def test_a_leak_and_an_overrun_on_two_actors_merge_into_one_report() -> None:
     (found,) = text.split("red-zone violations across the job:\n")[1].splitlines()
     assert found.startswith(f"  worker {overrun_origin.worker}: red zone trail: a write past the end")
     assert f"allocated at {violation.site}" in found
+
+
+@pytest.mark.usefixtures("cluster")
+def test_an_actor_that_dies_leaves_the_others_reports_whole() -> None:
+    """Each report gathered on its own (``ray.wait``, then ``ray.get`` of each): one actor's death costs its report
+    alone, as docs/distributed.md shows."""
+    with holders(2) as (alive, dying):
+        ray.get(alive.leak.remote(4321), timeout=TIMEOUT)
+        ray.kill(dying, no_restart=True)
+        refs = [a.report.remote() for a in (alive, dying)]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=TIMEOUT)
+        reports, lost = [], []
+        for ref in ready:
+            try:
+                reports.append(ray.get(ref, timeout=TIMEOUT))
+            except ray.exceptions.RayActorError as exc:
+                lost.append(exc)
+    assert len(reports) == 1 and len(lost) == 1
+    merged = merge_reports(reports)
+    assert merged.leaked_bytes == 4321 and merged.ranks[0].origin == reports[0].origin
 
 
 @pytest.mark.usefixtures("cluster")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -19,14 +20,17 @@ from metrale_core import (
     OutOfMemoryError,
     RedZoneViolation,
     SnapshotError,
+    assigned_ordinal,
     load_snapshot,
     merge_reports,
     open_backend,
     placement,
 )
 from metrale_core._types import Origin
+from metrale_fake._visible import fake_uuid
 
 WORKER = "tcp://10.0.0.2:4242"
+U0, U1 = fake_uuid(0), fake_uuid(1)
 
 
 def test_with_launch_overrides_the_engines_variables_and_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,11 +51,16 @@ def test_with_launch_reads_a_bad_variable_it_leaves_to_the_environment_as_unset(
 ) -> None:
     monkeypatch.setenv("LOCAL_RANK", "-1")  # stops a placement, not a worker's open
     monkeypatch.setenv("RANK", "2")
-    settings = MetraleSettings().with_launch(metrale_worker=WORKER)
-    assert (settings.launch.metrale_worker, settings.launch.local_rank) == (WORKER, None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    settings = MetraleSettings(fake_device_count=2).with_launch(metrale_worker=WORKER)
+    launch = settings.launch
+    assert (launch.metrale_worker, launch.local_rank, launch.rank, launch.cuda_visible_devices) == (WORKER, None, 2,
+                                                                                                   "1,0")
     assert "LOCAL_RANK='-1'" in caplog.text
-    with open_backend("fake", settings=settings) as gpu:
+    with open_backend("fake", settings=settings) as gpu, open_backend("fake", settings=MetraleSettings(
+            fake_device_count=2)) as plain:
         assert gpu.origin.worker == WORKER
+        assert gpu.origin.device_uuid == plain.origin.device_uuid, "the device a plain open shows"
 
 
 def test_old_pickles_of_reports_load_without_violations() -> None:
@@ -185,8 +194,60 @@ def test_out_of_memory_on_a_shared_device_says_what_others_hold() -> None:
     settings = MetraleSettings(fake_memory_bytes="1 MiB").with_launch(metrale_device_share=0.5)
     with open_backend("fake", settings=settings) as gpu, pytest.raises(OutOfMemoryError) as info:
         gpu.alloc(2 << 20)
-    assert "0 B held by other processes on this device (it is shared: this process has 0.5 of it" in str(info.value)
+    assert ("0 B in use outside this backend's allocations, most of it held by other processes on this device (it is "
+            "shared: this process has 0.5 of it") in str(info.value)
     with open_backend("fake", settings=MetraleSettings(fake_memory_bytes="1 MiB")) as gpu, \
             pytest.raises(OutOfMemoryError) as whole:
         gpu.alloc(2 << 20)
     assert "other processes" not in str(whole.value)
+
+
+# -- which ordinal Ray's assignment is, without Ray --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ids", "visible", "ordinal"), [
+    (["0"], None, 0),  # the variable unset: an integer id is the ordinal
+    (["1"], None, 1),
+    (["1"], "1", 0),  # Ray set the variable to the assigned GPU: it is shown first
+    (["1"], "1,0", 0),  # Ray left the node's variable alone (NOSET, ray#26493): its place in the list
+    (["0"], "1,0", 1),
+    ([" 1 "], " 0 , 1 ", 1),  # whitespace on either side
+    (["1", "0"], "0,1", 1),  # several GPUs: the first
+    ([U1], f"{U0},{U1}", 1),  # UUIDs (ray#43314), whole on both sides
+    ([U1], f"{U0[:13]},{U1[:13]}", 1),  # a prefix in the variable
+    ([U1[:13]], f"{U0},{U1}", 1),  # a prefix as the id
+    ([U1], U1, 0),
+], ids=["unset-0", "unset-1", "set-by-ray", "noset-1", "noset-0", "whitespace", "several", "uuid", "uuid-prefix-listed",
+        "uuid-prefix-assigned", "uuid-set-by-ray"])
+def test_assigned_ordinal(ids: list[str], visible: str | None, ordinal: int) -> None:
+    got, why = assigned_ordinal(ids, visible)
+    assert got == ordinal
+    assert ids[0].strip() in why and (visible is None or visible in why)
+
+
+def test_an_integer_id_and_its_string_are_one_gpu() -> None:
+    """Ray gives ints where the node's variable is unset and strings where it is set (ray#28659): both name one
+    device, handed over as Ray gives them."""
+    for visible in (None, "1", "1,0", "0,1"):
+        assert assigned_ordinal([1], visible) == assigned_ordinal(["1"], visible)
+    assert assigned_ordinal([1, 0], "0,1")[0] == 1
+
+
+@pytest.mark.parametrize(("ids", "visible"), [("1", "1"), ([1.0], "1"), ([None], None), ([1], 1)])
+def test_assigned_ordinal_refuses_what_is_no_list_of_ids(ids: object, visible: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="assigned_ordinal"):
+        assigned_ordinal(ids, visible)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("ids", "visible", "message"), [
+    ([], "0", "no GPU is assigned"),
+    (["2"], "0,1", "GPU '2' is assigned, but CUDA_VISIBLE_DEVICES='0,1' does not list it"),
+    ([U1], f"{U0}", f"GPU '{U1}' is assigned, but CUDA_VISIBLE_DEVICES='{U0}' does not list it"),
+    (["1"], "1,1", "CUDA_VISIBLE_DEVICES='1,1' lists it twice"),
+    (["1"], "", "CUDA_VISIBLE_DEVICES='' does not list it"),
+    ([U1], None, f"GPU '{U1}' is assigned, but CUDA_VISIBLE_DEVICES is unset"),
+], ids=["none", "not-listed", "uuid-not-listed", "listed-twice", "empty", "uuid-unset"])
+def test_an_assignment_no_device_shows_is_a_config_error_naming_both(ids: list[str], visible: str | None,
+                                                                      message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        assigned_ordinal(ids, visible)

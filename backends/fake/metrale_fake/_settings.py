@@ -28,8 +28,9 @@ class FakeSettings(PluginSettings):
     )
     device_count: int = Field(
         1, ge=1, le=64,
-        description="How many fake devices this process sees, ordinals `0 .. device_count - 1`, each with its own "
-        "capacity and address range; opening a higher ordinal is refused as CUDA refuses it.",
+        description="How many fake devices there are, each with its own capacity and address range. The process "
+        "sees those `CUDA_VISIBLE_DEVICES` lists (all where it is unset, or `follow_visible_devices` is off), ordinals "
+        "from 0; opening a higher ordinal is refused as CUDA refuses it.",
     )
     follow_visible_devices: bool = Field(
         True,

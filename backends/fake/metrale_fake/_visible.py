@@ -17,7 +17,7 @@ import uuid
 
 __all__ = ["fake_uuid", "visible_devices"]
 
-_STRTOUL = re.compile(r"[+-]?\d+")
+_STRTOUL = re.compile(r"[+-]?\d+", re.ASCII)
 _UUID_PREFIX = "FAKE-"
 
 
@@ -28,9 +28,14 @@ def fake_uuid(index: int) -> str:
 
 
 def _strtoul(entry: str) -> int:
-    """The number an entry starts with, as ``strtoul`` reads it; -1 where it starts with none."""
+    """The number an entry starts with, as ``strtoul`` reads it; -1 where it starts with none (or is negative)."""
     found = _STRTOUL.match(entry.strip())
-    return int(found.group()) if found else -1
+    if not found:
+        return -1
+    digits = found.group()
+    if len(digits.lstrip("+-")) > 19:  # past any device (and past what int() reads at once)
+        return 1 << 64
+    return int(digits)
 
 
 def _by_uuid(entry: str, count: int) -> int | None:
@@ -42,17 +47,37 @@ def _by_uuid(entry: str, count: int) -> int | None:
 
 
 def visible_devices(spec: str | None, count: int) -> tuple[int, ...]:
-    """The indexes of the fake devices shown (of ``count``), in the order the process numbers them (its ordinals)."""
+    """The indexes of the fake devices shown (of ``count``), in the order the process numbers them (its ordinals).
+
+    As the driver: the list is read first (up to its first entry that is no number, or no UUID in a list of UUIDs),
+    and an entry listed twice in it shows no device at all; then it is shown up to its first entry that names no
+    device (past the last, or an unknown UUID)."""
     if spec is None:
         return tuple(range(count))
-    entries = spec.split(",")
+    listed: list[str] | list[int]
+    if spec.strip().startswith(_UUID_PREFIX):
+        names: list[str] = []
+        for entry in (e.strip() for e in spec.split(",")):
+            if entry in names:
+                return ()
+            if not entry.startswith(_UUID_PREFIX):
+                break
+            names.append(entry)
+        found = [_by_uuid(name, count) for name in names]
+        listed = [-1 if i is None else i for i in found]
+    else:
+        numbers: list[int] = []
+        for entry in spec.split(","):
+            n = _strtoul(entry)
+            if n in numbers:
+                return ()
+            if n < 0:
+                break
+            numbers.append(n)
+        listed = numbers
     shown: list[int] = []
-    by_uuid = spec.strip().startswith(_UUID_PREFIX)
-    for entry in entries:
-        index = _by_uuid(entry.strip(), count) if by_uuid else _strtoul(entry)
-        if index is None or not 0 <= index < count:
+    for index in listed:
+        if not 0 <= index < count or index in shown:  # (two prefixes of one UUID: one device, listed twice)
             break
-        if index in shown:  # a device listed twice: the driver shows none
-            return ()
         shown.append(index)
     return tuple(shown)
