@@ -243,11 +243,7 @@ class RedZoneViolation:
     def __setstate__(self, state: tuple[Any, ...] | list[Any]) -> None:
         """Unpickle, a pickle of an earlier version (without ``suspects``, or ``origin``) too: the missing fields
         take their defaults."""
-        defaults: dict[str, Any] = {"origin": None, "suspects": ()}
-        names = [f.name for f in dataclasses.fields(self)]
-        values = dict(zip(names, state, strict=False))
-        for name in names:
-            object.__setattr__(self, name, values[name] if name in values else defaults[name])
+        restore_fields(self, state)
 
     def describe(self) -> str:
         """One line for a log or an error message; in a distributed job (an origin with a rank) it names the

@@ -90,6 +90,16 @@ class LaunchEnvironment(BaseSettings):
         return plain_integers(cls, value, info)
 
 
+def _read_alone(name: str, values: dict[str, Any]) -> Any:
+    """Field ``name`` of `LaunchEnvironment` read from its variable alone (``values`` given, every other variable
+    overridden as unset), so another's bad value does not stop it.
+
+    :raises ConfigError: its own variable is bad.
+    """
+    others = {k: None for k in LaunchEnvironment.model_fields if k != name}
+    return getattr(LaunchEnvironment(**(others | values)), name)
+
+
 class MetraleSettings(BaseSettings):
     """Every setting of metrale, read from ``METRALE_*`` environment variables.
 
@@ -341,9 +351,8 @@ class MetraleSettings(BaseSettings):
         driver does (the fake) reads."""
         try:
             return self.launch.cuda_visible_devices
-        except ConfigError:  # read alone: the other variables overridden as unset
-            alone = {name: None for name in LaunchEnvironment.model_fields if name != "cuda_visible_devices"}
-            return LaunchEnvironment(**alone).cuda_visible_devices
+        except ConfigError:
+            return _read_alone("cuda_visible_devices", {})  # type: ignore[no-any-return]
 
     def with_launch(self, **values: Any) -> MetraleSettings:
         """These settings with the engine's variables of `launch` overridden by ``values`` (keywords of
@@ -367,8 +376,7 @@ class MetraleSettings(BaseSettings):
             read: dict[str, Any] = {}
             for name in unset.keys() - values.keys():
                 try:
-                    others = {k: None for k in unset if k != name}  # (name, not given, is read from its variable)
-                    read[name] = getattr(LaunchEnvironment(**(others | values)), name)
+                    read[name] = _read_alone(name, values)
                 except ConfigError:
                     read[name] = None
             launch = LaunchEnvironment(**(unset | read | values))
