@@ -1,9 +1,15 @@
-"""metrale-core's compiled twins; pyproject.toml holds everything else (docs/building.md says why).
+"""metrale-core's compiled modules; pyproject.toml holds everything else (docs/building.md says why).
 
-Each ``metrale_core/**/*.pyx`` (a twin of part of the ``.py`` beside it, ``_ledger.pyx`` of ``ledger.py``) becomes
-an optional extension module, named by its path and cythonized when it is built: the generated C stays in the
-build folder. Where the twins cannot be built (no C compiler, no Python headers, no Cython), the build goes on
-without them and says so in one line: the pure-Python modules run. An error in a ``.pyx`` fails the build.
+Two kinds, each an optional extension module cythonized when it is built (the generated C stays in the build
+folder), found by their files: nothing to list.
+
+- **One source**: a hot-path module ``X.py`` with ``_X.pxd`` beside it is compiled again as ``_X``, from the same
+  file (``ledger.py`` as ``metrale_core._memory._ledger``; Cython reads ``_X.pxd`` as its declarations). The
+  ``.py`` runs as Python too: the pure build, picked per backend (``_twins.pick``).
+- **C ABIs**: a ``_X.pyx`` is compiled as ``_X`` (a C function another library calls, the device calls).
+
+Where they cannot be built (no C compiler, no Python headers, no Cython), the build goes on without them and says
+so in one line: the pure-Python modules run. An error Cython finds in a source fails the build.
 """
 
 from __future__ import annotations
@@ -19,16 +25,32 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 #: binding and embedsignature give each function a signature that inspect, help() and stubtest read. Bounds and
 #: negative-index checks keep Cython's defaults (on): a twin fails as its pure module does; a measured hot loop
 #: may turn them off for itself (``@cython.boundscheck(False)``).
-DIRECTIVES = {"language_level": 3, "binding": True, "embedsignature": True}
+#: annotation_typing off: a one-source module's annotations are for mypy (``int`` may be any integer there); its
+#: ``.pxd`` alone gives Cython its C types.
+DIRECTIVES = {"language_level": 3, "binding": True, "embedsignature": True, "annotation_typing": False}
 PURE = "metrale-core: {why}: built without the compiled twins; the pure-Python modules run"
 
 
+def compiled_sources(root: Path = Path("metrale_core")) -> dict[str, Path]:
+    """Each compiled module under ``root`` and its source: ``_X`` from ``X.py`` where ``_X.pxd`` is beside it and
+    no ``_X.pyx`` is (one source), else from ``_X.pyx``. A ``.pxd`` with neither (``_lock.pxd``: C declarations
+    only) makes no module."""
+    found = {}
+    for pxd in sorted(root.rglob("_*.pxd")):
+        source = pxd.with_name(pxd.stem[1:] + ".py")
+        if source.is_file() and not pxd.with_suffix(".pyx").exists():
+            found[".".join(pxd.with_suffix("").parts)] = source
+    for pyx in sorted(root.rglob("*.pyx")):
+        found[".".join(pyx.with_suffix("").parts)] = pyx
+    return dict(sorted(found.items()))
+
+
 def twins() -> list[Extension]:
-    """An optional extension for each ``.pyx`` under metrale_core, found by glob: nothing to list."""
+    """An optional extension for each compiled module (`compiled_sources`)."""
     found = []
-    for path in sorted(Path("metrale_core").rglob("*.pyx")):
-        ext = Extension(".".join(path.with_suffix("").parts), [path.as_posix()], optional=True)
-        ext.sources = [path.as_posix()]  # setuptools names the .c instead where Cython is missing: keep the .pyx
+    for name, path in compiled_sources().items():
+        ext = Extension(name, [path.as_posix()], optional=True)
+        ext.sources = [path.as_posix()]  # setuptools names the .c instead where Cython is missing: keep the source
         found.append(ext)
     return found
 

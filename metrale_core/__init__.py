@@ -53,10 +53,11 @@ if TYPE_CHECKING:
     from ._launch.registry import Kernel, KernelRegistry, RunMetrics
     from ._launch.tensormaps import TensorMap
     from ._memory.arena import Arena
-    from ._memory.ledger import LedgerEvent, LedgerProbe
+    from ._memory.ledger import LedgerProbe
     from ._memory.meminfo import effective_free_bytes, parse_mem_available, read_mem_available
     from ._memory.pool import MemoryPool, PoolStats
     from ._memory.pressure import OomWatchdog
+    from ._memory.records import LedgerEvent
     from ._memory.snapshot import MemorySnapshot, load_snapshot
     from ._placement import Placement, assigned_ordinal, open_for_rank, placement
     from ._registration import BackendRegistration
@@ -200,10 +201,11 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_launch.registry": ("Kernel", "KernelRegistry", "RunMetrics"),
     "_launch.tensormaps": ("TensorMap",),
     "_memory.arena": ("Arena",),
-    "_memory.ledger": ("LedgerEvent", "LedgerProbe"),
+    "_memory.ledger": ("LedgerProbe",),
     "_memory.meminfo": ("effective_free_bytes", "parse_mem_available", "read_mem_available"),
     "_memory.pool": ("MemoryPool", "PoolStats"),
     "_memory.pressure": ("OomWatchdog",),
+    "_memory.records": ("LedgerEvent",),
     "_memory.snapshot": ("MemorySnapshot", "load_snapshot"),
     "_placement": ("Placement", "assigned_ordinal", "open_for_rank", "placement"),
     "_registration": ("BackendRegistration",),

@@ -36,10 +36,11 @@ from ._memory.arena import Arena
 from ._memory.exports import ExportTable
 from ._memory.holdings import Holdings
 from ._memory.lane import DeviceLane
-from ._memory.ledger import LedgerProbe, origin_of
+from ._memory.ledger import LedgerProbe
 from ._memory.monitor import MemoryMonitor
 from ._memory.pool import MemoryPool
 from ._memory.pressure import OomWatchdog
+from ._memory.records import origin_of
 from ._redzones.guard import ZoneGuard
 from ._reports.merge import LedgerReport, ledger_report
 from ._settings.model import MetraleSettings

@@ -1,9 +1,11 @@
-"""Compiled twins: the hot path's classes and functions built with Cython beside their pure-Python reference
-(issue 38).
+"""Compiled twins: the hot path's classes and functions, each written once and built with Cython as well as run as
+Python (issue 53; docs/building.md).
 
-- A twin is ``_<name>.pyx`` beside the pure module it mirrors, with a ``.pyi`` stub: the same interface and
-  behaviour, C-level containers and locks. The build compiles every twin where a C compiler is found, and
-  installs the pure modules alone where none is.
+- A twin is a module ``X.py`` compiled again as ``_X``, from the same file, with ``_X.pxd`` beside it (its C
+  types, its methods called at C level): the same interface and behaviour, C-level fields and locks. Where the
+  compiled code is a C ABI, not a faster copy of Python (the allocator doors' C functions), the twin is a
+  hand-written ``_X.pyx``. The build compiles every twin where a C compiler is found, and installs the pure
+  modules alone where none is.
 - `pick` is how an owner chooses: the twin where it was built and the backend's ``pure`` setting is off
   (``METRALE_PURE=1``), else the pure class or function. Each backend chooses once, when it opens, so a
   differential test runs both in one process.
@@ -37,7 +39,7 @@ TWINS: Final = {
     "pool_lane": ("metrale_core._memory._lane", "PoolLane"),
     "zones": ("metrale_core._redzones._layout", "RedZones"),
     "quarantine": ("metrale_core._memory._quarantine", "Quarantine"),
-    "site": ("metrale_core._memory._site", "call_site"),
+    "site": ("metrale_core._memory._sites", "call_site"),
     "door": ("metrale_core.allocators._door", "Door"),
     "doorfuncs": ("metrale_core.allocators._doorfuncs", "c_functions"),  # the allocator doors' C functions
 }
@@ -75,16 +77,26 @@ def built() -> dict[str, bool]:
     return {name: _load(name) is not None for name in TWINS}
 
 
-def older_than_source(module: str, suffix: str) -> bool:
-    """Whether the loaded compiled ``module`` is older than its source beside it (``.pyx`` of a twin, ``.py`` of a
-    module ``dev.py accelerate`` compiled): an in-tree build not redone, which would run old code. ``False`` where
-    there is no such source (an installed wheel carries none)."""
+def older_than_source(module: str) -> bool:
+    """Whether the loaded compiled ``module`` (``_X``) is older than its source beside it (``X.py``, or ``_X.pyx``
+    where it is a C ABI), or than its ``_X.pxd``: an in-tree build not redone, which would run old code. ``False``
+    where there is no such source (an installed wheel carries no ``.pyx``; an installed ``X.py`` is as old as the
+    build beside it)."""
     built_at = Path(getattr(sys.modules.get(module), "__file__", None) or "")
-    source = built_at.with_name(built_at.name.partition(".")[0] + suffix)
+    stem = built_at.name.partition(".")[0]
     try:
-        return source.stat().st_mtime > built_at.stat().st_mtime
+        made = built_at.stat().st_mtime
     except OSError:
         return False
+    sources = (built_at.with_name(stem + ".pyx"), built_at.with_name(stem.removeprefix("_") + ".py"),
+               built_at.with_name(stem + ".pxd"))
+    for source in sources:
+        try:
+            if source.stat().st_mtime > made:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def describe(pure: bool) -> str:
@@ -94,6 +106,6 @@ def describe(pure: bool) -> str:
     names = [name for name, ok in built().items() if ok]
     if not names:
         return "pure Python (no compiled twins were built here: the install found no C compiler or no Cython)"
-    stale = [name for name in names if older_than_source(TWINS[name][0], ".pyx")]
-    note = f"; STALE, older than their .pyx: {', '.join(stale)} (reinstall to rebuild)" if stale else ""
+    stale = [name for name in names if older_than_source(TWINS[name][0])]
+    note = f"; STALE, older than their source: {', '.join(stale)} (reinstall to rebuild)" if stale else ""
     return f"compiled twins: {', '.join(names)}{note}"

@@ -20,7 +20,7 @@ CORE = Path(__file__).resolve().parent.parent / "metrale_core"
 
 #: Bottom first. A unit (a wing, or a module at the root) may import its own floor and the floors below.
 WINGS: tuple[tuple[str, ...], ...] = (
-    ("_errors", "_types", "_twins", "_install"),  # the error tree; value types; which twins run; install hints
+    ("_errors", "_types", "_twins", "_install", "_nocython"),  # the error tree; value types; which twins run; install hints; cython where absent
     ("_settings", "kernels", "_interop"),  # settings; what a kernel is on no backend; other libraries' protocols
     ("_device",),  # what every part of one backend shares
     ("_redzones",),  # fills, scans and verdicts
@@ -40,13 +40,13 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "kernels": (("_ptx", "_tensormap", "_ntile"), ("__init__",), ("__main__",)),
     "_interop": (("dlpack",), ("foreign",)),
     "_device": (
-        ("args", "stats", "raw", "guarded"), ("_stats", "buffer"), ("capture", "_handle"),
+        ("args", "stats", "raw", "guarded", "_lock"), ("_stats", "buffer"), ("capture", "_handle"),
         ("gate", "_gate", "_capture"), ("context",), ("handles",),
     ),
     "_redzones": (("layout",), ("_layout",), ("scanner",), ("ingraph", "queued"), ("guard",)),
     "_memory": (
-        ("meminfo", "ledger", "pool"),
-        ("arena", "_ledger", "_site", "watch", "_pool"),
+        ("meminfo", "records", "sites", "pool"),
+        ("ledger", "arena", "watch", "_pool"),
         ("pressure", "_arena"),
         ("snapshot", "holdings"),
         ("monitor", "exports", "quarantine", "lane"),

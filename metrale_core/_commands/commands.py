@@ -146,7 +146,7 @@ def stats(settings: MetraleSettings, args: argparse.Namespace) -> int:
     doc: dict[str, Any] = {"snapshot": args.snapshot, "backend": snapshot.backend, "device": snapshot.device,
                            "ordinal": snapshot.ordinal}
     if args.json:
-        from .._memory.ledger import largest_sites
+        from .._memory.records import largest_sites
 
         doc["stats"] = dataclasses.asdict(stats) | {"current_total_bytes": stats.current_total_bytes}
         doc["largest_live_sites"] = [{"site": site, "bytes": nbytes, "allocations": count}

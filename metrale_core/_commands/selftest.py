@@ -12,8 +12,8 @@ from pathlib import Path
 from .._backend import GpuBackend
 from .._discovery import open_backend
 from .._errors import CaptureError, MetraleError, OutOfMemoryError
-from .._memory.ledger import format_bytes
 from .._settings.model import MetraleSettings
+from .._types import format_bytes
 
 __all__ = ["Check", "run_selftest"]
 

@@ -16,6 +16,10 @@
 #   thread that takes the lock again inside its own section (a finalizer freeing a buffer) spins, where a
 #   ``cython.pymutex`` would block: both hang.
 
+# - The one-source modules (``ledger.py`` compiled as ``_ledger``) call it by the lock's name, not its address:
+#   ``acquire_lock(self._lock)``, ``release_lock(self._lock)``, ``self._lock = new_lock()``. Their pure run reads
+#   the same three names from ``_lock.py``, a ``threading.Lock``'s (``_thread``'s C functions: no Python frame).
+
 cdef extern from *:
     """
     #if PY_VERSION_HEX >= 0x030D0000
@@ -43,8 +47,14 @@ cdef extern from *:
     }
     static inline void metrale_release(metrale_lock_t *lock) { lock->held = 0; }
     #endif
+    #define metrale_acquire_lock(lock) metrale_acquire(&(lock))
+    #define metrale_release_lock(lock) metrale_release(&(lock))
+    #define metrale_new_lock() ((metrale_lock_t){0})
     """
     ctypedef struct lock_t "metrale_lock_t":
         pass
     void acquire "metrale_acquire"(lock_t* lock) noexcept
     void release "metrale_release"(lock_t* lock) noexcept
+    void acquire_lock "metrale_acquire_lock"(lock_t lock) noexcept
+    void release_lock "metrale_release_lock"(lock_t lock) noexcept
+    lock_t new_lock "metrale_new_lock"() noexcept

@@ -103,7 +103,7 @@ cdef list pack_c(object kernel, object args, Ledger ledger, object owner):
         entry = <tuple>plan[i]
         value = args[i]
         if type(value) is _DeviceBuffer and entry[1]:
-            if buffer_field(value, FIELD_OWNER) is not owner or not ledger.has_c(buffer_field(value, FIELD_INDEX), value):
+            if buffer_field(value, FIELD_OWNER) is not owner or not ledger.has_index(buffer_field(value, FIELD_INDEX), value):
                 return None
             packed.append(_buffer_arg(entry[0], value, <dict>packs[i]))
             continue

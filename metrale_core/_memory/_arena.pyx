@@ -32,7 +32,7 @@ from .._types import format_bytes
 from .arena import MAX_ALIGN as _MAX_ALIGN
 from .arena import Arena as _Arena
 from .arena import _check_alloc
-from .ledger import next_index as _process_next_index
+from .records import next_index as _process_next_index
 
 cdef extern from *:
     """

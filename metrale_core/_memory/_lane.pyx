@@ -5,7 +5,7 @@ the common case done here at C level.
 - The common case: a device allocation (an ``int`` size) and the free of a device buffer of this backend on its
   ledger, while no capture is in progress. The gate
   (``_gate.pxd``) and the capture rule (``_capture.pxd``) are passed at C level, the handle made by the
-  handle twin's ``make_buffer``, the call site by its twin (``_site.pyx``); the ledger, the stats and the
+  handle twin's ``make_buffer``, the call site by its twin (``sites.py`` compiled); the ledger, the stats and the
   plugin are called as the allocator calls them, in the same order, under the same lock.
 - Red zones (``LaneParts.zoning``): a zoned allocation takes a kept block from the quarantine's twin or asks the
   allocator for raw memory, fills its zones through the plugin's C ``memset`` (else through the guarded layer, as
@@ -38,7 +38,7 @@ from .._redzones._layout cimport RedZones
 from ._ledger cimport Ledger
 from ._pool cimport MemoryPool, _Segment
 from ._quarantine cimport Quarantine
-from ._site cimport call_site_c
+from ._sites cimport call_site
 
 import functools
 import logging
@@ -50,9 +50,9 @@ from .._errors import MetraleError as _MetraleError
 from .._errors import OutOfMemoryError as _OutOfMemoryError
 from .._types import WORD_LIMIT as _WORD_LIMIT
 from .._device.raw import DEVICE_CALLS as _DEVICE_CALLS
-from .ledger import INDEXES as _INDEXES
-from .ledger import INDEXES_LOCK_FREE as _INDEXES_LOCK_FREE
-from .ledger import next_index as _next_index
+from .records import INDEXES as _INDEXES
+from .records import INDEXES_LOCK_FREE as _INDEXES_LOCK_FREE
+from .records import next_index as _next_index
 from .pool import HUGE as _HUGE
 
 _log = logging.getLogger("metrale")
@@ -151,7 +151,7 @@ cdef class DeviceLane:
             self._gate.leave_c(cell)
 
     cdef object _alloc(self, object n, object index):
-        site = call_site_c(self._internal, self._caller_frames)  # (the facade's frame passed over where it has one)
+        site = call_site(self._internal, self._caller_frames)  # (the facade's frame passed over where it has one)
         raw_ptr = None if self._door is NULL or self._gate.closed_c() else self._door_alloc(n)  # (closed: the method's error)
         if raw_ptr is None:  # no door, or it declined
             raw_ptr = self._plugin_alloc(n)
@@ -165,7 +165,7 @@ cdef class DeviceLane:
         n = buffer_field(buf, FIELD_NBYTES)
         if zoned:
             self._raw_base[index] = raw_ptr
-        if self._ledger.add_c(index, buf, self._gate):
+        if self._ledger.commit(index, buf, self._gate):
             self._stats.allocated_c(KIND_DEVICE, n)
         else:
             if zoned:
@@ -188,7 +188,7 @@ cdef class DeviceLane:
         index = _next_index() if self._indexes is None else next(self._indexes)
         if index < zones.min_idx or index % zones.sample:
             return self._alloc(n, index)
-        site = call_site_c(self._internal, self._caller_frames)
+        site = call_site(self._internal, self._caller_frames)
         raw_ptr = self._quarantine.reuse_c(raw_bytes)
         if raw_ptr is None:
             recycled = False
@@ -264,7 +264,7 @@ cdef class DeviceLane:
     cdef int _free(self, object buf) except -1:
         ptr = buffer_field(buf, FIELD_PTR)
         index = buffer_field(buf, FIELD_INDEX)
-        record = self._ledger.take_c(index, ptr, buffer_field(buf, FIELD_NBYTES))
+        record = self._ledger.take(index, ptr, buffer_field(buf, FIELD_NBYTES))
         if record is None:  # not on the ledger: the allocator's error
             self._allocator.free(buf)
             return 0
@@ -365,7 +365,7 @@ cdef class PoolLane:
     cdef object _alloc_on(self, MemoryPool pool, object n, tuple target, object index):
         cdef long long size = ((<long long>n) + 511) & ~(<long long>511)  # (`pool.size_class`)
         cdef _Segment segment
-        site = call_site_c(self._internal, self._caller_frames)
+        site = call_site(self._internal, self._caller_frames)
         taken = pool.take_c(size, target, False)
         if taken is None:  # a new segment: the allocator's (reclaim-and-retry)
             taken = self._allocator.new_piece(pool, size, n, "MemoryPool.alloc_on", target, False)
@@ -380,13 +380,13 @@ cdef class PoolLane:
         # piece touches two of the holdings' tables at once here, so their lock is not needed.
         self._pool_of[index] = pool
         self._stats.allocated_c(KIND_POOL, n)  # (before the record is out: a sweep's release never comes first)
-        if not self._ledger.add_c(index, buf, self._gate):
+        if not self._ledger.commit(index, buf, self._gate):
             self._stats.released_c(KIND_POOL, n)
             self._pool_of.pop(index, None)
             pool.give_untaken(ptr, size, segment)
             raise self._ctx.closed_error()
         if not pool.handed_out_c(index, ptr, size, segment, target, False, self._ledger, buf):  # (2: swept already)
-            if self._ledger.take_c(index, ptr, n) is not None:  # (None where the backend's sweep took it)
+            if self._ledger.take(index, ptr, n) is not None:  # (None where the backend's sweep took it)
                 self._stats.released_c(KIND_POOL, n)
             self._pool_of.pop(index, None)
             pool.give_untaken(ptr, size, segment)
@@ -421,7 +421,7 @@ cdef class PoolLane:
             self._allocator.free_piece(pool, buf, None, what)  # its error (or a pure pool's work)
             return 0
         n = buffer_field(buf, FIELD_NBYTES)
-        record = self._ledger.take_c(index, buffer_field(buf, FIELD_PTR), n)
+        record = self._ledger.take(index, buffer_field(buf, FIELD_PTR), n)
         if record is None:  # not live: the allocator's error
             self._allocator.free_piece(pool, buf, None, what)
             return 0

@@ -1,13 +1,14 @@
-# The compiled ledger's C-level door, for the compiled lane: `add_c` and `take_c` are `add` and `take` without a
-# Python call (the caller has the buffer's index at hand); `has_c` is `has` likewise. `add_c` adds only while ``gate``
-# is open (where one is given), judged under the ledger's lock (what `drain` takes): the compiled lane's commit.
+# ledger.py compiled as ``_ledger``: the Ledger's fields as C types, its lock the C lock of ``_lock.pxd``, and the
+# methods the compiled callers call at C level (``from metrale_core._memory._ledger cimport Ledger``): `commit`,
+# `take` and `has_index` (the lane, the pool, the launch's pack).
 
 cimport cython
 
 from metrale_core._device._gate cimport Gate
-from metrale_core._device._lock cimport lock_t
+from metrale_core._device._lock cimport acquire_lock, lock_t, new_lock, release_lock
 
 
+@cython.final
 cdef class Ledger:
     cdef lock_t _lock
     cdef dict _records
@@ -20,6 +21,6 @@ cdef class Ledger:
     cdef object _stack
 
     cdef void _log(self, str op, object record, tuple stack=*) except *
-    cdef int add_c(self, object index, object buf, Gate gate) except -1
-    cdef object take_c(self, object index, object ptr, object nbytes)
-    cdef bint has_c(self, object index, object buf)
+    cpdef bint commit(self, object index, object buf, Gate gate) except -1
+    cpdef object take(self, object index, object ptr, object nbytes)
+    cpdef bint has_index(self, object index, object buf) except -1

@@ -211,7 +211,7 @@ cdef class MemoryPool:
         try:
             if self._closed:
                 return 0
-            if not ledger.has_c(index, buf):
+            if not ledger.has_index(index, buf):
                 if self._strand:
                     self._out[index] = (ptr, size, segment, stream, zoned)
                 else:

@@ -46,9 +46,10 @@ from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena, ArenaZones
 from .holdings import Holdings
 from .lane import LaneParts, PoolLane, ZonedParts
-from .ledger import call_site_at, call_site_for, describe_sites, largest_sites, next_index
 from .pool import MemoryPool, PoolFront, PoolStats, size_class
 from .quarantine import Quarantine
+from .records import describe_sites, largest_sites, next_index
+from .sites import call_site_at, call_site_for
 
 if TYPE_CHECKING:
     from .._device.handles import Stream

@@ -26,7 +26,7 @@ from .._device.buffer import DeviceBuffer
 from .._device.capture import may_wait
 from .._errors import ArenaFullError, InvalidArgumentError, InvalidBufferError, capture_error
 from .._types import RedZoneViolation, as_index, format_bytes
-from .ledger import next_index
+from .records import next_index
 
 if TYPE_CHECKING:
     from .._device.context import DeviceContext

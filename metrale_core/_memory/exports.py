@@ -33,7 +33,8 @@ from .._interop.foreign import foreign_memory
 from .._redzones.guard import ZoneGuard
 from .._types import ForeignMemory
 from .holdings import Holdings
-from .ledger import call_site, next_index
+from .records import next_index
+from .sites import call_site
 
 __all__ = ["ExportTable"]
 

@@ -27,7 +27,8 @@ from .._device.handles import HostBuffer
 from .._errors import InvalidArgumentError, InvalidBufferError
 from .._twins import pick
 from .._types import as_index
-from .ledger import Ledger, user_stack
+from .ledger import Ledger
+from .sites import user_stack
 from .watch import ReleaseWatch
 
 if TYPE_CHECKING:

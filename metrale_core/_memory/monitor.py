@@ -14,9 +14,9 @@ from .._device.stats import MemoryStats, StatsCounter
 from .._errors import InvalidArgumentError, MetraleError
 from .._types import MemoryInfo, as_index
 from .holdings import Holdings
-from .ledger import describe_sites, largest_sites
 from .meminfo import effective_free_bytes, read_mem_available
 from .pressure import OomWatchdog, PoolTotals, check_watchdog_args, memory_summary
+from .records import describe_sites, largest_sites
 from .snapshot import snapshot_path, write_snapshot
 
 __all__ = ["MemoryMonitor"]

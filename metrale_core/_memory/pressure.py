@@ -16,8 +16,8 @@ from typing import NamedTuple
 from .._device.stats import KINDS, MemoryStats
 from .._errors import InvalidArgumentError, MetraleError
 from .._types import AllocRecord, MemoryInfo, as_index, format_bytes
-from .ledger import largest_sites
 from .pool import PoolStats
+from .records import largest_sites
 
 __all__ = ["OomWatchdog", "memory_summary"]
 

@@ -49,8 +49,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 from .._errors import InvalidArgumentError, SnapshotError
-from .._types import AllocRecord, Origin  # a snapshot's allocation has exactly a ledger record's fields
-from .ledger import format_bytes
+from .._types import AllocRecord, Origin, format_bytes  # a snapshot's allocation has exactly a ledger record's fields
 
 if TYPE_CHECKING:
     from .._device.stats import MemoryStats

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from metrale_core import open_backend
 from metrale_core._device.buffer import DeviceBuffer
 from metrale_core._memory import ledger
-from metrale_core._memory.ledger import _SITES, _SITES_MAX, CallSite, call_site, call_site_for
+from metrale_core._memory.sites import _SITES, _SITES_MAX, CallSite, call_site, call_site_for
 from metrale_core._twins import built, pick
 from tests._support import SETTINGS
 

@@ -30,9 +30,10 @@ from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._memory.lane import DeviceLane as PureLane
 from metrale_core._memory.lane import PoolLane as PurePoolLane
 from metrale_core._memory.ledger import Ledger as PureLedger
-from metrale_core._memory.ledger import call_site, next_index
 from metrale_core._memory.pool import MemoryPool as PurePool
 from metrale_core._memory.quarantine import Quarantine as PureQuarantine
+from metrale_core._memory.records import next_index
+from metrale_core._memory.sites import call_site
 from metrale_core._redzones.layout import RedZones as PureRedZones
 from metrale_core._streams.graph_lane import GraphLane as PureGraphLane
 from metrale_core._streams.lane import StreamLane as PureStreamLane

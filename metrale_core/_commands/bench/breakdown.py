@@ -31,7 +31,9 @@ from ..._device.guarded import raise_raw
 from ..._device.stats import StatsCounter
 from ..._errors import InvalidBufferError
 from ..._launch.registry import MAX_BLOCK, MAX_GRID, RunMetrics, pack_args
-from ..._memory.ledger import Ledger, call_site_for, next_index
+from ..._memory.ledger import Ledger
+from ..._memory.records import next_index
+from ..._memory.sites import call_site_for
 from ..._twins import pick
 from .context import Bench
 from .launches import BLOCK, EAGER_N

@@ -108,7 +108,7 @@ def _code(names: list[str], pure: bool) -> str:
 
     if not names:  # (`compiled_modules` leaves the twins out: they have no .py of their own name)
         return describe(pure)
-    stale = [name for name in names if older_than_source(name, ".py")]
+    stale = [name for name in names if older_than_source(name)]
     note = f"; STALE, older than their source: {', '.join(stale)} (run dev.py accelerate again)" if stale else ""
     return f"{describe(pure)}; {len(names)} modules compiled (dev.py accelerate){note}"
 

@@ -1,3 +1,0 @@
-"""Stub of the compiled twin of `metrale_core._memory.ledger.call_site` (``_site.pyx``): the same interface."""
-
-def call_site(internal: frozenset[str], skip: int = 0) -> str: ...
