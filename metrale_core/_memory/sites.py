@@ -17,7 +17,7 @@ import collections
 import itertools
 import sys
 from collections.abc import Iterator
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Final, Protocol
 
 from .._twins import pick
@@ -26,14 +26,6 @@ try:
     import cython
 except ImportError:  # (no Cython here: this module runs as Python)
     from .. import _nocython as cython
-
-if not cython.compiled:  # (compiled, `call_site` reads the frames through the C functions of ``_sites.pxd``)
-
-    def _frame_back(frame: FrameType) -> FrameType | None:
-        return frame.f_back
-
-    def _frame_module(frame: FrameType) -> object:
-        return frame.f_globals.get("__name__", "")
 
 __all__ = ["CallSite", "call_site", "call_site_at", "call_site_for", "user_stack"]
 
@@ -47,10 +39,39 @@ _USER_MODULES = ("metrale_core._commands.selftest", "metrale_core.testing", "met
 _INTERNAL_MODULES: dict[frozenset[str], dict[str, bool]] = {}
 
 
-#: Per call (code object and instruction): its ``"file:line"``. ``f_lineno`` decodes the line table at
-#: each read (a quarter of a microsecond), so a site is formatted once.
+#: Per call (code object and instruction): its ``"file:line"`` (compiled: a C table of as many). ``f_lineno``
+#: decodes the line table at each read (a quarter of a microsecond), so a site is formatted once.
 _SITES: dict[tuple[int, int], tuple[object, str]] = {}
 _SITES_MAX: Final = 4096
+
+#: (one lookup of ``sys``'s attribute, not one per call)
+_getframe: Final = sys._getframe
+
+if not cython.compiled:  # (compiled: the C functions of ``_sites.pxd``, the frame API and a table of sites)
+
+    def _frame_back(frame: FrameType) -> FrameType | None:
+        return frame.f_back
+
+    def _frame_module(frame: FrameType) -> object:
+        return frame.f_globals.get("__name__", "")
+
+    def _frame_code(frame: FrameType) -> CodeType:
+        return frame.f_code
+
+    def _frame_lasti(frame: FrameType) -> int:
+        return frame.f_lasti
+
+    def _cached_site(code: CodeType, lasti: int) -> str | None:
+        """The site kept for (``code``, ``lasti``), or ``None`` (compiled: a C table, no key object made)."""
+        hit = _SITES.get((id(code), lasti))
+        return None if hit is None else hit[1]
+
+    def _cache_site(code: CodeType, lasti: int, site: str) -> None:
+        """Keep ``site`` for (``code``, ``lasti``); at `_SITES_MAX` entries, start again (code made at run time:
+        exec, generated tests). The entry keeps its code alive: the id stays its own."""
+        if len(_SITES) >= _SITES_MAX:
+            _SITES.clear()
+        _SITES[(id(code), lasti)] = (code, site)
 
 
 def _is_internal(module: str, internal: frozenset[str]) -> bool:
@@ -84,10 +105,10 @@ def call_site(internal: frozenset[str], skip: int = 0) -> str:
         known = _INTERNAL_MODULES.setdefault(internal, {})
     frame: FrameType | None
     try:  # sys._getframe makes a frame object of the one it returns only (the walk out: of each on the way)
-        frame = sys._getframe(own + skip if skip > 0 else own)
+        frame = _getframe(own + skip if skip > 0 else own)
     except ValueError:  # fewer frames than that (not from a caller that told the truth): from the caller's own
         try:
-            frame = sys._getframe(own)
+            frame = _getframe(own)
         except ValueError:  # (no Python frame called it: from C)
             frame = None
     while frame is not None:
@@ -151,11 +172,10 @@ def call_site_for(pure: bool) -> CallSite:
 
 def _site(frame: FrameType) -> str:
     """``"file:line"`` of ``frame``, formatted once per call (code object and instruction)."""
-    code = frame.f_code
-    key = (id(code), frame.f_lasti)  # the entry keeps its code alive: the id stays its own
-    hit = _SITES.get(key)
-    if hit is None:
-        if len(_SITES) >= _SITES_MAX:  # code made at run time (exec, generated tests): start again
-            _SITES.clear()
-        hit = _SITES[key] = (code, f"{code.co_filename}:{frame.f_lineno}")
-    return hit[1]
+    code = _frame_code(frame)  # (compiled: the frame API, PyFrame_GetCode, PyFrame_GetLasti)
+    lasti = _frame_lasti(frame)
+    site = _cached_site(code, lasti)
+    if site is None:
+        site = f"{code.co_filename}:{frame.f_lineno}"
+        _cache_site(code, lasti, site)
+    return site
