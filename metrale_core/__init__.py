@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._backend import GpuBackend
     from ._device.buffer import DeviceArray, DeviceBuffer
     from ._device.handles import Event, Graph, GraphExec, HostBuffer, Stream
-    from ._device.raw import Baseline, CopyDirection, RawDevice
+    from ._device.raw import Baseline, RawDevice
     from ._device.stats import MemoryStats
     from ._discovery import available_backends, device_count, open_backend
     from ._errors import (
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from ._launch.tensormaps import TensorMap
     from ._memory.arena import Arena
     from ._memory.ledger import LedgerEvent, LedgerProbe
-    from ._memory.meminfo import effective_free_bytes, parse_mem_available, read_mem_available
+    from ._memory.meminfo import effective_free_bytes
     from ._memory.pool import MemoryPool, PoolStats
     from ._memory.pressure import OomWatchdog
     from ._memory.snapshot import MemorySnapshot, load_snapshot
@@ -64,7 +64,6 @@ if TYPE_CHECKING:
     from ._settings.model import LaunchEnvironment, MetraleSettings
     from ._settings.plugins import ENTRY_POINT_GROUP
     from ._types import (
-        AllocKind,
         AllocRecord,
         BackendInfo,
         ForeignMemory,
@@ -94,7 +93,6 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "TENSOR_MAP_DTYPES",
     "TENSOR_MAP_RULES",
-    "AllocKind",
     "AllocRecord",
     "ArchitectureError",
     "Arena",
@@ -107,7 +105,6 @@ __all__ = [
     "Baseline",
     "CaptureError",
     "ConfigError",
-    "CopyDirection",
     "DeviceArray",
     "DeviceBuffer",
     "DeviceFaultError",
@@ -174,10 +171,8 @@ __all__ = [
     "n_tile",
     "open_backend",
     "open_for_rank",
-    "parse_mem_available",
     "parse_ptx",
     "placement",
-    "read_mem_available",
 ]
 
 #: The public names, by the module that defines each: the one table. The lazy loader reads it (`_WHERE`);
@@ -187,7 +182,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_backend": ("GpuBackend",),
     "_device.buffer": ("DeviceArray", "DeviceBuffer"),
     "_device.handles": ("Event", "Graph", "GraphExec", "HostBuffer", "Stream"),
-    "_device.raw": ("Baseline", "CopyDirection", "RawDevice"),
+    "_device.raw": ("Baseline", "RawDevice"),
     "_device.stats": ("MemoryStats",),
     "_discovery": ("available_backends", "device_count", "open_backend"),
     "_errors": (
@@ -201,7 +196,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_launch.tensormaps": ("TensorMap",),
     "_memory.arena": ("Arena",),
     "_memory.ledger": ("LedgerEvent", "LedgerProbe"),
-    "_memory.meminfo": ("effective_free_bytes", "parse_mem_available", "read_mem_available"),
+    "_memory.meminfo": ("effective_free_bytes",),
     "_memory.pool": ("MemoryPool", "PoolStats"),
     "_memory.pressure": ("OomWatchdog",),
     "_memory.snapshot": ("MemorySnapshot", "load_snapshot"),
@@ -211,7 +206,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_settings.model": ("LaunchEnvironment", "MetraleSettings"),
     "_settings.plugins": ("ENTRY_POINT_GROUP",),
     "_types": (
-        "AllocKind", "AllocRecord", "BackendInfo", "ForeignMemory", "KernelImplementation", "LaunchArg", "MemoryInfo",
+        "AllocRecord", "BackendInfo", "ForeignMemory", "KernelImplementation", "LaunchArg", "MemoryInfo",
         "Origin", "Param", "RedZoneChecks", "RedZoneViolation", "kernel_implementation",
     ),
     "hookspec": ("hookimpl",),
