@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._backend import GpuBackend
     from ._device.buffer import DeviceArray, DeviceBuffer
     from ._device.handles import Event, Graph, GraphExec, HostBuffer, Stream
-    from ._device.raw import Baseline, CopyDirection, RawDevice
+    from ._device.raw import Baseline, RawDevice
     from ._device.stats import MemoryStats
     from ._discovery import available_backends, device_count, open_backend
     from ._errors import (
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from ._launch.tensormaps import TensorMap
     from ._memory.arena import Arena
     from ._memory.ledger import LedgerProbe
-    from ._memory.meminfo import effective_free_bytes, parse_mem_available, read_mem_available
+    from ._memory.meminfo import effective_free_bytes
     from ._memory.pool import MemoryPool, PoolStats
     from ._memory.pressure import OomWatchdog
     from ._memory.records import LedgerEvent
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
     from ._settings.model import LaunchEnvironment, MetraleSettings
     from ._settings.plugins import ENTRY_POINT_GROUP
     from ._types import (
-        AllocKind,
         AllocRecord,
         BackendInfo,
         ForeignMemory,
@@ -95,7 +94,6 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "TENSOR_MAP_DTYPES",
     "TENSOR_MAP_RULES",
-    "AllocKind",
     "AllocRecord",
     "ArchitectureError",
     "Arena",
@@ -108,7 +106,6 @@ __all__ = [
     "Baseline",
     "CaptureError",
     "ConfigError",
-    "CopyDirection",
     "DeviceArray",
     "DeviceBuffer",
     "DeviceFaultError",
@@ -175,10 +172,8 @@ __all__ = [
     "n_tile",
     "open_backend",
     "open_for_rank",
-    "parse_mem_available",
     "parse_ptx",
     "placement",
-    "read_mem_available",
 ]
 
 #: The public names, by the module that defines each: the one table. The lazy loader reads it (`_WHERE`);
@@ -188,7 +183,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_backend": ("GpuBackend",),
     "_device.buffer": ("DeviceArray", "DeviceBuffer"),
     "_device.handles": ("Event", "Graph", "GraphExec", "HostBuffer", "Stream"),
-    "_device.raw": ("Baseline", "CopyDirection", "RawDevice"),
+    "_device.raw": ("Baseline", "RawDevice"),
     "_device.stats": ("MemoryStats",),
     "_discovery": ("available_backends", "device_count", "open_backend"),
     "_errors": (
@@ -202,7 +197,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_launch.tensormaps": ("TensorMap",),
     "_memory.arena": ("Arena",),
     "_memory.ledger": ("LedgerProbe",),
-    "_memory.meminfo": ("effective_free_bytes", "parse_mem_available", "read_mem_available"),
+    "_memory.meminfo": ("effective_free_bytes",),
     "_memory.pool": ("MemoryPool", "PoolStats"),
     "_memory.pressure": ("OomWatchdog",),
     "_memory.records": ("LedgerEvent",),
@@ -213,7 +208,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_settings.model": ("LaunchEnvironment", "MetraleSettings"),
     "_settings.plugins": ("ENTRY_POINT_GROUP",),
     "_types": (
-        "AllocKind", "AllocRecord", "BackendInfo", "ForeignMemory", "KernelImplementation", "LaunchArg", "MemoryInfo",
+        "AllocRecord", "BackendInfo", "ForeignMemory", "KernelImplementation", "LaunchArg", "MemoryInfo",
         "Origin", "Param", "RedZoneChecks", "RedZoneViolation", "kernel_implementation",
     ),
     "hookspec": ("hookimpl",),

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -81,9 +82,8 @@ class GpuBackend:
         ctx = self._ctx = DeviceContext(name, ordinal, settings, raw, frozenset(internal_packages))
         self._holdings = Holdings(ctx)
         self._stats = pick("stats", StatsCounter, settings.pure)()
-        self._streams = StreamFront(ctx, self._holdings, self._stats)
-        self._guard = ZoneGuard(ctx, self._stats, self._streams.default)
-        self._streams.attach(self._guard)
+        self._streams = StreamFront(ctx, self._holdings, self._stats, functools.partial(ZoneGuard, ctx, self._stats))
+        self._guard = self._streams.guard
         self._monitor = MemoryMonitor(ctx, self._holdings, self._stats)
         self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor)
         self._lane = pick("lane", DeviceLane, settings.pure)(

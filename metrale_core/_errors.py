@@ -3,6 +3,8 @@
     MetraleError                   .code: int | None, .name: str | None
      ├── ConfigError               a METRALE_* setting or settings keyword is invalid
      ├── SnapshotError             a memory snapshot file cannot be written or read  .path
+     ├── MissingPackageError       an optional package (matplotlib, plotly, torch, CuPy) is not installed
+     ├── DoorError                 an allocator door cannot be installed (torch already used CUDA)
      ├── BackendNotFoundError      no installed backend has that name
      ├── BackendUnavailableError   installed, but cannot run here
      ├── BackendClosedError        the backend (or its handle) was used after close()

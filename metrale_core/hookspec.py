@@ -25,6 +25,8 @@ implementation may take fewer arguments than its spec offers, and one
 that takes an argument the spec lacks is refused when the plugin loads.
 The spec of ``metrale_settings`` is written beside the settings (the
 settings scan validates against it) and listed here with the others.
+A spec's body is its docstring, as in pytest's ``hookspec.py``: pluggy
+reads its signature and never calls it.
 """
 
 from __future__ import annotations
@@ -69,11 +71,10 @@ def metrale_backend(settings: MetraleSettings) -> BackendRegistration | None:
     :returns: a [`BackendRegistration`][metrale_core.BackendRegistration], or ``None`` when
         the plugin provides no backend (it is then listed as unavailable).
     """
-    raise RuntimeError("hook specification: never called directly")  # pragma: no cover
 
 
 @hookspec
-def metrale_kernel_implementations(settings: MetraleSettings) -> Iterable[KernelImplementation]:
+def metrale_kernel_implementations(settings: MetraleSettings) -> Iterable[KernelImplementation]:  # type: ignore[empty-body]
     """Provide Python implementations of kernels, for backends that run kernels on the CPU.
 
     Called for each plugin on its own when a backend opens; the fake backend
@@ -89,7 +90,6 @@ def metrale_kernel_implementations(settings: MetraleSettings) -> Iterable[Kernel
     :returns: an iterable of [`KernelImplementation`][metrale_core.KernelImplementation]
         (made with [`kernel_implementation`][metrale_core.kernel_implementation]).
     """
-    raise RuntimeError("hook specification: never called directly")  # pragma: no cover
 
 
 @hookspec
@@ -106,4 +106,3 @@ def metrale_redzone_violation(backend: str, violation: RedZoneViolation) -> None
     :param backend: the name of the backend that found it.
     :param violation: the [`RedZoneViolation`][metrale_core.RedZoneViolation].
     """
-    raise RuntimeError("hook specification: never called directly")  # pragma: no cover

@@ -15,7 +15,8 @@ private ``metrale_core._*`` module:
   (and [`TensorMap`][metrale_core.TensorMap], what a tensor-map argument's
   [`LaunchArg.tensor_map`][metrale_core.LaunchArg.tensor_map] holds),
   [`check_tensor_map`][metrale_core.check_tensor_map] (the driver's rules, for a backend that refuses as the driver
-  does);
+  does), and what the core asks of it: ``AllocKind`` (the kind of memory ``alloc`` and ``free`` are asked for) and
+  ``CopyDirection`` (a baseline's copy: ``"dtod"``, ``"htod"`` or ``"dtoh"``);
 - the error table: [`error_for_code`][metrale_core.error_for_code] (the typed error for a CUDA result
   name or code), [`cuda_code`][metrale_core.cuda_code] (a name's code) and [`is_sticky`][metrale_core.plugin.is_sticky]
   (whether a result poisons the context, as a device fault does);
@@ -40,16 +41,18 @@ from metrale_core import (
     hookimpl,
 )
 
-from ._device.raw import DEVICE_CALLS
+from ._device.raw import DEVICE_CALLS, CopyDirection
 from ._errors import is_sticky
 from ._settings.parsing import Size
 from ._settings.plugins import PluginSettings
-from ._types import as_index, format_bytes
+from ._types import AllocKind, as_index, format_bytes
 
 __all__ = [
     "DEVICE_CALLS",
+    "AllocKind",
     "BackendRegistration",
     "Baseline",
+    "CopyDirection",
     "ForeignMemory",
     "KernelImplementation",
     "LaunchArg",

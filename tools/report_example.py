@@ -44,6 +44,24 @@ class Log:
         self.events.append({"t": round(t, 6), "op": "free", **record})
 
 
+def snapshot(events: list[dict[str, Any]], live: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    """A snapshot of one fake device, as ``backend.save_snapshot(path)`` writes one, holding ``events`` and ``live``;
+    ``fields`` add to its header or replace a field (``elapsed``, ``stats``, ``dropped``...).
+    ``tests/reports/test_report.py`` writes its snapshots with it too."""
+    header = {
+        "format": "metrale-memory-snapshot",
+        "version": 1,
+        "backend": "fake",
+        "device": "metrale fake device 0 (16.0 GiB, discrete)",
+        "ordinal": 0,
+        "total": 16 << 30,
+        "created": "2026-12-02T15:10:00+00:00",
+        "history_limit": 10000,
+        "dropped": 0,
+    }
+    return {**header, "events": events, "live": live, "stats": {}, **fields}
+
+
 def simulate() -> dict[str, Any]:
     rng = random.Random(7)
     log = Log()
@@ -83,22 +101,12 @@ def simulate() -> dict[str, Any]:
                 for i, index in enumerate(blocks):
                     log.free(t + 0.017 + i * 1e-5, index)
             requests = []
-    elapsed = t + 0.05
-    return {
-        "format": "metrale-memory-snapshot",
-        "version": 1,
-        "backend": "fake",
-        "device": "metrale fake device 0 (16.0 GiB, discrete)",
-        "ordinal": 0,
-        "total": 16 << 30,
-        "created": "2026-12-02T15:10:00+00:00",
-        "elapsed": round(elapsed, 6),
-        "history_limit": 10000,
-        "dropped": 0,
-        "events": log.events,
-        "live": sorted(log.live.values(), key=lambda r: r["index"]),
-        "stats": {"alloc_count": log.index, "free_count": log.index - len(log.live)},
-    }
+    return snapshot(
+        log.events,
+        sorted(log.live.values(), key=lambda r: r["index"]),
+        elapsed=round(t + 0.05, 6),
+        stats={"alloc_count": log.index, "free_count": log.index - len(log.live)},
+    )
 
 
 def main(argv: list[str]) -> int:

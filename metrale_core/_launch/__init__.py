@@ -2,6 +2,9 @@
 
 - `tensormaps`: `TensorMap` (a TMA descriptor over a buffer) and `TensorMapFront`, its owner;
 - `registry`: `Kernel`, `KernelRegistry`, the run metrics, and each launch's arguments checked and packed;
+- `_pack`: the compiled twin of the registry's ``pack_args``;
+- `lane`, `_lane`: `LaunchLane`: ``GpuBackend.launch``, the hot path of kernel launches, through the gate;
+  its compiled twin;
 - `front`: `KernelFront`: loading modules after the architecture check, launching, timing launches.
 
 Each module imports only those listed before it; the front is on top.

@@ -6,6 +6,7 @@ those before it:
 
 - `.layout`: `Zone`, `Layout`, `RedZones`: where the bands lie, the dense table the scan kernel
   reads, and judging one band read back;
+- `._layout`: the compiled twin of `RedZones`;
 - `.scanner`: the scan kernel, the one scratch pool, and the reads that stand in (no guard here);
 - `.ingraph`: the verdict kernel captured as every graph's last node, its table and verdict slots;
 - `.queued`: scans queued behind graph launches, reported through the ``report`` callable given;

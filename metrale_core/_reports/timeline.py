@@ -20,9 +20,10 @@ bounded log, or came before recording began, counts as live from the start.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
@@ -293,6 +294,36 @@ def _history_note(snapshot: MemorySnapshot) -> str:
     return note
 
 
+@contextlib.contextmanager
+def _needs(package: str, what: str, instead: str, snapshot: MemorySnapshot) -> Iterator[None]:
+    """Optional imports, inside it: a missing ``package`` is a `MissingPackageError` naming the extra that brings
+    it and ``instead``, a report that needs no package."""
+    try:
+        yield
+    except ImportError as exc:
+        raise MissingPackageError(
+            f"{what} needs {package}, which is not installed: {install_command('report')} "
+            f"(or write {instead} instead: metrale report {snapshot.name} --trace OUT.json)"
+        ) from exc
+
+
+class _Plotted(NamedTuple):
+    """What both plots draw: the timeline, the step and bytes of its peak, and the unit of the memory axis."""
+
+    timeline: SiteTimeline
+    peak_step: int
+    peak: int
+    unit: str
+    scale: int
+
+
+def _plotted(snapshot: MemorySnapshot, top: int) -> _Plotted:
+    timeline = live_by_site(snapshot, top)
+    step = timeline.peak_step
+    peak = timeline.totals[step]
+    return _Plotted(timeline, step, peak, *_byte_unit(peak))
+
+
 def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 8) -> None:
     """Plot live memory over time, stacked by the ``top`` call sites, to a PNG file.
 
@@ -312,19 +343,11 @@ def plot_png(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int = 
     :raises MissingPackageError: matplotlib is not installed.
     :raises OSError: the file cannot be written.
     """
-    try:
+    with _needs("matplotlib", "plotting a memory report", "the timeline", snapshot):
         import matplotlib
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
-    except ImportError as exc:
-        raise MissingPackageError(
-            f"plotting a memory report needs matplotlib, which is not installed: {install_command('report')} "
-            f"(or write the timeline instead: metrale report {snapshot.name} --trace OUT.json)"
-        ) from exc
-    timeline = live_by_site(snapshot, top)
-    peak_step = timeline.peak_step
-    peak = timeline.totals[peak_step]
-    unit, scale = _byte_unit(peak)
+    timeline, peak_step, peak, unit, scale = _plotted(snapshot, top)
     # tab10 (tab20 for more sites) without its greys, which belong to "other sites"
     many = len([label for label in timeline.labels if label != OTHER_SITES]) > 9
     cmap = matplotlib.colormaps["tab20" if many else "tab10"]
@@ -410,17 +433,9 @@ def plot_html(snapshot: MemorySnapshot, path: str | os.PathLike[str], top: int =
     :raises MissingPackageError: plotly is not installed.
     :raises OSError: the file cannot be written.
     """
-    try:
+    with _needs("plotly", "an HTML timeline", "a Perfetto timeline", snapshot):
         import plotly.graph_objects as go  # type: ignore[import-untyped, unused-ignore]
-    except ImportError as exc:
-        raise MissingPackageError(
-            f"an HTML timeline needs plotly, which is not installed: {install_command('report')} "
-            f"(or write a Perfetto timeline instead: metrale report {snapshot.name} --trace OUT.json)"
-        ) from exc
-    timeline = live_by_site(snapshot, top)
-    peak_step = timeline.peak_step
-    peak = timeline.totals[peak_step]
-    unit, scale = _byte_unit(peak)
+    timeline, peak_step, peak, unit, scale = _plotted(snapshot, top)
     axis = _time_axis(timeline)
     xs, suffix = axis.xs, axis.suffix
     totals = [*timeline.totals, timeline.totals[-1]]

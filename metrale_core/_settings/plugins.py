@@ -234,7 +234,6 @@ def metrale_settings() -> type[PluginSettings] | None:
     :returns: the plugin's [`PluginSettings`][metrale_core.plugin.PluginSettings]
         subclass, or ``None`` when it has no settings of its own.
     """
-    raise RuntimeError("hook specification: never called directly")  # pragma: no cover
 
 
 @final

@@ -4,7 +4,7 @@
   handle table; released at ``close()``, dependents first.
 - It issues memsets, copies and peer copies after their operands are checked live and in bounds
   (``Holdings``), recording what a capture touches (`.graphs.record`).
-- Captures and graph launches are the graph front's (`.graphs.GraphFront`), made at `StreamFront.attach`.
+- Captures and graph launches are the graph front's (`.graphs.GraphFront`), made with the front.
 - It decides for the raw layer when a wait is allowed: never while a capture runs anywhere in the process.
 """
 
@@ -40,7 +40,11 @@ class StreamFront:
 
     __slots__ = ("_execs", "_guard", "_handles", "_holdings", "_raw", "_stats", "ctx", "default", "graphs")
 
-    def __init__(self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter) -> None:
+    def __init__(
+        self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter, guard: Callable[[Stream], ZoneGuard],
+    ) -> None:
+        """``guard`` makes the zone guard on the default stream, which this front makes first: fills to settle,
+        scans to run."""
         self.ctx = ctx
         self._raw = ctx.raw
         self._holdings = holdings
@@ -49,14 +53,9 @@ class StreamFront:
         self._execs = 0  # how many of them are executable graphs (a free looks for its buffer in those)
         #: This backend's own non-blocking stream, used wherever ``stream=None``.
         self.default = Stream(self, self._raw.stream_create(), default=True)
-        self._guard: ZoneGuard  # set by attach(), before any use
-        #: Captures and graph launches (the owner of graphs and executable graphs), made by attach().
-        self.graphs: GraphFront
-
-    def attach(self, guard: ZoneGuard) -> None:
-        """The zone guard (built on the default stream, so after this front): fills to settle, scans to run."""
-        self._guard = guard
-        self.graphs = GraphFront(self, self._holdings, self._stats, guard, self.default)
+        self._guard = guard(self.default)
+        #: Captures and graph launches (the owner of graphs and executable graphs).
+        self.graphs = GraphFront(self, holdings, stats, self._guard, self.default)
 
     @property
     def guard(self) -> ZoneGuard:

@@ -5,6 +5,8 @@
 - `cupy`: CuPy's arrays (``cupy.cuda.set_allocator``): ``install(gpu)``.
 - Both go through one `Door` each: a [`MemoryPool`][metrale_core.MemoryPool] of the backend whose pieces are
   found by address, reuse ordered on the framework's own streams (``MemoryPool.alloc_on``).
+- Underneath: `door` (`Door`) and `doorfuncs` (the C functions a framework's hook calls, made for a door), with
+  their compiled twins `_door` and `_doorfuncs`.
 - Neither framework is a dependency: each module imports its framework when called, and a missing one raises
   [`MissingPackageError`][metrale_core.MissingPackageError].
 """

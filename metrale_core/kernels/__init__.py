@@ -19,9 +19,14 @@ module        kernels
 ============  ===============================================================
 
 The fake backend runs them through the Python implementations registered by
-its plugin. ``python3 -m metrale_core.kernels`` regenerates the PTX with
-``nvcc`` (``nvcc -ptx -arch=compute_75``; ``tma`` with ``-arch=sm_90``, the
-first architecture with a TMA).
+its plugin. ``python3 -m metrale_core.kernels`` (`__main__`) regenerates the
+PTX with ``nvcc`` (``nvcc -ptx -arch=compute_75``; ``tma`` with
+``-arch=sm_90``, the first architecture with a TMA).
+
+Beside the sources lies what a kernel is on no backend, offered by
+``metrale_core``: `_ptx` reads PTX images (the target, the kernels and their
+parameters, the architecture preflight), `_tensormap` holds tensor-map specs
+and the driver's rules, `_ntile` chooses a GEMM's N tile.
 """
 
 from __future__ import annotations

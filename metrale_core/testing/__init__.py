@@ -21,6 +21,11 @@ The optional primitives (kernels, interop, a baseline, tensor maps) are probed b
 on a backend that lacks it (``backend_params(needs=...)``), and the machine
 leaves out the rules that need it.
 
+Its modules, bottom first: `_faults` (the ``FaultInjecting`` protocol); `_model` (what the
+backend should hold), `_bad_inputs` (the bad-input table), `_capabilities` (the probe) and the
+rules of the machine, `_memory_rules`, `_pool_rules` and `_tensormap_rules`; `_machine` (the
+state machine); `_pytest` (a fixture's params over every backend); this face on top.
+
 This module needs ``hypothesis`` (the ``test`` extra).
 """
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_core import effective_free_bytes, open_backend, parse_mem_available, read_mem_available
+from metrale_core import effective_free_bytes, open_backend
+from metrale_core._memory.meminfo import parse_mem_available, read_mem_available
 from tests._support import GIB, SETTINGS
 
 # Recorded from a Strix Halo APU (128 GiB, 96 GiB carved for the GPU) and a discrete-GPU server.

@@ -318,7 +318,7 @@ def test_history_is_off_by_default(fake: GpuBackend, tmp_path: Path) -> None:
 @pytest.mark.needs("capacity")
 def test_memory_info_is_honest(gpu: GpuBackend) -> None:
     """Discrete: the device's own reading. Integrated: the host's MemAvailable, capped at the total."""
-    from metrale_core import read_mem_available
+    from metrale_core._memory.meminfo import read_mem_available
 
     info = gpu.memory_info()
     assert 0 <= info.free <= info.total and info.total > 0

@@ -37,6 +37,10 @@ from metrale_core._reports.timeline import (
 )
 from tests._support import MIB
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+
+import report_example  # the snapshot header the docs' example writes
+
 
 def alloc(index: int, nbytes: int, site: str, kind: str = "device") -> dict[str, Any]:
     return {"ptr": 0x7F00_0000_0000 + index * 0x100_0000, "nbytes": nbytes, "kind": kind, "index": index, "site": site}
@@ -47,22 +51,9 @@ def event(t: float, op: str, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def document(events: list[dict[str, Any]], live: list[dict[str, Any]], **header: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "format": "metrale-memory-snapshot",
-        "version": 1,
-        "backend": "fake",
-        "device": "metrale fake device 0 (16.0 GiB, discrete)",
-        "ordinal": 0,
-        "total": 16 << 30,
-        "created": "2026-12-02T15:10:00+00:00",
-        "history_limit": 10000,
-        "dropped": 0,
-        "events": events,
-        "live": live,
-        "stats": {"alloc_count": 3, "current_bytes": {"device": 0}},
-    }
-    doc.update(header)
-    return doc
+    """A snapshot of the fake (the docs' example's header), ``header`` adding or replacing fields."""
+    header.setdefault("stats", {"alloc_count": 3, "current_bytes": {"device": 0}})
+    return report_example.snapshot(events, live, **header)
 
 
 def write(tmp_path: Path, doc: Any, name: str = "snap.json") -> Path:

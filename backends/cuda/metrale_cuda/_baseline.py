@@ -10,8 +10,9 @@ import ctypes
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from metrale_core import Baseline, CopyDirection, InvalidArgumentError
+from metrale_core import InvalidArgumentError
 from metrale_core.kernels import shipped_modules
+from metrale_core.plugin import Baseline, CopyDirection
 
 from . import _driver as _d
 from ._driver import call, call1, call_teardown, check, drv

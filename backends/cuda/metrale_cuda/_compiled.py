@@ -23,7 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar, Final
 
-from metrale_core import AllocKind, BackendUnavailableError, InvalidArgumentError, LaunchArg
+from metrale_core import BackendUnavailableError, InvalidArgumentError, LaunchArg
+from metrale_core.plugin import AllocKind
 
 from . import _driver as _d
 from ._device import CudaDevice

@@ -35,7 +35,6 @@ import uuid
 from typing import Any, ClassVar, Final, cast
 
 from metrale_core import (
-    AllocKind,
     BackendUnavailableError,
     Baseline,
     DeviceFaultError,
@@ -46,6 +45,7 @@ from metrale_core import (
     RawDevice,
     error_for_code,
 )
+from metrale_core.plugin import AllocKind
 
 from . import _driver as _d
 from ._baseline import DriverBaseline

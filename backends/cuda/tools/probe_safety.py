@@ -8,17 +8,20 @@ idle stream (what a wait judges), the graph's device time between two events, an
 wait. Run on a GPU machine::
 
     python3 backends/cuda/tools/probe_safety.py
+
+The step is the bench's own (``SafetyLoop`` of ``metrale_core._commands.bench.launches``), so the probe splits the
+very step that ``metrale bench`` times.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import statistics
 import time
 from collections.abc import Callable
 
 from metrale_core import GpuBackend, open_backend
+from metrale_core._commands.bench.launches import LOOP_KERNELS, SafetyLoop, capture_adds
 from metrale_core.kernels import shipped_modules
 
 #: The backend (``cuda``; ``fake`` to try the script on a machine without a GPU).
@@ -26,50 +29,21 @@ BACKEND = os.environ.get("PROBE_BACKEND", "cuda")
 ROUNDS = 21
 PER_ROUND = 20
 MIB = 1 << 20
-KERNELS = 128  # as metrale bench's step
 ELEMENTS = int(os.environ.get("PROBE_ELEMENTS", MIB))  # float32 elements of each buffer, as metrale bench's step
-BLOCK = 256
 
 
-class _Loop:
-    """``metrale bench``'s step (``_commands/bench/launches.py``), written out here: a tool uses the public API."""
+def _loop(gpu: GpuBackend) -> SafetyLoop:
+    """The bench's safety step on ``gpu``."""
+    return SafetyLoop(gpu, gpu.load_modules(shipped_modules("vector")).kernel("vector", "vector_add"), ELEMENTS)
 
-    def __init__(self, gpu: GpuBackend, n: int) -> None:
-        self.gpu = gpu
-        self.stream = gpu.create_stream()
-        kernel = gpu.load_modules(shipped_modules("vector")).kernel("vector", "vector_add")
-        self.weights = [gpu.alloc(64 * 1024) for _ in range(32)]
-        self.bufs = [gpu.alloc(4 * n) for _ in range(3)]
-        for buf in self.bufs:
-            gpu.memset(buf, 0)
-        self.arena = gpu.create_arena(8 * MIB)
-        self.host = gpu.alloc_host(4096)
-        count = ctypes.c_uint32(n)
-        gpu.begin_capture(self.stream)
-        for _ in range(KERNELS):
-            gpu.launch(kernel, (n + BLOCK - 1) // BLOCK, BLOCK, (*self.bufs, count), stream=self.stream)
-        graph = gpu.end_capture(self.stream)
-        self.nodes = _nodes(graph.raw)
-        self.exe = graph.instantiate()
+
+def _graph_nodes(loop: SafetyLoop) -> str:
+    """The nodes of the step's graph, captured once more the same way (the step keeps only its executable graph)."""
+    graph = capture_adds(loop.gpu, loop.kernel, loop.stream, loop.bufs, ELEMENTS, LOOP_KERNELS)
+    try:
+        return _nodes(graph.raw)
+    finally:
         graph.close()
-
-    def step(self) -> None:
-        gpu, stream = self.gpu, self.stream
-        scratch = self.arena.alloc(MIB)
-        gpu.memset(scratch, 0, stream=stream)
-        self.exe.launch(stream)
-        gpu.copy_to_host(self.host, self.bufs[2], stream=stream)
-        stream.synchronize()
-        self.arena.reset()
-
-    def close(self) -> None:
-        self.stream.synchronize()
-        self.exe.close()
-        self.arena.close()
-        self.gpu.free(self.host)
-        for buf in self.bufs + self.weights:
-            self.gpu.free(buf)
-        self.stream.close()
 
 
 def _nodes(raw: object) -> str:
@@ -109,11 +83,11 @@ def main() -> None:
     loops = {}
     for label, update in (("off", off), ("on", on)):
         gpu = open_backend(BACKEND, settings=base.settings.model_copy(update=update))
-        loops[label] = _Loop(gpu, ELEMENTS)
+        loops[label] = _loop(gpu)
     print(f"redzone_checks (on): {loops['on'].gpu.redzone_checks}")
     for label, loop in loops.items():
         offsets = ", ".join(f"{buf.ptr % (2 << 20):#x}" for buf in loop.bufs)
-        print(f"{label}: the graph's {loop.nodes}; the buffers' offsets in 2 MiB pages: {offsets}")
+        print(f"{label}: the graph's {_graph_nodes(loop)}; the buffers' offsets in 2 MiB pages: {offsets}")
     rows: dict[str, dict[str, tuple[float, float]]] = {label: {} for label in loops}
     for _turn in range(2):
         for label, loop in loops.items():
@@ -121,13 +95,13 @@ def main() -> None:
             raw_sync = (lambda g=gpu, s=stream: g.raw.stream_synchronize(s.raw))
             rows[label]["step"] = _times(loop.step, stream.synchronize)
 
-            def launch_only(loop: _Loop = loop) -> None:
+            def launch_only(loop: SafetyLoop = loop) -> None:
                 loop.exe.launch(loop.stream)
                 loop.gpu.raw.stream_synchronize(loop.stream.raw)  # (waited for outside metrale: no judging)
             rows[label]["launch + raw wait"] = _times(launch_only, stream.synchronize)
             rows[label]["wait, stream idle"] = _times(stream.synchronize, raw_sync)
 
-            def step_no_wait(loop: _Loop = loop) -> None:
+            def step_no_wait(loop: SafetyLoop = loop) -> None:
                 scratch = loop.arena.alloc(MIB)
                 loop.gpu.memset(scratch, 0, stream=loop.stream)
                 loop.exe.launch(loop.stream)

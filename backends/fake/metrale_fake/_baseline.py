@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from metrale_core import Baseline, CopyDirection
+from metrale_core.plugin import Baseline, CopyDirection
 
 __all__ = ["NumpyBaseline"]
 

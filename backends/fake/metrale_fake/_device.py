@@ -17,8 +17,9 @@ from typing import Final, cast
 
 import numpy as np
 
-from metrale_core import AllocKind, MetraleSettings, parse_ptx
+from metrale_core import MetraleSettings, parse_ptx
 from metrale_core.plugin import (
+    AllocKind,
     Baseline,
     ForeignMemory,
     KernelImplementation,

@@ -12,14 +12,17 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any, Final
 
-from ... import GpuBackend, GraphExec, Kernel, Stream, open_backend
+from ... import GpuBackend, Graph, GraphExec, Kernel, Stream, open_backend
 from ..._errors import MetraleError
 from .context import Bench
 from .model import Figure, Goal, Result
 from .peers import find_torch, torch_graph
 from .timing import KIB, MIB, against_first, compare, format_size, to_us, turns
 
-__all__ = ["BLOCK", "EAGER_N", "measure_eager", "measure_graph", "measure_safety"]
+__all__ = [
+    "BLOCK", "EAGER_N", "LOOP_KERNELS", "SafetyLoop", "capture_adds", "measure_eager", "measure_graph",
+    "measure_safety",
+]
 
 BLOCK: Final = 256
 
@@ -67,7 +70,9 @@ def _buffers(gpu: GpuBackend, stack: ExitStack, count: int, nbytes: int) -> list
     return bufs
 
 
-def _capture_adds(gpu: GpuBackend, kernel: Kernel, stream: Stream, bufs: Sequence[Any], n: int, k: int) -> GraphExec:
+def capture_adds(gpu: GpuBackend, kernel: Kernel, stream: Stream, bufs: Sequence[Any], n: int, k: int) -> Graph:
+    """``k`` launches of ``vector_add`` over ``bufs[:3]`` (``n`` float32 elements) captured on ``stream``: the graph,
+    which the caller closes."""
     count = ctypes.c_uint32(n)
     grid = (n + BLOCK - 1) // BLOCK
     gpu.begin_capture(stream)
@@ -78,7 +83,11 @@ def _capture_adds(gpu: GpuBackend, kernel: Kernel, stream: Stream, bufs: Sequenc
         with contextlib.suppress(MetraleError):
             gpu.end_capture(stream).close()
         raise
-    graph = gpu.end_capture(stream)
+    return gpu.end_capture(stream)
+
+
+def _instantiated(graph: Graph) -> GraphExec:
+    """``graph``'s executable graph; the graph itself closed."""
     try:
         return graph.instantiate()
     finally:
@@ -100,7 +109,7 @@ def measure_graph(b: Bench) -> Result:
         stack.callback(stream.close)
         bufs = _buffers(gpu, stack, 3, 4 * n)
         stack.callback(stream.synchronize)  # before the buffers go
-        exe = _capture_adds(gpu, kernel, stream, bufs, n, k)
+        exe = _instantiated(capture_adds(gpu, kernel, stream, bufs, n, k))
         stack.callback(exe.close)
         start, end = gpu.create_event(), gpu.create_event()
         stack.callback(start.close)
@@ -159,24 +168,27 @@ def measure_graph(b: Bench) -> Result:
 
 
 
-_LOOP_KERNELS: Final = 128
+#: The launches in the graph of the safety step.
+LOOP_KERNELS: Final = 128
 
 
-class _Loop:
+class SafetyLoop:
     """An inference-style step: per-step scratch from an arena, a captured graph of the shipped
-    kernels over a few MiB, and a small read back to the host, waited for."""
+    kernels over a few MiB, and a small read back to the host, waited for. ``kernel`` is the shipped
+    ``vector_add`` on ``gpu``, ``n`` the float32 elements of each buffer. ``safety`` times it, and
+    ``backends/cuda/tools/probe_safety.py`` splits its cost."""
 
-    def __init__(self, b: Bench, gpu: GpuBackend, n: int) -> None:
+    def __init__(self, gpu: GpuBackend, kernel: Kernel, n: int) -> None:
         self.gpu = gpu
         self.stream = gpu.create_stream()
-        self.kernel = b.vector_add(gpu)
+        self.kernel = kernel
         self.weights = [gpu.alloc(64 * KIB) for _ in range(32)]  # small live allocations, each with its zones
         self.bufs = [gpu.alloc(4 * n) for _ in range(3)]
         for buf in self.bufs:
             gpu.memset(buf, 0)
         self.arena = gpu.create_arena(8 * MIB)
         self.host = gpu.alloc_host(4 * KIB)
-        self.exe = _capture_adds(gpu, self.kernel, self.stream, self.bufs, n, _LOOP_KERNELS)
+        self.exe = _instantiated(capture_adds(gpu, kernel, self.stream, self.bufs, n, LOOP_KERNELS))
 
     def step(self) -> None:
         gpu, stream = self.gpu, self.stream
@@ -210,10 +222,10 @@ def measure_safety(b: Bench) -> Result:
         "step, checks on, verdict judged later": gpu.settings.model_copy(update={**on, "redzone_scan_queued": True}),
     }
     with ExitStack() as stack:
-        loops: dict[str, _Loop] = {}
+        loops: dict[str, SafetyLoop] = {}
         for label, settings in configs.items():
             backend = stack.enter_context(open_backend(gpu.name, ordinal=gpu.ordinal, settings=settings))
-            loop = loops[label] = _Loop(b, backend, n)
+            loop = loops[label] = SafetyLoop(backend, b.vector_add(backend), n)
             stack.callback(loop.close)
         b.say(f"  {rounds} rounds of {calls} steps, the three configurations in turns")
         mode = loops["step, checks on, verdict judged later"].gpu.redzone_checks
@@ -228,7 +240,7 @@ def measure_safety(b: Bench) -> Result:
         Goal("the safety net, verdict judged later, adds under 1% to a step", figures[2].ratio, 1.01, at_most=True),
     )
     detail = (
-        f"host time per step: 1 MiB of arena scratch, a graph of {_LOOP_KERNELS} vector_add over {format_size(4 * n)} "
+        f"host time per step: 1 MiB of arena scratch, a graph of {LOOP_KERNELS} vector_add over {format_size(4 * n)} "
         f"buffers, a 4 KiB read back and a wait; checks on: 4 KiB red zones front and back on every allocation, "
         f"every zone checked at every graph launch ({mode}); median of {rounds} rounds of {calls}"
     )
