@@ -3,7 +3,8 @@
 Each ``metrale_core/**/*.pyx`` (a twin of part of the ``.py`` beside it, ``_ledger.pyx`` of ``ledger.py``) becomes
 an optional extension module, named by its path and cythonized when it is built: the generated C stays in the
 build folder. Where the twins cannot be built (no C compiler, no Python headers, no Cython), the build goes on
-without them and says so in one line: the pure-Python modules run. An error in a ``.pyx`` fails the build.
+without them and says so in one line: the pure-Python modules run. An error in a ``.pyx`` fails the build. Each
+twin compiles with `INCLUDE` on its include path: the core's C headers (``metrale/device_calls.h``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 #: may turn them off for itself (``@cython.boundscheck(False)``).
 DIRECTIVES = {"language_level": 3, "binding": True, "embedsignature": True}
 PURE = "metrale-core: {why}: built without the compiled twins; the pure-Python modules run"
+#: The core's C headers, shipped in the package (``metrale_core.plugin.get_include()`` of the installed core): found
+#: beside this file, since the build runs before metrale_core can be imported.
+INCLUDE = Path(__file__).resolve().parent / "metrale_core" / "include"
 
 
 def twins() -> list[Extension]:
     """An optional extension for each ``.pyx`` under metrale_core, found by glob: nothing to list."""
     found = []
     for path in sorted(Path("metrale_core").rglob("*.pyx")):
-        ext = Extension(".".join(path.with_suffix("").parts), [path.as_posix()], optional=True)
+        ext = Extension(".".join(path.with_suffix("").parts), [path.as_posix()], include_dirs=[str(INCLUDE)],
+                        optional=True)
         ext.sources = [path.as_posix()]  # setuptools names the .c instead where Cython is missing: keep the .pyx
         found.append(ext)
     return found
@@ -83,4 +88,5 @@ class BuildTwins(build_ext):
             self.failed.append(f"{compiler} on {ext.name}")
 
 
-setup(ext_modules=twins(), cmdclass={"build_ext": BuildTwins})
+if __name__ == "__main__":  # (as every build runs it: a test reads INCLUDE and twins without building)
+    setup(ext_modules=twins(), cmdclass={"build_ext": BuildTwins})
