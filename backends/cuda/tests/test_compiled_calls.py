@@ -34,7 +34,7 @@ from metrale_cuda import _compiled, _device, _driver, _launch, _plugin
 from metrale_cuda._compiled import CompiledCudaDevice, describe, device_class
 from metrale_cuda._device import CudaDevice
 from metrale_cuda._launch import ArgSlots, CuFunction, CuGraphExec, CuStream
-from tests._support import device_calls_table
+from tests._support import DeviceCallsTable, device_calls_table
 
 PACKAGE = Path(_compiled.__file__).parent
 KEY = 0x7F00_1000  # the context handle the stand-ins report current
@@ -443,3 +443,18 @@ def test_the_device_calls_decline_where_the_driver_cannot_answer() -> None:
     calls.close()
     assert calls.closed and table.alloc(table.state, 4096, ctypes.byref(out)) == 1
     assert seen == []
+
+
+def test_the_device_calls_are_the_struct_of_the_core_s_header() -> None:
+    """``_cdriver`` compiles against metrale-core's ``metrale/device_calls.h``: its struct is the header's size (the
+    ctypes mirror's, which ``tests/plugins/test_device_calls_header.py`` checks against the header) and its capsule
+    the name the core reads."""
+    import ctypes
+
+    from metrale_core.plugin import DEVICE_CALLS
+
+    module = _module()
+    calls = module.DeviceCalls(0x1234, *[lambda *_: None] * 5)
+    table = device_calls_table(calls.capsule())
+    assert table.size == ctypes.sizeof(DeviceCallsTable) and module.DEVICE_CALLS == DEVICE_CALLS
+    calls.close()
