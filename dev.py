@@ -70,10 +70,11 @@ SELFTEST_PACKAGES = [".", "backends/fake", "backends/cuda"]
 DISTRIBUTIONS = [".", "backends/fake", "backends/cuda", "examples/tracing-backend", "examples/pipeline",
                  "packaging/metrale"]
 #: The build's files: a change reinstalls (the core's and the CUDA backend's setup.py and MANIFEST.in with their
-#: pyproject.toml, and the cydriver declarations the CUDA backend's build reads).
+#: pyproject.toml, the cydriver declarations the CUDA backend's build reads, and the device calls' C header, which
+#: both compile against).
 PROJECT_FILES = (["pyproject.toml", "setup.py", "MANIFEST.in"] + [f"{p}/pyproject.toml" for p in PACKAGES[1:]]
                  + ["backends/cuda/setup.py", "backends/cuda/MANIFEST.in",
-                    "backends/cuda/pxd/cuda/bindings/cydriver.pxd"])
+                    "backends/cuda/pxd/cuda/bindings/cydriver.pxd", "metrale_core/include/metrale/device_calls.h"])
 #: The packages with compiled twins, each by the folder that holds it: the core's twins, and the CUDA backend's
 #: driver calls (``metrale_cuda/_cdriver.pyx``, built only where its setup.py finds cuda.h).
 TWIN_PACKAGES = {"metrale_core": ROOT, "metrale_cuda": ROOT / "backends" / "cuda"}

@@ -9,7 +9,8 @@ folder), found by their files: nothing to list.
 - **C ABIs**: a ``_X.pyx`` is compiled as ``_X`` (a C function another library calls, the device calls).
 
 Where they cannot be built (no C compiler, no Python headers, no Cython), the build goes on without them and says
-so in one line: the pure-Python modules run. An error Cython finds in a source fails the build.
+so in one line: the pure-Python modules run. An error Cython finds in a source fails the build. Each compiles with
+`INCLUDE` on its include path: the core's C headers (``metrale/device_calls.h``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 #: ``.pxd`` alone gives Cython its C types.
 DIRECTIVES = {"language_level": 3, "binding": True, "embedsignature": True, "annotation_typing": False}
 PURE = "metrale-core: {why}: built without the compiled twins; the pure-Python modules run"
+#: The core's C headers, shipped in the package (``metrale_core.plugin.get_include()`` of the installed core): found
+#: beside this file, since the build runs before metrale_core can be imported.
+INCLUDE = Path(__file__).resolve().parent / "metrale_core" / "include"
 
 
 def compiled_sources(root: Path = Path("metrale_core")) -> dict[str, Path]:
@@ -49,7 +53,7 @@ def twins() -> list[Extension]:
     """An optional extension for each compiled module (`compiled_sources`)."""
     found = []
     for name, path in compiled_sources().items():
-        ext = Extension(name, [path.as_posix()], optional=True)
+        ext = Extension(name, [path.as_posix()], include_dirs=[str(INCLUDE)], optional=True)
         ext.sources = [path.as_posix()]  # setuptools names the .c instead where Cython is missing: keep the source
         found.append(ext)
     return found
@@ -105,4 +109,5 @@ class BuildTwins(build_ext):
             self.failed.append(f"{compiler} on {ext.name}")
 
 
-setup(ext_modules=twins(), cmdclass={"build_ext": BuildTwins})
+if __name__ == "__main__":  # (as every build runs it: a test reads INCLUDE and twins without building)
+    setup(ext_modules=twins(), cmdclass={"build_ext": BuildTwins})

@@ -21,10 +21,14 @@ private ``metrale_core._*`` module:
   name or code), [`cuda_code`][metrale_core.cuda_code] (a name's code) and [`is_sticky`][metrale_core.plugin.is_sticky]
   (whether a result poisons the context, as a device fault does);
 - helpers: [`as_index`][metrale_core.plugin.as_index] (an ``int``-like argument as an ``int``, or
-  ``None``) and [`format_bytes`][metrale_core.plugin.format_bytes] (a byte count as people read it).
+  ``None``) and [`format_bytes`][metrale_core.plugin.format_bytes] (a byte count as people read it);
+- the device calls in C: [`get_include`][metrale_core.plugin.get_include] (the folder of ``metrale/device_calls.h``,
+  the struct a [`RawDevice.device_calls`][metrale_core.RawDevice.device_calls] capsule named ``DEVICE_CALLS`` holds).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from metrale_core import (
     BackendRegistration,
@@ -66,6 +70,20 @@ __all__ = [
     "cuda_code",
     "error_for_code",
     "format_bytes",
+    "get_include",
     "hookimpl",
     "is_sticky",
 ]
+
+
+def get_include() -> str:
+    """The folder to add to a C extension's include path for ``#include "metrale/device_calls.h"``: the one C
+    definition of the device calls (the struct ``metrale_device_calls_v1``, its return codes and the capsule's name,
+    ``DEVICE_CALLS``) that a backend may offer from
+    [`RawDevice.device_calls`][metrale_core.RawDevice.device_calls]. NumPy's ``numpy.get_include()`` pattern:
+
+        Extension("my_backend._calls", ["my_backend/_calls.c"], include_dirs=[metrale_core.plugin.get_include()])
+
+    :returns: the absolute path of the ``include`` folder inside the installed ``metrale_core`` package.
+    """
+    return str(Path(__file__).resolve().parent / "include")

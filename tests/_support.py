@@ -152,9 +152,9 @@ def in_threads(work: Callable[[int], None], count: int = 4) -> None:
         raise errors[0]
 
 
-class DoorTable(ctypes.Structure):
-    """A plugin's ``metrale_core.device_calls.v1`` struct (``RawDevice.device_calls``), its functions callable from
-    Python as the core calls them: with the GIL held (``PYFUNCTYPE``)."""
+class DeviceCallsTable(ctypes.Structure):
+    """A plugin's ``metrale_core.device_calls.v1`` struct (``RawDevice.device_calls``, ``metrale/device_calls.h``), its
+    functions callable from Python as the core calls them: with the GIL held (``PYFUNCTYPE``)."""
 
     _fields_ = (
         ("size", ctypes.c_size_t),
@@ -172,8 +172,8 @@ class DoorTable(ctypes.Structure):
     )
 
 
-def door_table(capsule: object) -> DoorTable:
+def device_calls_table(capsule: object) -> DeviceCallsTable:
     """The struct a ``device_calls()`` capsule points at (valid while the capsule lives)."""
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, (ctypes.py_object, ctypes.c_char_p)
-    return DoorTable.from_address(get_pointer(capsule, DEVICE_CALLS.encode()))
+    return DeviceCallsTable.from_address(get_pointer(capsule, DEVICE_CALLS.encode()))

@@ -2,10 +2,11 @@
 
 ``metrale_cuda/_cdriver.pyx`` (the hot path's driver calls through ``cuda.bindings.cydriver``) becomes an optional
 extension module, compiled as C++ (``cydriver`` declarations need ``<type_traits>``) against the CUDA toolkit's
-``cuda.h``, found by `cuda_include`. Cython reads the ``cydriver`` functions it calls from ``pxd/`` (their
-declarations as cuda-bindings declares them), not from an installed cuda-bindings, whose own ``cydriver.pxd`` needs a
-``cuda.h`` of its own version: the build needs no cuda-bindings. Where the module cannot be built (no Cython, no
-``cuda.h``, no C++ compiler), the build goes on without it and says so in one line: the pure calls
+``cuda.h``, found by `cuda_include`, and metrale-core's ``metrale/device_calls.h`` (the device calls' struct), found
+by `metrale_include`. Cython reads the ``cydriver`` functions it calls from ``pxd/`` (their declarations as
+cuda-bindings declares them), not from an installed cuda-bindings, whose own ``cydriver.pxd`` needs a ``cuda.h`` of its
+own version: the build needs no cuda-bindings. Where the module cannot be built (no Cython, no ``cuda.h``, no
+``metrale/device_calls.h``, no C++ compiler), the build goes on without it and says so in one line: the pure calls
 (``cuda.bindings.driver``) run. An error in the ``.pyx`` fails the build.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.sdist import sdist
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 #: As the core's twins (its setup.py says why): signatures that inspect, help() and stubtest read; bounds checks on.
@@ -47,6 +49,49 @@ def cuda_include() -> Path | None:
             if (include / "cuda.h").is_file():
                 return include
     return None
+
+
+#: The header ``_cdriver.pyx`` includes, under an include folder: the device calls' struct, defined once in
+#: metrale-core.
+HEADER = Path("metrale", "device_calls.h")
+HERE = Path(__file__).resolve().parent
+
+
+def metrale_roots(here: Path = HERE) -> list[Path]:
+    """Where metrale-core's C headers may be (``metrale_core.plugin.get_include()``), in the order looked: the core
+    of the clone this backend is in (``../../metrale_core/include``: ``dev.py``'s editable installs, isolated or not),
+    the copy this backend's sdist carries (``include/``, made by `SdistWithHeader` from the first found), the
+    installed core's ``include/`` (found without importing it: a build without isolation where metrale-core is
+    installed)."""
+    roots = [here.parent.parent / "metrale_core" / "include", here / "include"]
+    try:
+        spec = importlib.util.find_spec("metrale_core")
+    except (ImportError, ValueError):  # (a broken installation: as if none)
+        spec = None
+    if spec is not None:
+        roots += [Path(folder) / "include" for folder in spec.submodule_search_locations or []]
+    return list(dict.fromkeys(roots))
+
+
+def metrale_include(here: Path = HERE) -> Path | None:
+    """The first of `metrale_roots` that holds `HEADER`, or ``None``."""
+    return next((root for root in metrale_roots(here) if (root / HEADER).is_file()), None)
+
+
+class SdistWithHeader(sdist):
+    """setuptools' sdist, with a copy of metrale-core's `HEADER` under ``include/``: a wheel built from the sdist in
+    isolation (where metrale-core is neither beside it nor installed) still compiles the driver calls. The copy is
+    the core's file as found, never edited here."""
+
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        super().make_release_tree(base_dir, files)
+        include = metrale_include()
+        if include is None:
+            looked = ", ".join(str(root) for root in metrale_roots())
+            raise SystemExit(f"metrale-cuda's sdist: no {HEADER.as_posix()} to carry (looked in {looked})")
+        target = Path(base_dir, "include", HEADER)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(include / HEADER, target)
 
 
 #: The oldest Cython that compiles the twins (``cython.pymutex``, ``cython.critical_section``).
@@ -91,8 +136,15 @@ class BuildDriverCalls(build_ext):
             why = f"no cuda.h (looked in {looked}: set CUDA_HOME to a CUDA toolkit)"
             print(PURE.format(why=why), file=sys.stderr)
             return
+        header = metrale_include()
+        if header is None:
+            looked = ", ".join(str(root) for root in metrale_roots())
+            why = (f"no {HEADER.as_posix()} (looked in {looked}: install metrale-core and build without isolation, or "
+                   "build from a clone)")
+            print(PURE.format(why=why), file=sys.stderr)
+            return
         for ext in self.extensions:
-            ext.include_dirs.append(str(include))
+            ext.include_dirs += [str(include), str(header)]
         super().run()
         if self.failed:
             why = f"the C++ compiler failed ({'; '.join(self.failed)}) against {include}/cuda.h"
@@ -120,4 +172,4 @@ def driver_calls() -> list[Extension]:
 
 
 if __name__ == "__main__":  # (as every build runs it: dev.py reads cuda_include without building)
-    setup(ext_modules=driver_calls(), cmdclass={"build_ext": BuildDriverCalls})
+    setup(ext_modules=driver_calls(), cmdclass={"build_ext": BuildDriverCalls, "sdist": SdistWithHeader})

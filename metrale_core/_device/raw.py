@@ -151,34 +151,20 @@ class RawDevice(abc.ABC):
         functions, for the core's compiled lanes (default
         ``None``: they call the methods).
 
-        A ``PyCapsule`` named ``DEVICE_CALLS`` (``"metrale_core.device_calls.v1"``) whose pointer is this struct,
-        valid as long as the capsule lives::
+        A ``PyCapsule`` named ``DEVICE_CALLS`` (``"metrale_core.device_calls.v1"``) whose pointer is a
+        ``metrale_device_calls_v1``, valid as long as the capsule lives. The struct, each function's arguments and the
+        return convention are defined once, in the C header ``metrale/device_calls.h``: compile against
+        [`metrale_core.plugin.get_include()`][metrale_core.plugin.get_include]. In short:
 
-            typedef struct {
-                size_t size;  /* sizeof this struct: the core refuses one that ends before free */
-                void *state;  /* the backend's own, handed back to each call */
-                int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
-                int (*free)(void *state, uintptr_t ptr);
-                /* optional (NULL: the method): set nbytes bytes at ptr to value, on stream (a PyObject *,
-                   borrowed: what this device's stream_create returned) */
-                int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
-                /* optional (NULL, or a struct that ends before it: the method): launch graph_exec (what this
-                   device's graph_instantiate returned) on stream, both borrowed */
-                int (*graph_launch)(void *state, PyObject *graph_exec, PyObject *stream);
-                /* optional (likewise): launch function (what module_function returned) with shape = grid x, y, z,
-                   block x, y, z, on stream; args is the list of LaunchArg the method would get (all borrowed) */
-                int (*launch)(void *state, PyObject *function, const unsigned int *shape, unsigned int shared_mem,
-                              PyObject *stream, PyObject *args);
-            } metrale_device_calls_v1;
+        - Each is called with the GIL held, only while the backend is open. ``alloc`` and ``free`` are required; the
+          optional ``memset``, ``graph_launch`` and ``launch`` may be ``NULL``, or past the end of a shorter struct:
+          the method is called.
+        - ``0``: done, as the method would have done it. ``1``: declined, nothing done: the core calls the method,
+          which does the work or raises. ``-1``, with a Python exception set: the typed error the method would raise
+          (``OutOfMemoryError`` for an allocation: the core then reclaims and retries, through the method); the call
+          is not made again.
 
-        - Each is called with the GIL held (it may let go of it while the driver works), only while the backend
-          is open.
-        - ``0``: done, as the method would have done it (``alloc`` wrote a 256-byte-aligned address to ``*ptr``).
-        - ``1``: declined, nothing done: the core calls the method, which does the work or raises (a closed device,
-          a context not current: the C function need not handle them).
-        - ``-1``, with a Python exception set: the driver failed; the exception is the typed error the method would
-          raise (``OutOfMemoryError`` for an allocation: the core then reclaims and retries, through the method).
-          The call is not made again.
+        docs/plugin-authors.md ("Device calls in C") shows a backend that offers them.
         """
         return None
 

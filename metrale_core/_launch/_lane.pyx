@@ -16,7 +16,7 @@ done here at C level.
 cimport cython
 from cpython.object cimport PyObject
 
-from .._device._door cimport DOOR_LAUNCH, door_with, metrale_device_calls_v1, table_of
+from .._device._calls cimport DEVICE_CALLS_LAUNCH, device_calls_with, metrale_device_calls_v1, table_of
 from .._device._gate cimport Gate, _Cell
 from .._memory._ledger cimport Ledger
 from ._pack cimport pack_c
@@ -71,7 +71,7 @@ cdef class LaunchLane:
         self._recent = ctx.recent
         self._ref = ctx.ref
         self._plain = parts.plain
-        self._capsule = door_with(ctx.plugin, _CAPSULE_NAME, DOOR_LAUNCH)
+        self._capsule = device_calls_with(ctx.plugin, _CAPSULE_NAME, DEVICE_CALLS_LAUNCH)
         self._door = table_of(self._capsule, _CAPSULE_NAME)
 
     def launch(self, kernel, grid, block, args, shared_mem, stream):

@@ -28,7 +28,7 @@ from cpython.object cimport PyObject
 from libc.stdint cimport uintptr_t
 
 from .._device._capture cimport forbid_c
-from .._device._door cimport ask_door, door_has_memset, door_of, metrale_device_calls_v1
+from .._device._calls cimport ask_device_calls, device_calls_have_memset, device_calls_of, metrale_device_calls_v1
 from .._device._gate cimport Gate, _Cell
 from .._device._handle cimport (
     FIELD_INDEX, FIELD_KIND, FIELD_NBYTES, FIELD_OWNER, FIELD_PTR, buffer_field, make_buffer,
@@ -107,8 +107,8 @@ cdef class DeviceLane:
         ctx = parts.ctx
         _compiled_parts("lane", parts)
         plugin = ctx.plugin
-        capsule = ask_door(plugin, _log)
-        self._door = door_of(plugin, capsule, _CAPSULE_NAME, _log)
+        capsule = ask_device_calls(plugin, _log)
+        self._door = device_calls_of(plugin, capsule, _CAPSULE_NAME, _log)
         self._capsule = capsule if self._door is not NULL else None
         self._allocator = allocator
         self._ctx = ctx
@@ -121,7 +121,7 @@ cdef class DeviceLane:
         self._indexes = _INDEXES if _INDEXES_LOCK_FREE else None  # (its next item taken at C level)
         self._caller_frames = parts.caller_frames
         self._ref = ctx.ref
-        self._door_memset = self._door is not NULL and door_has_memset(self._door)
+        self._door_memset = self._door is not NULL and device_calls_have_memset(self._door)
         self._raw = ctx.raw
         zoning = parts.zoning
         if zoning is not None:

@@ -21,7 +21,7 @@ from cpython.object cimport PyObject
 
 from .._device._slots cimport slot_get, slot_named, slot_set
 
-from .._device._door cimport DOOR_GRAPH_LAUNCH, door_with, metrale_device_calls_v1, table_of
+from .._device._calls cimport DEVICE_CALLS_GRAPH_LAUNCH, device_calls_with, metrale_device_calls_v1, table_of
 from .._device._gate cimport Gate, _Cell
 from .._device._stats cimport StatsCounter
 from .._memory._ledger cimport Ledger
@@ -115,7 +115,7 @@ cdef class GraphLane:
         self._default = parts.default
         self._scan_graphs = parts.scan_graphs
         self._ref = ctx.ref
-        self._capsule = door_with(ctx.plugin, _CAPSULE_NAME, DOOR_GRAPH_LAUNCH)
+        self._capsule = device_calls_with(ctx.plugin, _CAPSULE_NAME, DEVICE_CALLS_GRAPH_LAUNCH)
         self._door = table_of(self._capsule, _CAPSULE_NAME)
 
     def launch(self, graph, stream):

@@ -15,7 +15,7 @@ cimport cython
 from cpython.object cimport PyObject
 from libc.stdint cimport uintptr_t
 
-from .._device._door cimport DOOR_MEMSET, door_with, metrale_device_calls_v1, table_of
+from .._device._calls cimport DEVICE_CALLS_MEMSET, device_calls_with, metrale_device_calls_v1, table_of
 from .._device._gate cimport Gate, _Cell
 from .._device._handle cimport FIELD_INDEX, FIELD_NBYTES, FIELD_OWNER, FIELD_PTR, buffer_field
 from .._memory._ledger cimport Ledger
@@ -55,7 +55,7 @@ cdef class StreamLane:
         self._ref = ctx.ref
         self._default = streams.default
         self._zoned = bool(streams.guard.fills)
-        self._capsule = door_with(ctx.plugin, _CAPSULE_NAME, DOOR_MEMSET)
+        self._capsule = device_calls_with(ctx.plugin, _CAPSULE_NAME, DEVICE_CALLS_MEMSET)
         self._door = table_of(self._capsule, _CAPSULE_NAME)
 
     def memset(self, dst, value, offset, nbytes, stream):

@@ -79,6 +79,55 @@ def test_dev_py_finds_cuda_h_as_the_cuda_backend_s_build_does() -> None:
     assert dev.cuda_include(dev.sys.executable) == (str(found) if found else None)
 
 
+def _cuda_setup() -> dict[str, object]:
+    import runpy
+
+    pytest.importorskip("setuptools", reason="the CUDA backend's setup.py imports setuptools, not installed here")
+    return runpy.run_path(str(dev.ROOT / "backends" / "cuda" / "setup.py"), run_name="metrale_cuda_setup")
+
+
+def _header(folder: Path) -> Path:
+    (folder / "metrale").mkdir(parents=True)
+    (folder / "metrale" / "device_calls.h").write_text("/* the device calls */\n")
+    return folder
+
+
+def test_the_cuda_build_finds_the_device_calls_header_in_the_clone_first() -> None:
+    """From a clone, the core beside it (an isolated editable install, as dev.py's); from the sdist, the copy the sdist
+    carries; else the installed core's (a build without isolation): ``metrale_core.plugin.get_include()``."""
+    from metrale_core.plugin import get_include
+
+    setup = _cuda_setup()
+    find, roots = setup["metrale_include"], setup["metrale_roots"]
+    assert callable(find) and callable(roots)
+    clone = dev.ROOT / "metrale_core" / "include"
+    assert find() == clone and roots()[:2] == [clone, dev.ROOT / "backends" / "cuda" / "include"]
+    assert Path(get_include()) in roots()  # (the installed core: this tree's, editable)
+
+
+def test_an_unpacked_sdist_finds_its_copy_first_and_else_the_installed_core(tmp_path: Path) -> None:
+    from metrale_core.plugin import get_include
+
+    find = _cuda_setup()["metrale_include"]
+    assert callable(find)
+    unpacked = tmp_path / "metrale_cuda-1.0"
+    unpacked.mkdir()
+    assert find(unpacked) == Path(get_include())  # no clone around it, no copy: the installed core's
+    copy = _header(unpacked / "include")
+    assert find(unpacked) == copy
+
+
+def test_the_cuda_sdist_carries_a_copy_of_the_core_s_header(tmp_path: Path) -> None:
+    from setuptools import Distribution
+
+    sdist = _cuda_setup()["SdistWithHeader"]
+    assert isinstance(sdist, type)
+    command = sdist(Distribution({"name": "metrale-cuda", "version": "1.0"}))
+    command.make_release_tree(str(tmp_path / "tree"), [])
+    copied = tmp_path / "tree" / "include" / "metrale" / "device_calls.h"
+    assert copied.read_bytes() == (dev.ROOT / "metrale_core" / "include" / "metrale" / "device_calls.h").read_bytes()
+
+
 def test_wheels_installs_what_every_distribution_builds_with() -> None:
     with (dev.ROOT / "pyproject.toml").open("rb") as f:
         core = tomllib.load(f)["build-system"]["requires"]

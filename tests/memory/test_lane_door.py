@@ -48,7 +48,7 @@ LAUNCH = ctypes.CFUNCTYPE(
 
 
 class Table(ctypes.Structure):
-    """``metrale_device_calls_v1``, as ``RawDevice.device_calls``'s docstring writes it."""
+    """``metrale_device_calls_v1``, as ``metrale/device_calls.h`` defines it."""
 
     _fields_ = (
         ("size", ctypes.c_size_t), ("state", ctypes.c_void_p), ("alloc", ALLOC), ("free", FREE), ("memset", MEMSET),

@@ -239,28 +239,15 @@ def ctx_set(uintptr_t ctx):
     return <int>cydriver.cuCtxSetCurrent(<cydriver.CUcontext><void*>ctx)
 
 
-# -- the core's C-level door (``RawDevice.device_calls``) ----------------------------------------------------------
+# -- the device calls (``RawDevice.device_calls``) -------------------------------------------------------------------
 
 
-#: The capsule's name, as ``metrale_core.plugin.DEVICE_CALLS`` has it (the struct's version is in it).
-DEVICE_CALLS = "metrale_core.device_calls.v1"
-
-cdef extern from *:
-    """
-    #include <stddef.h>
-    #include <stdint.h>
-    /* metrale_core.plugin's RawDevice.device_calls: the struct of the capsule named "metrale_core.device_calls.v1". */
-    typedef struct {
-        size_t size;
-        void *state;
-        int (*alloc)(void *state, size_t nbytes, uintptr_t *ptr);
-        int (*free)(void *state, uintptr_t ptr);
-        int (*memset)(void *state, uintptr_t ptr, int value, size_t nbytes, PyObject *stream);
-        int (*graph_launch)(void *state, PyObject *graph_exec, PyObject *stream);
-        int (*launch)(void *state, PyObject *function, const unsigned int *shape, unsigned int shared_mem,
-                      PyObject *stream, PyObject *args);
-    } metrale_device_calls_v1;
-    """
+cdef extern from "metrale/device_calls.h":
+    # The one definition, shipped in metrale-core (``metrale_core.plugin.get_include()``; setup.py finds it); Cython's
+    # view of it, as the core's ``_device/_calls.pxd`` has it: the C++ compiler checks each use against the header.
+    const char* METRALE_DEVICE_CALLS_CAPSULE
+    # declined, nothing done: the core calls the method, which binds the context, does the work or raises
+    int _DECLINED "METRALE_DEVICE_CALLS_DECLINED"
     ctypedef struct metrale_device_calls_v1:
         size_t size
         void* state
@@ -271,34 +258,34 @@ cdef extern from *:
         int (*launch)(void* state, PyObject* function, const unsigned int* shape, unsigned int shared_mem,
                       PyObject* stream, PyObject* args) except -1
 
-cdef enum:
-    _DECLINED = 1  # nothing done here: the core calls the method, which binds the context, does the work or raises
+#: The capsule's name, as ``metrale_core.plugin.DEVICE_CALLS`` has it (the struct's version is in it).
+DEVICE_CALLS = METRALE_DEVICE_CALLS_CAPSULE.decode("ascii")
 
 
-cdef struct _DoorState:
+cdef struct _CallsState:
     cydriver.CUcontext ctx
     bint closed
     void* owner  # the DeviceCalls (borrowed: it owns this struct): its Python callables map a driver error
 
 
-cdef bint _current(_DoorState* door) noexcept:
-    """Whether the door is open and its context current on this thread (a driver that cannot answer: no)."""
+cdef bint _current(_CallsState* calls) noexcept:
+    """Whether the device calls are open and the context current on this thread (a driver that cannot answer: no)."""
     cdef cydriver.CUcontext current = NULL
-    if door.closed:
+    if calls.closed:
         return False
     try:
-        return cydriver.cuCtxGetCurrent(&current) == cydriver.CUDA_SUCCESS and current == door.ctx
+        return cydriver.cuCtxGetCurrent(&current) == cydriver.CUDA_SUCCESS and current == calls.ctx
     except BaseException:  # (the driver library could not be loaded: the method says so)
         return False
 
 
-cdef int _door_alloc(void* state, size_t nbytes, uintptr_t* ptr) except -1:
+cdef int _calls_alloc(void* state, size_t nbytes, uintptr_t* ptr) except -1:
     """``cuMemAlloc`` where the device's context is current on this thread; a driver error raised as the method
     raises it (``check``), once."""
-    cdef _DoorState* door = <_DoorState*>state
+    cdef _CallsState* calls = <_CallsState*>state
     cdef cydriver.CUdeviceptr out = 0
     cdef cydriver.CUresult err
-    if not _current(door):
+    if not _current(calls):
         return _DECLINED
     try:
         with nogil:
@@ -306,18 +293,18 @@ cdef int _door_alloc(void* state, size_t nbytes, uintptr_t* ptr) except -1:
     except BaseException:
         return _DECLINED
     if err != cydriver.CUDA_SUCCESS:
-        (<DeviceCalls>door.owner).alloc_failed(<int>err, nbytes)  # raises
+        (<DeviceCalls>calls.owner).alloc_failed(<int>err, nbytes)  # raises
         return _DECLINED  # (a mapping that did not raise: the method asks again)
     ptr[0] = <uintptr_t>out
     return 0
 
 
-cdef int _door_free(void* state, uintptr_t ptr) except -1:
+cdef int _calls_free(void* state, uintptr_t ptr) except -1:
     """``cuMemFree`` where the device's context is current on this thread; a driver error handled as the method
     handles it (``teardown_failed``: raised, or logged where nothing was left to release), never retried."""
-    cdef _DoorState* door = <_DoorState*>state
+    cdef _CallsState* calls = <_CallsState*>state
     cdef cydriver.CUresult err
-    if not _current(door):
+    if not _current(calls):
         return _DECLINED
     try:
         with nogil:
@@ -325,17 +312,17 @@ cdef int _door_free(void* state, uintptr_t ptr) except -1:
     except BaseException:
         return _DECLINED
     if err != cydriver.CUDA_SUCCESS:
-        (<DeviceCalls>door.owner).free_failed(<int>err)  # raises, or returns (nothing left to release)
+        (<DeviceCalls>calls.owner).free_failed(<int>err)  # raises, or returns (nothing left to release)
     return 0
 
 
-cdef int _door_memset(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1:
+cdef int _calls_memset(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1:
     """``cuMemsetD8Async`` on ``stream`` (a `CuStream`: its ``raw`` handle) where the device's context is current on
     this thread; a driver error raised as the method raises it (``check``), once."""
-    cdef _DoorState* door = <_DoorState*>state
+    cdef _CallsState* calls = <_CallsState*>state
     cdef cydriver.CUresult err
     cdef uintptr_t handle
-    if not _current(door):
+    if not _current(calls):
         return _DECLINED
     try:
         handle = (<object>stream).raw
@@ -348,19 +335,19 @@ cdef int _door_memset(void* state, uintptr_t ptr, int value, size_t nbytes, PyOb
     except BaseException:
         return _DECLINED
     if err != cydriver.CUDA_SUCCESS:
-        (<DeviceCalls>door.owner).memset_failed(<int>err)  # raises
+        (<DeviceCalls>calls.owner).memset_failed(<int>err)  # raises
         return _DECLINED
     return 0
 
 
-cdef int _door_graph_launch(void* state, PyObject* graph_exec, PyObject* stream) except -1:
+cdef int _calls_graph_launch(void* state, PyObject* graph_exec, PyObject* stream) except -1:
     """``cuGraphLaunch`` of ``graph_exec`` (a `CuGraphExec`) on ``stream`` (a `CuStream`) where the device's context is
     current on this thread and the graph holds no host objects (the method keeps those alive until the stream is
     idle: it is asked instead); a driver error raised as the method raises it (``check``), once."""
-    cdef _DoorState* door = <_DoorState*>state
+    cdef _CallsState* calls = <_CallsState*>state
     cdef cydriver.CUresult err
     cdef uintptr_t exec_handle, stream_handle
-    if not _current(door):
+    if not _current(calls):
         return _DECLINED
     try:
         if (<object>graph_exec).keep:
@@ -375,28 +362,28 @@ cdef int _door_graph_launch(void* state, PyObject* graph_exec, PyObject* stream)
     except BaseException:
         return _DECLINED
     if err != cydriver.CUDA_SUCCESS:
-        (<DeviceCalls>door.owner).graph_launch_failed(<int>err)  # raises
+        (<DeviceCalls>calls.owner).graph_launch_failed(<int>err)  # raises
         return _DECLINED
     return 0
 
 
-cdef int _door_launch(void* state, PyObject* function, const unsigned int* shape, unsigned int shared_mem,
-                      PyObject* stream, PyObject* args) except -1:
+cdef int _calls_launch(void* state, PyObject* function, const unsigned int* shape, unsigned int shared_mem,
+                       PyObject* stream, PyObject* args) except -1:
     """``cuLaunchKernel`` of ``function`` (a `CuFunction`) on ``stream`` (a `CuStream`), ``shape`` its grid and block
-    (x, y, z each), ``args`` a list of ``LaunchArg`` copied into this thread's slots of the kernel (the door's own, as
-    the method keeps its own), where the device's context is current on this thread; a driver error raised as the
+    (x, y, z each), ``args`` a list of ``LaunchArg`` copied into this thread's slots of the kernel (the device calls'
+    own, as the method keeps its own), where the device's context is current on this thread; a driver error raised as the
     method raises it (``check``), once."""
-    cdef _DoorState* door = <_DoorState*>state
+    cdef _CallsState* calls = <_CallsState*>state
     cdef cydriver.CUresult err
     cdef uintptr_t handle, stream_handle
     cdef ArgSlots slots
     cdef void** params
-    if not _current(door):
+    if not _current(calls):
         return _DECLINED
     try:
         handle = (<object>function).raw
         stream_handle = (<object>stream).raw
-        slots = (<DeviceCalls>door.owner)._slots_for(<object>function, <object>args)
+        slots = (<DeviceCalls>calls.owner)._slots_for(<object>function, <object>args)
     except BaseException:  # (not a kernel or a stream of this device, odd arguments: the method says what is wrong)
         return _DECLINED
     if slots is None:
@@ -410,7 +397,7 @@ cdef int _door_launch(void* state, PyObject* function, const unsigned int* shape
     except BaseException:
         return _DECLINED
     if err != cydriver.CUDA_SUCCESS:
-        (<DeviceCalls>door.owner).launch_failed(<int>err)  # raises
+        (<DeviceCalls>calls.owner).launch_failed(<int>err)  # raises
         return _DECLINED
     return 0
 
@@ -425,19 +412,20 @@ cdef void _drop_owner(object capsule) noexcept:
 cdef extern from "Python.h":
     unsigned long long PyThreadState_GetID(PyThreadState* tstate)
 
-#: Whether the GIL makes a door's reads of its per-thread slots' cache atomic (else the ``threading.local`` each time).
+#: Whether the GIL makes the device calls' reads of their per-thread slots' cache atomic (else the ``threading.local``
+#: each time).
 cdef bint _GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 @cython.final
 cdef class DeviceCalls:
-    """One device's door for the core's compiled lanes: ``alloc`` and ``free`` of device memory as C functions over
-    its context (``RawDevice.device_calls``), ``memset`` and ``graph_launch`` on a stream of it. Each answers ``0``
+    """One device's calls for the core's compiled lanes (``RawDevice.device_calls``): ``alloc`` and ``free`` of device
+    memory as C functions over its context, ``memset`` and ``graph_launch`` on a stream of it. Each answers ``0``
     (done), ``1`` (declined: another context or none current, or shut) or ``-1`` with the error raised:
     ``alloc_failed(code, nbytes)``, ``free_failed(code)``, ``memset_failed(code)`` and ``graph_launch_failed(code)``
     map a driver error as the device's methods do (``launch_failed(code)`` too, for ``launch``). `close` shuts it."""
 
-    cdef _DoorState _state
+    cdef _CallsState _state
     cdef metrale_device_calls_v1 _table
     cdef readonly object alloc_failed
     cdef readonly object free_failed
@@ -462,11 +450,11 @@ cdef class DeviceCalls:
         self._state.owner = <void*>self
         self._table.size = sizeof(metrale_device_calls_v1)
         self._table.state = &self._state
-        self._table.alloc = _door_alloc
-        self._table.free = _door_free
-        self._table.memset = _door_memset
-        self._table.graph_launch = _door_graph_launch
-        self._table.launch = _door_launch
+        self._table.alloc = _calls_alloc
+        self._table.free = _calls_free
+        self._table.memset = _calls_memset
+        self._table.graph_launch = _calls_graph_launch
+        self._table.launch = _calls_launch
 
     cdef ArgSlots _slots_for(self, object function, object args):
         """This thread's slots of ``function``, ``args`` written into them (new slots where their sizes changed);
@@ -503,7 +491,7 @@ cdef class DeviceCalls:
         return <dict>kept
 
     def close(self):
-        """No call goes through the door any more (the device closes)."""
+        """No device call is made any more (the device closes)."""
         self._state.closed = True
 
     @property
@@ -512,7 +500,7 @@ cdef class DeviceCalls:
 
     def capsule(self):
         """The capsule of the table, named `DEVICE_CALLS`; it keeps this object alive."""
-        cap = PyCapsule_New(&self._table, "metrale_core.device_calls.v1", <PyCapsule_Destructor>_drop_owner)
+        cap = PyCapsule_New(&self._table, METRALE_DEVICE_CALLS_CAPSULE, <PyCapsule_Destructor>_drop_owner)
         PyCapsule_SetContext(cap, <void*>self)
         Py_INCREF(self)
         return cap

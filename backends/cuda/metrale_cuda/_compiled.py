@@ -94,27 +94,27 @@ def describe(pure: bool) -> str:
 
 
 def _alloc_failed(err: int, nbytes: int) -> None:
-    """The door's ``cuMemAlloc`` failed with ``err``: the error `alloc` raises."""
+    """The device calls' ``cuMemAlloc`` failed with ``err``: the error `alloc` raises."""
     check(err, f"cuMemAlloc of {nbytes} bytes", requested=nbytes)
 
 
 def _memset_failed(err: int) -> None:
-    """The door's ``cuMemsetD8Async`` failed with ``err``: the error `memset` raises."""
+    """The device calls' ``cuMemsetD8Async`` failed with ``err``: the error `memset` raises."""
     check(err, "cuMemsetD8Async")
 
 
 def _graph_launch_failed(err: int) -> None:
-    """The door's ``cuGraphLaunch`` failed with ``err``: the error `graph_launch` raises."""
+    """The device calls' ``cuGraphLaunch`` failed with ``err``: the error `graph_launch` raises."""
     check(err, "cuGraphLaunch")
 
 
 def _launch_failed(err: int) -> None:
-    """The door's ``cuLaunchKernel`` failed with ``err``: the error `launch` raises."""
+    """The device calls' ``cuLaunchKernel`` failed with ``err``: the error `launch` raises."""
     check(err, "cuLaunchKernel")
 
 
 def _free_failed(err: int) -> None:
-    """The door's ``cuMemFree`` failed with ``err``: what `free` does (raise, or log where nothing was left)."""
+    """The device calls' ``cuMemFree`` failed with ``err``: what `free` does (raise, or log where nothing was left)."""
     teardown_failed(err, "cuMemFree")
 
 
@@ -139,9 +139,9 @@ class CompiledCudaDevice(CudaDevice):
         super().__init__(ordinal, device, context)
         self._c: Any = load()  # the module of the calls (a test may stand one in)
         self._slots = _Slots()
-        door = getattr(self._c, "DeviceCalls", None)
-        #: The C door of the core's lanes (``device_calls``), shut as the device closes.
-        self._door: Any = None if door is None else door(
+        calls = getattr(self._c, "DeviceCalls", None)
+        #: The device calls of the core's lanes (``device_calls``), shut as the device closes.
+        self._calls: Any = None if calls is None else calls(
             self._key, _alloc_failed, _free_failed, _memset_failed, _graph_launch_failed, _launch_failed
         )
 
@@ -223,12 +223,12 @@ class CompiledCudaDevice(CudaDevice):
         """``alloc``, ``free``, ``memset``, ``graph_launch`` and ``launch`` as C functions (``_cdriver.DeviceCalls``),
         for the core's compiled lanes: each works where this device's context is current on the calling thread and
         it is open, and leaves every other case to the method (which binds the context, or raises)."""
-        return None if self._door is None else self._door.capsule()
+        return None if self._calls is None else self._calls.capsule()
 
     def close(self) -> None:
-        """As [`CudaDevice.close`][metrale_cuda.CudaDevice.close]; the C door is shut first."""
-        if self._door is not None:
-            self._door.close()
+        """As [`CudaDevice.close`][metrale_cuda.CudaDevice.close]; the device calls are shut first."""
+        if self._calls is not None:
+            self._calls.close()
         super().close()
 
     def free(self, ptr: int, kind: AllocKind) -> None:

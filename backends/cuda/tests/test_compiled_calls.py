@@ -34,7 +34,7 @@ from metrale_cuda import _compiled, _device, _driver, _launch, _plugin
 from metrale_cuda._compiled import CompiledCudaDevice, describe, device_class
 from metrale_cuda._device import CudaDevice
 from metrale_cuda._launch import ArgSlots, CuFunction, CuGraphExec, CuStream
-from tests._support import door_table
+from tests._support import DeviceCallsTable, device_calls_table
 
 PACKAGE = Path(_compiled.__file__).parent
 KEY = 0x7F00_1000  # the context handle the stand-ins report current
@@ -420,19 +420,19 @@ def test_the_compiled_slots_start_aligned_and_point_at_each_slot() -> None:
 
 
 
-def test_the_door_declines_where_the_driver_cannot_answer() -> None:
+def test_the_device_calls_decline_where_the_driver_cannot_answer() -> None:
     """``DeviceCalls``'s C functions, called as the core calls them (the GIL held), on a machine whose driver does
-    not load or whose context is not current: each declines (``1``), writes nothing and raises nothing. A door
+    not load or whose context is not current: each declines (``1``), writes nothing and raises nothing. A call
     that answered ``0`` there would hand the core an address it never got (the review's finding)."""
     import ctypes
 
     module = _module()
     seen: list[object] = []
-    door = module.DeviceCalls(
+    calls = module.DeviceCalls(
         0x1234, lambda err, n: seen.append((err, n)), seen.append, seen.append, seen.append, seen.append
     )
-    capsule = door.capsule()
-    table = door_table(capsule)
+    capsule = calls.capsule()
+    table = device_calls_table(capsule)
     out = ctypes.c_uint64(77)
     assert (table.alloc(table.state, 4096, ctypes.byref(out)), out.value) == (1, 77)
     assert table.free(table.state, 4096) == 1
@@ -440,6 +440,21 @@ def test_the_door_declines_where_the_driver_cannot_answer() -> None:
     assert table.graph_launch(table.state, object(), object()) == 1  # (declined before the handles are read)
     shape = (ctypes.c_uint * 6)(1, 1, 1, 32, 1, 1)
     assert table.launch(table.state, object(), shape, 0, object(), []) == 1  # (likewise)
-    door.close()
-    assert door.closed and table.alloc(table.state, 4096, ctypes.byref(out)) == 1
+    calls.close()
+    assert calls.closed and table.alloc(table.state, 4096, ctypes.byref(out)) == 1
     assert seen == []
+
+
+def test_the_device_calls_are_the_struct_of_the_core_s_header() -> None:
+    """``_cdriver`` compiles against metrale-core's ``metrale/device_calls.h``: its struct is the header's size (the
+    ctypes mirror's, which ``tests/plugins/test_device_calls_header.py`` checks against the header) and its capsule
+    the name the core reads."""
+    import ctypes
+
+    from metrale_core.plugin import DEVICE_CALLS
+
+    module = _module()
+    calls = module.DeviceCalls(0x1234, *[lambda *_: None] * 5)
+    table = device_calls_table(calls.capsule())
+    assert table.size == ctypes.sizeof(DeviceCallsTable) and module.DEVICE_CALLS == DEVICE_CALLS
+    calls.close()

@@ -27,7 +27,7 @@ from metrale_core.kernels import shipped_modules
 from metrale_cuda._compiled import CompiledCudaDevice, describe, load
 from metrale_cuda._device import CudaDevice
 from metrale_cuda._plugin import probe
-from tests._support import DoorTable, door_table
+from tests._support import DeviceCallsTable, device_calls_table
 
 SETTINGS = MetraleSettings()
 _REASON = probe(SETTINGS)
@@ -170,10 +170,10 @@ def test_a_driver_error_raises_the_same_error_on_both_paths(attempt: str) -> Non
         assert compiled[0] is InvalidArgumentError, compiled
 
 
-# -- the core's C door (``RawDevice.device_calls``) -------------------------------------------------------------------
+# -- the device calls (``RawDevice.device_calls``) -----------------------------------------------------------------
 
 
-def test_the_door_allocates_where_its_context_is_current_and_declines_elsewhere() -> None:
+def test_the_device_calls_allocate_where_their_context_is_current_and_decline_elsewhere() -> None:
     """``DeviceCalls``'s C functions, called through ``ctypes``: a pair where the context is current; declined
     (nonzero, nothing done) on a thread where none is current, and once shut."""
     import ctypes
@@ -185,8 +185,8 @@ def test_the_door_allocates_where_its_context_is_current_and_declines_elsewhere(
         device = backend.raw
         assert isinstance(device, CompiledCudaDevice)
         capsule = device.device_calls()
-        table = door_table(capsule)
-        assert table.size == ctypes.sizeof(DoorTable)
+        table = device_calls_table(capsule)
+        assert table.size == ctypes.sizeof(DeviceCallsTable)
 
         def pair() -> tuple[int, int, int]:
             out = ctypes.c_uint64(0)
@@ -210,9 +210,9 @@ def test_the_door_allocates_where_its_context_is_current_and_declines_elsewhere(
     assert pair()[0] == 1  # declined: shut as the device closed (the capsule kept the struct alive)
 
 
-def test_the_lane_over_the_door_keeps_the_ledger_stats_and_errors() -> None:
-    """Through the compiled lane and the CUDA door: a thousand pairs leave the ledger and the stats exact, a too-large
-    allocation raises the typed out-of-memory error, and a closed backend refuses the next call."""
+def test_the_lane_over_the_device_calls_keeps_the_ledger_stats_and_errors() -> None:
+    """Through the compiled lane and the CUDA device calls: a thousand pairs leave the ledger and the stats exact, a
+    too-large allocation raises the typed out-of-memory error, and a closed backend refuses the next call."""
     if load() is None:
         pytest.skip(f"no compiled driver calls here: {describe(False)}")
     backend = open_backend("cuda", settings=SETTINGS.updated(pure=False))
@@ -236,9 +236,9 @@ def test_the_lane_over_the_door_keeps_the_ledger_stats_and_errors() -> None:
         backend.free(buf)
 
 
-def test_graph_replays_through_the_lane_and_the_door() -> None:
-    """A graph of memsets replayed through the compiled graph lane and the CUDA door's ``graph_launch``: its work is
-    done, counted, and a graph whose buffer was freed is refused; the door's C function launches where the context
+def test_graph_replays_through_the_lane_and_the_device_calls() -> None:
+    """A graph of memsets replayed through the compiled graph lane and the CUDA device calls' ``graph_launch``: its
+    work is done, counted, and a graph whose buffer was freed is refused; the C function launches where the context
     is current and declines on a thread where none is."""
     import ctypes
     import threading
@@ -264,7 +264,7 @@ def test_graph_replays_through_the_lane_and_the_door() -> None:
             host = bytearray(4096)
             backend.copy_to_host(host, buf)
             assert host == bytes([i + 1]) * 4096
-        table = door_table(backend.raw.device_calls())
+        table = device_calls_table(backend.raw.device_calls())
         assert table.graph_launch(table.state, exe.raw, stream.raw) == 0
         elsewhere: list[int] = []
         worker = threading.Thread(target=lambda: elsewhere.append(table.graph_launch(table.state, exe.raw, stream.raw)))
@@ -278,12 +278,12 @@ def test_graph_replays_through_the_lane_and_the_door() -> None:
         exe.close()
         stream.close()
         backend.free(bufs[0])
-        assert ctypes.sizeof(DoorTable) == table.size
+        assert ctypes.sizeof(DeviceCallsTable) == table.size
 
 
-def test_launches_through_the_lane_and_the_door() -> None:
-    """``vector_add`` launched through the compiled launch lane and the CUDA door's ``launch`` computes what the
-    pure build computes; a launch the driver refuses raises the same error, naming the launch, in both builds."""
+def test_launches_through_the_lane_and_the_device_calls() -> None:
+    """``vector_add`` launched through the compiled launch lane and the CUDA device calls' ``launch`` computes what
+    the pure build computes; a launch the driver refuses raises the same error, naming the launch, in both builds."""
     import re
 
     if load() is None:

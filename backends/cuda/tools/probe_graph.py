@@ -3,8 +3,9 @@
 
 Each row times one more layer of ``GraphExec.launch`` than the row before, in turns, best of many rounds, each round
 waited for: the raw ``cuGraphLaunch`` through cuda.bindings, the compiled driver call (``_cdriver``) from Python, the
-plugin's method, the graph lane (the gate, the graph's liveness, the stream, the door), the handle's ``launch``. The
-graph is ``KERNELS`` launches of the shipped ``vector_add``, as ``metrale bench``'s (``--kernels 1`` for one node).
+plugin's method, the graph lane (the gate, the graph's liveness, the stream, the device calls), the handle's
+``launch``. The graph is ``KERNELS`` launches of the shipped ``vector_add``, as ``metrale bench``'s (``--kernels 1`` for
+one node).
 Run on a GPU machine, compiled::
 
     python3 backends/cuda/tools/probe_graph.py [--kernels N]
@@ -67,7 +68,7 @@ def main() -> None:
             ("raw cuda.bindings cuGraphLaunch", lambda: drv.cuGraphLaunch(e.handle, s.handle)),  # type: ignore[attr-defined]
             ("compiled driver call from Python (_cdriver)", cdriver),
             ("the plugin's graph_launch", lambda: plugin.graph_launch(e, s)),
-            ("the graph lane (gate, liveness, stream, door)", lambda: lane(exe, stream)),
+            ("the graph lane (gate, liveness, stream, device calls)", lambda: lane(exe, stream)),
             ("GraphExec.launch", lambda: exe.launch(stream)),
         ]
         print(f"{type(plugin).__name__}, lane {type(getattr(lane, '__self__', lane)).__module__}; a graph of "
