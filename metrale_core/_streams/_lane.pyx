@@ -74,7 +74,7 @@ cdef class StreamLane:
         if (stream is not None or self._zoned or type(dst) is not _DeviceBuffer or type(value) is not int
                 or type(offset) is not int or (nbytes is not None and type(nbytes) is not int)):
             return False
-        if buffer_field(dst, FIELD_OWNER) is not self._ref or not self._ledger.has_c(buffer_field(dst, FIELD_INDEX), dst):
+        if buffer_field(dst, FIELD_OWNER) is not self._ref or not self._ledger.has_index(buffer_field(dst, FIELD_INDEX), dst):
             return False
         recorded = buffer_field(dst, FIELD_NBYTES)
         if not (0 <= value <= 255 and 0 <= offset <= recorded and (nbytes is None or 0 < nbytes <= recorded)):
