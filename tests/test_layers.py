@@ -54,7 +54,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("_lane",),
         ("allocator",),
     ),
-    "_streams": (("graph_lane", "_graph_lane"), ("graphs",), ("front",), ("lane",)),
+    "_streams": (("graph_lane",), ("graphs",), ("front",), ("lane",)),
     "_reports": (("merge", "timeline"), ("summary", "torch_snapshot")),
     "_launch": (("tensormaps",), ("registry",), ("_pack", "lane", "_lane"), ("front",)),
     "_commands": (("progress", "bench"), ("conformance", "selftest", "runner"), ("commands",), ("cli",)),

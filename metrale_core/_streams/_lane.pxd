@@ -1,6 +1,7 @@
 # lane.py compiled as ``_lane``: the stream lane's fields as C types, the gate passed at C level (``_gate.pxd``), the
-# ledger asked at C level (``_ledger.pxd``), and the plugin's C ``memset`` (``_device/_door.pxd``) called by
-# `call_memset`, which lane.py names only where it is compiled.
+# ledger asked at C level (``_ledger.pxd``), a buffer's and a stream's fields read in place (``_fields.pxd``), and the
+# plugin's C ``memset`` (``_device/_door.pxd``) called by `call_memset`, which lane.py names only where it is
+# compiled.
 
 cimport cython
 from cpython.object cimport PyObject
@@ -9,6 +10,7 @@ from libc.stdint cimport uintptr_t
 from metrale_core._device._door cimport DOOR_MEMSET, door_with, metrale_device_calls_v1, table_of
 from metrale_core._device._gate cimport Gate, _Cell
 from metrale_core._memory._ledger cimport Ledger
+from metrale_core._streams._fields cimport DeviceBuffer, Stream, check_fields
 
 
 @cython.final
@@ -19,15 +21,17 @@ cdef class StreamLane:
     cdef Ledger _ledger
     cdef object _holdings
     cdef object _ref
-    cdef object _default  # the default stream (a Stream: its capture is read at each call)
+    cdef Stream _default  # (its capture is read at each call)
     cdef object _guard
     cdef object _calls  # the plugin's capsule (keeps its struct alive), or None
     cdef metrale_device_calls_v1* _table  # its struct, or NULL
 
     @cython.locals(cell=_Cell)
     cpdef memset(self, object dst, object value, object offset, object nbytes, object stream)
-    @cython.locals(size=object, count=object, ptr=object)
+    @cython.locals(buf=DeviceBuffer, target=Stream, size=object, count=object, ptr=object)
     cdef bint _memset(self, object dst, object value, object offset, object nbytes, object stream) except -1
+
+    cdef bint _closed(self) except -1
 
 
 cdef inline object memset_calls(StreamLane lane, object plugin, bytes name):

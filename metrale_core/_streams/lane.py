@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from .._device.buffer import DeviceBuffer
 from .._device.guarded import raise_raw
-from .._device.handles import Stream
 from .._device.raw import DEVICE_CALLS
 from .front import StreamFront
 
@@ -28,7 +26,12 @@ try:
 except ImportError:  # (no Cython here: this module runs as Python)
     from .. import _nocython as cython
 
-if not cython.compiled:  # (compiled: the plugin's C memset, through _lane.pxd)
+if not cython.compiled:  # (compiled: the handles as _fields.pxd lays them out; the plugin's C memset, _lane.pxd)
+    from .._device.buffer import DeviceBuffer
+    from .._device.handles import Stream
+
+    def check_fields(lane: str) -> None:
+        """(Compiled: refuse to load where the handles' fields are not where the lane reads them in place.)"""
 
     def memset_calls(lane: StreamLane, plugin: object, name: bytes) -> object | None:
         """The plugin's C functions where they hold ``memset`` (compiled only: as Python, none)."""
@@ -42,6 +45,8 @@ if TYPE_CHECKING:  # (as a module: compiled, ``Ledger`` is the one _lane.pxd cim
     from .._memory import ledger as ledgers
 
 __all__ = ["StreamLane"]
+
+check_fields("stream lane")
 
 #: The name of the capsule of the plugin's C functions.
 _CAPSULE: Final = DEVICE_CALLS.encode()
@@ -87,16 +92,19 @@ class StreamLane:  # (final: _lane.pxd says so to Cython)
             or (nbytes is not None and type(nbytes) is not int) or not 0 <= value <= 255
         ):
             return False
-        if not ((dst._owner is self._ref and self._ledger.has_index(dst.index, dst)) or self._holdings.is_live(dst)):
+        buf = dst  # (compiled: its fields read in place)
+        if not ((buf._owner is self._ref and self._ledger.has_index(buf.index, buf)) or self._holdings.is_live(buf)):
             return False
-        size = dst.nbytes
+        size = buf.nbytes
         count: int = size - offset if nbytes is None else nbytes
         if offset < 0 or count <= 0 or offset > size - count:
             return False
         if stream is None:
             target = self._default
-        elif type(stream) is Stream and stream._ctx is self._ctx and not stream._closed and not self._gate.closed:
-            target = stream  # (as the front resolves a stream)
+        elif type(stream) is Stream:
+            target = stream  # (compiled: its fields read in place)
+            if target._ctx is not self._ctx or target._closed or self._closed():  # (as the front resolves one)
+                return False
         else:
             return False
         if target.capture is not None:
@@ -105,7 +113,7 @@ class StreamLane:  # (final: _lane.pxd says so to Cython)
         if guard.fills:
             guard.settle_for(target)
         ctx = self._ctx
-        ptr = dst.ptr + offset
+        ptr = buf.ptr + offset
         raw = target.raw
         try:
             if self._calls is None or call_memset(self, ptr, value, count, raw):  # (1: declined, the method does it)
@@ -113,3 +121,7 @@ class StreamLane:  # (final: _lane.pxd says so to Cython)
         except Exception as exc:
             raise_raw(ctx, ctx.name, "memset", exc)
         return True
+
+    def _closed(self) -> bool:
+        """Whether the backend's close has begun (compiled: read at C level)."""
+        return self._gate.closed_c() if cython.compiled else self._gate.closed  # type: ignore[no-any-return]
