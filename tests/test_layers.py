@@ -56,7 +56,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     ),
     "_streams": (("graph_lane",), ("graphs",), ("front",), ("lane",)),
     "_reports": (("merge", "timeline"), ("summary", "torch_snapshot")),
-    "_launch": (("tensormaps",), ("registry",), ("_pack", "lane", "_lane"), ("front",)),
+    "_launch": (("tensormaps",), ("registry",), ("pack",), ("lane",), ("front",)),
     "_commands": (("progress", "bench"), ("conformance", "selftest", "runner"), ("commands",), ("cli",)),
     "allocators": (("door", "doorfuncs"), ("_door", "_doorfuncs"), ("__init__", "torch", "cupy")),
     "testing": (

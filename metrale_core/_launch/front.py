@@ -27,7 +27,8 @@ from .._twins import pick
 from .._types import KernelImplementation
 from ..kernels._ptx import PtxImage, check_architecture, parse_ptx
 from .lane import LaunchLaneParts, launch_failed
-from .registry import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Kernel, KernelRegistry, RunMetrics, pack_args
+from .pack import pack_args
+from .registry import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Kernel, KernelRegistry, RunMetrics
 from .tensormaps import TensorMap
 
 __all__ = ["KernelFront", "dims"]
