@@ -58,7 +58,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "_reports": (("merge", "timeline"), ("summary", "torch_snapshot")),
     "_launch": (("tensormaps",), ("registry",), ("pack",), ("lane",), ("front",)),
     "_commands": (("progress", "bench"), ("conformance", "selftest", "runner"), ("commands",), ("cli",)),
-    "allocators": (("door", "doorfuncs"), ("_door", "_doorfuncs"), ("__init__", "torch", "cupy")),
+    "allocators": (("door", "doorfuncs"), ("_doorfuncs",), ("__init__", "torch", "cupy")),
     "testing": (
         ("_faults",),
         ("_model", "_bad_inputs", "_capabilities", "_tensormap_rules", "_memory_rules", "_pool_rules"),
