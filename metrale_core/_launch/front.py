@@ -2,9 +2,9 @@
 
 It loads PTX images after the architecture preflight (into a
 [`KernelRegistry`][metrale_core.KernelRegistry] it keeps track of and closes with the backend),
-launches kernels after their arguments are checked and packed (``_registry.pack_args``) and
-their buffers checked live, keeps the last launches for a fault report, and owns the run
-metrics and the timing events of ``kernel_timing``.
+launches kernels after their arguments are checked and packed (``pack.pack_args``) and
+their buffers checked live (the common case is its lane's, ``lane.py``), keeps the last
+launches for a fault report, and owns the run metrics and the timing events of ``kernel_timing``.
 """
 
 from __future__ import annotations
