@@ -2,9 +2,9 @@
 
 It loads PTX images after the architecture preflight (into a
 [`KernelRegistry`][metrale_core.KernelRegistry] it keeps track of and closes with the backend),
-launches kernels after their arguments are checked and packed (``_registry.pack_args``) and
-their buffers checked live, keeps the last launches for a fault report, and owns the run
-metrics and the timing events of ``kernel_timing``.
+launches kernels after their arguments are checked and packed (``pack.pack_args``) and
+their buffers checked live (the common case is its lane's, ``lane.py``), keeps the last
+launches for a fault report, and owns the run metrics and the timing events of ``kernel_timing``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from .._twins import pick
 from .._types import KernelImplementation
 from ..kernels._ptx import PtxImage, check_architecture, parse_ptx
 from .lane import LaunchLaneParts, launch_failed
-from .registry import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Kernel, KernelRegistry, RunMetrics, pack_args
+from .pack import pack_args
+from .registry import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Kernel, KernelRegistry, RunMetrics
 from .tensormaps import TensorMap
 
 __all__ = ["KernelFront", "dims"]

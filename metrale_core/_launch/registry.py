@@ -1,35 +1,29 @@
-"""Kernel modules as the user holds them: the registry of loaded PTX modules, kernel handles,
-launch arguments checked and packed, and the run metrics.
+"""Kernel modules as the user holds them: the registry of loaded PTX modules, kernel handles and the run metrics.
 
 A [`KernelRegistry`][metrale_core.KernelRegistry] owns its modules (they unload at its ``close()``, when it and its
-kernels are garbage, or when the backend closes). Launching is the kernel front's
-(``_kernels``); this module only checks and packs what a launch is given.
+kernels are garbage, or when the backend closes). Launching is the kernel front's and its lane's (``front.py``,
+``lane.py``); checking and packing a launch's arguments is ``pack.py``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import operator
-import reprlib
-import sys
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
 
 from .._device.buffer import DeviceBuffer
 from .._device.context import DeviceContext, gated
-from .._errors import BackendClosedError, InvalidArgumentError, KernelNotFoundError, MetraleError, error_for_code
-from .._types import WORD_LIMIT, LaunchArg
+from .._errors import BackendClosedError, KernelNotFoundError, MetraleError, error_for_code
+from .._types import LaunchArg
 from ..kernels._ptx import Param, PtxImage
-from .tensormaps import TensorMap
 
 if TYPE_CHECKING:
     from .._device.raw import RawDevice
 
-__all__ = ["MAX_BLOCK", "MAX_GRID", "MAX_THREADS_PER_BLOCK", "Kernel", "KernelRegistry", "RunMetrics", "pack_args"]
+__all__ = ["MAX_BLOCK", "MAX_GRID", "MAX_THREADS_PER_BLOCK", "Kernel", "KernelRegistry", "RunMetrics"]
 
 #: CUDA's limits on a launch's shape (all current architectures).
 MAX_THREADS_PER_BLOCK: Final = 1024
@@ -52,7 +46,7 @@ class Kernel:
         self.raw = raw
         #: ``(module, name)``, as run metrics count it.
         self.key = (module, name)
-        # For pack_args: each parameter with what its checks read (properties, read once here), and per
+        # For pack_args (pack.py): each parameter with what its checks read (properties, read once here), and per
         # parameter the packed arguments of the buffers passed there lately (a buffer is immutable: its
         # packed pointer never changes; the buffer is held, so its id stays its own while kept).
         self._plan = tuple(
@@ -159,130 +153,6 @@ class KernelRegistry:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<KernelRegistry {sorted(self._images)} ({state})>"
-
-
-def pack_args(kernel: Kernel, args: object, what: str, live: Callable[[DeviceBuffer], None]) -> list[LaunchArg]:
-    """Check ``args`` against the kernel's parameters and pack them; nothing reaches a driver otherwise."""
-    if type(args) is not tuple and type(args) is not list:
-        if isinstance(args, str | bytes) or not hasattr(args, "__len__") or not hasattr(args, "__iter__"):
-            raise InvalidArgumentError(f"{what}: args must be a list or tuple, got {args!r}")
-        args = list(args)  # type: ignore[call-overload, unused-ignore]
-    values: Sequence[object] = args  # type: ignore[assignment, unused-ignore]
-    params = kernel.params
-    if len(values) != len(params):
-        raise InvalidArgumentError(
-            f"{what}: {kernel.signature} takes {len(params)} argument(s), got {len(values)}"
-        )
-    packed = []
-    scalars = _SCALARS
-    for (param, pointer, single, size, any_kind, floating), value, packs in zip(
-        kernel._plan, values, kernel._packs, strict=True
-    ):
-        if type(value) is DeviceBuffer and pointer:  # the hot path: a buffer for a pointer
-            live(value)
-            hit = packs.get(id(value))
-            if hit is not None and hit[0] is value:
-                packed.append(hit[1])
-                continue
-            arg = LaunchArg._make(param, value.ptr.to_bytes(8, "little"), value.ptr)
-            if len(packs) >= _PACKS_KEPT:
-                packs.clear()
-            packs[id(value)] = (value, arg)
-            packed.append(arg)
-            continue
-        known = scalars.get(type(value))  # a scalar of a type met before (what _pack would find, without its checks)
-        if known is not None and single and known[1] == size and (any_kind or floating == (known[0] == "f")):
-            packed.append(LaunchArg._make(param, known[2](value)))
-            continue
-        packed.append(_pack(kernel, param, value, what, live))
-    return packed
-
-
-#: Per kernel parameter, how many buffers' packed arguments are kept (then the kept ones are dropped).
-_PACKS_KEPT: Final = 64
-
-
-def _pack(kernel: Kernel, param: Param, value: object, what: str, live: Callable[[DeviceBuffer], None]) -> LaunchArg:
-    def where() -> str:  # built only for an error: launches are a hot path
-        return f"{what}: argument {param.name} ({param.describe()}) of {kernel.module}.{kernel.name}"
-
-    if param.tensor_map:
-        if not isinstance(value, TensorMap):
-            raise InvalidArgumentError(
-                f"{where()} is a tensor-map slot: pass a TensorMap of this backend (backend.tensor_map(buffer, "
-                f"spec)), got {reprlib.repr(value)}"
-            )
-        frozen = value.frozen()
-        live(frozen.buffer)  # a map over a freed buffer, or over another backend's, is refused here
-        return LaunchArg._make(param, frozen.image, None, frozen)
-    if param.count > 1:
-        if isinstance(value, bytes | bytearray | memoryview) and len(memoryview(value).cast("B")) == param.nbytes:
-            return LaunchArg._make(param, bytes(value))
-        raise InvalidArgumentError(f"{where()} takes {param.nbytes} raw bytes, got {value!r}")
-    if isinstance(value, DeviceBuffer) or (isinstance(value, int) and not isinstance(value, bool)):
-        if not param.pointer_sized:
-            raise InvalidArgumentError(
-                f"{where()} is not a pointer: pass an explicitly typed scalar (numpy.uint32(7), ctypes.c_float(1.0))"
-            )
-        if isinstance(value, DeviceBuffer):
-            live(value)
-            pointer = value.ptr
-        else:
-            pointer = operator.index(value)
-            if not 0 <= pointer < WORD_LIMIT:
-                raise InvalidArgumentError(f"{where()}: {pointer} is not a 64-bit device address")
-        return LaunchArg._make(param, pointer.to_bytes(8, "little"), pointer)
-    kind, size, data = _scalar(value)
-    if kind is None:
-        raise InvalidArgumentError(
-            f"{where()}: expected a DeviceBuffer, an int pointer or an explicitly typed scalar "
-            f"(a numpy scalar or a ctypes value), got {value!r}"
-        )
-    compatible = param.kind == "b" or (param.kind == "f") == (kind == "f")
-    if size != param.size or not compatible:
-        raise InvalidArgumentError(f"{where()} does not take {value!r} ({kind}{size * 8}); pass a matching type")
-    return LaunchArg._make(param, data)
-
-
-_CTYPES_KINDS: dict[type, str | None] = {}
-
-#: Per exact type of scalar met so far (ctypes values; numpy scalars where the host is little-endian):
-#: ``(kind, size, to_bytes)``, so a launch packs a scalar of a known type with one lookup. A type's kind
-#: and size never change; a ctypes value's bytes are read at each launch (it is mutable).
-_SCALARS: dict[type, tuple[str, int, Callable[[Any], bytes]]] = {}
-
-
-def _scalar(value: object) -> tuple[str | None, int, bytes]:
-    """``(kind, size, bytes)`` of a numpy scalar or ctypes value, kind ``f`` for floats, ``i`` for integers."""
-    dtype = getattr(value, "dtype", None)
-    if dtype is not None and hasattr(value, "tobytes") and getattr(value, "shape", None) == ():
-        kind = "f" if dtype.kind == "f" else "i" if dtype.kind in "iub" else None
-        little = value.astype(dtype.newbyteorder("<")) if dtype.byteorder == ">" else value  # type: ignore[attr-defined]
-        native = sys.byteorder == "little" and dtype.byteorder != ">"
-        numpy = sys.modules.get("numpy")
-        # only a numpy scalar type (numpy.generic): a 0-d array's type is ndarray, whose arrays may be of any
-        # shape and dtype, so each is checked here in full
-        if kind is not None and native and numpy is not None and isinstance(value, numpy.generic):
-            _SCALARS.setdefault(type(value), (kind, int(dtype.itemsize), _numpy_bytes))
-        return kind, int(dtype.itemsize), bytes(little.tobytes())
-    if isinstance(value, ctypes._SimpleCData):
-        cls = type(value)
-        if cls in _CTYPES_KINDS:
-            kind = _CTYPES_KINDS[cls]
-        else:
-            kind = "f" if isinstance(value, ctypes.c_float | ctypes.c_double) else "i"
-            if isinstance(value, ctypes.c_char_p | ctypes.c_wchar_p | ctypes.c_void_p | ctypes.c_bool):
-                kind = "i" if isinstance(value, ctypes.c_void_p) else None
-            _CTYPES_KINDS[cls] = kind
-            if kind is not None:
-                _SCALARS.setdefault(cls, (kind, ctypes.sizeof(cls), bytes))
-        return kind, ctypes.sizeof(value), bytes(value)
-    return None, 0, b""
-
-
-def _numpy_bytes(value: Any) -> bytes:
-    """A native (little-endian) numpy scalar's bytes."""
-    return bytes(value.tobytes())
 
 
 class RunMetrics:

@@ -18,7 +18,6 @@ from .._device.args import integer, invalid_argument, positive_size
 from .._device.buffer import DeviceBuffer, PeerSource
 from .._device.capture import active_captures, forbid_during_capture
 from .._device.context import DeviceContext
-from .._device.guarded import raise_raw
 from .._device.handles import Event, Graph, GraphExec, HostBuffer, Stream, _Handle
 from .._device.stats import StatsCounter
 from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError
@@ -60,6 +59,11 @@ class StreamFront:
     @property
     def guard(self) -> ZoneGuard:
         return self._guard
+
+    @property
+    def holdings(self) -> Holdings:
+        """What is live on this backend (for its lane: a buffer's liveness)."""
+        return self._holdings
 
     # -- HandleOwner ------------------------------------------------------------------------
 
@@ -153,27 +157,9 @@ class StreamFront:
         work(target.raw)
 
     def memset(self, dst: object, value: object, offset: object, nbytes: object, stream: Stream | None) -> None:
+        """A memset its lane does not do itself (``lane.py``: the common case): checked in full, issued, recorded
+        where the stream captures."""
         what = "memset"
-        if (  # the common case written out (a hot path): a live buffer of this backend, plain ints, no capture
-            type(dst) is DeviceBuffer and type(value) is int and 0 <= value <= 255 and type(offset) is int
-            and (nbytes is None or type(nbytes) is int)
-            and ((dst._owner is self.ctx.ref and self._holdings.ledger.has(dst)) or self._holdings.is_live(dst))
-        ):
-            size = dst.nbytes
-            count = size - offset if nbytes is None else nbytes
-            if (
-                offset >= 0 and count > 0 and offset + count <= size
-                and (target := self.default if stream is None else self.resolve(stream, what)).capture is None
-            ):
-                guard = self._guard
-                if guard.fills:
-                    guard.settle_for(target)
-                ctx = self.ctx
-                try:
-                    ctx.plugin.memset(dst.ptr + offset, value, count, target.raw)
-                except Exception as exc:
-                    raise_raw(ctx, ctx.name, "memset", exc)
-                return
         byte = as_index(value)
         if byte is None or not 0 <= byte <= 255:
             raise invalid_argument(what, "a byte value 0..255", value)

@@ -5,9 +5,10 @@
 - `GraphFront`: begins and ends captures under the rules of ``_device.capture``; owns the graphs and
   executable graphs it hands out (through the stream front's handle table); launches graphs.
 - A graph launch crosses the zone guard once: ``with guard.graph_launch(check, stream, is_live)``.
-  The common case (every operand live, no capture, no check after it) goes straight to the plugin.
+  The plain one (every operand live, no capture, no check after it) goes straight to the plugin, from the lane.
 - ``GraphExec.launch`` reaches the front's `launch_graph`: its lane's ``launch`` (``graph_lane.py``, compiled where
-  built), which passes the gate and hands the front what it does not do itself (`launch_checked`).
+  built), which passes the gate, finds the operands live, launches the plain case and hands the front every other
+  launch (`launch_checked`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import TypeVar, final
 from .._device.buffer import DeviceBuffer
 from .._device.capture import Capture, invalidated_error
 from .._device.context import DeviceContext
-from .._device.guarded import raise_raw
 from .._device.handles import Graph, GraphExec, HandleOwner, HostBuffer, Stream, _Handle
 from .._device.stats import StatsCounter
 from .._errors import BackendClosedError, InvalidBufferError, MetraleError, capture_error
@@ -87,7 +87,8 @@ class GraphFront:
     def lane_parts(self) -> GraphLaneParts:
         """What its lane touches of the front's parts (`GraphLaneParts`)."""
         return GraphLaneParts(
-            self.ctx, self._holdings.ledger, self._stats, self._guard, self._default, self._scan_graphs
+            self.ctx, self._holdings.ledger, self._stats, self._guard, self._default, self._scan_graphs,
+            self._holdings.is_live,
         )
 
     # -- HandleOwner: the stream front's, but graph launches come here ------------------------
@@ -104,42 +105,14 @@ class GraphFront:
     def waited(self) -> None:
         self._streams.waited()
 
-    def launch_checked(self, graph: GraphExec, stream: Stream | None) -> None:
-        """A graph's launch, inside the gate: its operands live, the stream, the zone guard, a capture's record."""
-        holdings = self._holdings
-        is_live = holdings.is_live
-        live = not graph.peers  # whether every operand is known live (a peer's buffer: its own backend says)
-        for registry in graph.registries:  # (loops, not any() over a generator: both are short)
-            if registry.unloaded:
-                live = False
-        for hb in graph.host_buffers:
-            if hb.closed:
-                live = False
-        if live:  # its buffers: by the ledger, as a whole, unless no record came off since they were last found so
-            ledger = holdings.ledger
-            taken = ledger.taken  # read first: a record that comes off during the check shows at the next launch
-            if graph.live_at != taken:  # records came off since its buffers were last found live: look again
-                held = ledger.holds_all(graph.buffers, self.ctx.ref)
-                if held:
-                    graph.live_at = taken
-                else:  # None: arena or external memory among them, each by its own rule
-                    live = held is None and all(is_live(buf) for buf in graph.buffers)
-        if live:  # every operand live
-            target = self._streams.resolve(stream, "GraphExec.launch")
-            if graph.check is None and target.capture is None and not self._scan_graphs:  # the common case (hot)
-                guard = self._guard
-                if guard.fills:
-                    guard.settle_for(target)
-                ctx = self.ctx
-                try:
-                    ctx.plugin.graph_launch(graph.raw, target.raw)
-                except Exception as exc:
-                    raise_raw(ctx, ctx.name, "graph_launch", exc)
-                self._stats.graph_launches += 1
-                return
-        else:
+    def launch_checked(self, graph: GraphExec, stream: Stream | None, live: bool) -> None:
+        """A graph's launch, inside the gate, that its lane does not do itself (``graph_lane.py``: the plain one):
+        the zone guard's part, a capture's record; ``live``: whether the lane found every operand live (else the
+        error names the one gone)."""
+        if not live:
             self._check_operands(graph)
-            target = self._streams.resolve(stream, "GraphExec.launch")
+        target = self._streams.resolve(stream, "GraphExec.launch")
+        is_live = self._holdings.is_live
         with self._guard.graph_launch(graph.check, target, is_live, graph.kernels):
             capture = target.capture
             if capture is not None:

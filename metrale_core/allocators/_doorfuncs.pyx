@@ -4,8 +4,8 @@
 
 - C functions carry no context: the pair serves one door, the first of the process (torch has one current allocator
   at a time); `c_functions` answers ``None`` after that, and the caller makes ctypes callbacks instead.
-- A compiled door (``_door.pyx``) is called at C level (`Door.alloc_c`, `Door.free_c`): no Python frame between the
-  framework's hook and the pool's compiled lane. Any other door is called through its methods.
+- A compiled door (``door.py`` compiled as ``_door``) is called at C level (`Door.alloc_c`, `Door.free_c`): no Python
+  frame between the framework's hook and the pool's compiled lane. Any other door is called through its methods.
 - Nothing may cross into the framework's C++: what a door's ``alloc`` answers passes the pure module's `address`
   rule, and a call that raises (or answers what is no address) is logged, and the framework gets no memory.
 """

@@ -14,9 +14,11 @@
   a finalizer that a garbage collection starts anywhere, inside a call of the door too: the door takes no lock
   of its own (a dict's item set and pop are atomic), and the pool defers a free that a collection runs inside
   one of its calls.
-- ``_door.pyx`` is its compiled twin (registered as its subclass): the same work, and C-level calls (``alloc_c``,
-  ``free_c``) for the compiled C functions of `doorfuncs`, so a framework's hook reaches the pool without a Python
-  frame.
+- Written once, here, and compiled as well as run as Python (``_door``, with ``_door.pxd`` beside it:
+  docs/building.md). Compiled, it has two C-level calls (``alloc_c``, ``free_c``) for the compiled C functions of
+  `doorfuncs` (``_doorfuncs.pyx``), so a framework's hook reaches the pool without a Python frame; nothing raises
+  out of them. The class run as Python is the public one, an ABC; the compiled class (a ``cdef`` class, which
+  cannot be one) registers as its subclass, so ``isinstance(door, Door)`` holds for both.
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from __future__ import annotations
 import abc
 import importlib
 import logging
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._errors import DoorError, MetraleError, MissingPackageError
+from .doorfuncs import log_failure
+
+try:
+    import cython
+except ImportError:  # (no Cython here: this module runs as Python)
+    from .. import _nocython as cython
 
 if TYPE_CHECKING:
     from .. import DeviceBuffer, GpuBackend, MemoryPool
@@ -34,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["Door", "framework", "require_cuda"]
 
 _log = logging.getLogger("metrale")
+
+_T = TypeVar("_T")
 
 
 def framework(module: str, name: str, install: str) -> Any:
@@ -55,8 +65,7 @@ def require_cuda(gpu: GpuBackend, framework: str) -> None:
         )
 
 
-@final
-class Door(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin to register with, nothing abstract)
+class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the end of the module)
     """One backend's caching pool behind a framework's allocator hook.
 
     :param gpu: the backend whose pool serves the framework.
@@ -102,6 +111,32 @@ class Door(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin t
         except MetraleError as exc:
             self._failed("alloc", exc)
             return 0
+
+    if cython.compiled:  # (the C functions' calls: _door.pxd)
+
+        def alloc_c(self, nbytes: int, stream: int) -> int:
+            """`alloc` at C level: 0 where metrale refuses (logged, counted) or anything else failed (logged)."""
+            if nbytes == 0:
+                return 0
+            try:
+                try:
+                    buf = self._pool.alloc_on(nbytes, stream)
+                except MetraleError as exc:
+                    self._failed("alloc", exc)
+                    return 0
+                ptr: int = buf.ptr
+                self._out[ptr] = buf
+                return ptr
+            except BaseException:
+                log_failure("allocator door: alloc of %d bytes failed", nbytes)
+                return 0
+
+        def free_c(self, address: int) -> None:
+            """`free` at C level: what it refuses is logged and counted, anything else that fails is logged."""
+            try:
+                self.free(address)
+            except BaseException:
+                log_failure("allocator door: free of %#x failed", address)
 
     def free(self, address: int) -> None:
         """Give back the piece at ``address`` (cached for the stream it was allocated on). An address that is no
@@ -160,3 +195,16 @@ class Door(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin t
 
     def __repr__(self) -> str:
         return f"<Door for {self.framework}: {self.out()} pieces out of {self._pool!r}>"
+
+
+def _as_abc(cls: type[_T]) -> type[_T]:
+    """``cls`` made again as an ABC, the same body (its slots made again): for the compiled alias to register with."""
+    slots = set(getattr(cls, "__slots__", ()))
+    body = {name: value for name, value in vars(cls).items() if name not in slots | {"__dict__", "__weakref__"}}
+    return abc.ABCMeta(cls.__name__, cls.__bases__, body)  # type: ignore[return-value]
+
+
+if cython.compiled:  # a cdef class cannot be an ABC: this one registers with the public class, door.py's
+    importlib.import_module("metrale_core.allocators.door").Door.register(Door)
+else:  # run as Python, the public class: an ABC, for the compiled one to register with
+    Door = _as_abc(Door)  # type: ignore[misc]

@@ -15,8 +15,9 @@
   logged (a log that fails is dropped).
 - Here they are ctypes callbacks, kept for the life of the process: the framework may call them until it exits.
 - Its compiled twin (``_doorfuncs.pyx``) has one pair of C functions, called with the GIL and without ctypes in the
-  way, which call a compiled door (``_door.pyx``) at C level and any other door through its methods: it serves the
-  first door of the process, and answers ``None`` after that (the caller then makes ctypes callbacks here).
+  way, which call a compiled door (``door.py`` compiled as ``_door``) at C level and any other door through its
+  methods: it serves the first door of the process, and answers ``None`` after that (the caller then makes ctypes
+  callbacks here).
 """
 
 from __future__ import annotations

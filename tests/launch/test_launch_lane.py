@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale_core import DeviceBuffer, GpuBackend, MetraleError, open_backend
-from metrale_core._launch.registry import pack_args
+from metrale_core._launch.pack import pack_args
 from metrale_core._types import LaunchArg
 from metrale_core.kernels import shipped_modules
 from tests._support import SETTINGS, compiled_twin

@@ -25,7 +25,7 @@ from metrale_core._device.buffer import DeviceBuffer
 from metrale_core._device.gate import Gate as PureGate
 from metrale_core._device.stats import StatsCounter as PureStats
 from metrale_core._launch.lane import LaunchLane as PureLaunchLane
-from metrale_core._launch.registry import pack_args
+from metrale_core._launch.pack import pack_args
 from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._memory.lane import DeviceLane as PureLane
 from metrale_core._memory.lane import PoolLane as PurePoolLane

@@ -30,7 +30,8 @@ from ..._device.context import Launch
 from ..._device.guarded import raise_raw
 from ..._device.stats import StatsCounter
 from ..._errors import InvalidBufferError
-from ..._launch.registry import MAX_BLOCK, MAX_GRID, RunMetrics, pack_args
+from ..._launch.pack import pack_args
+from ..._launch.registry import MAX_BLOCK, MAX_GRID, RunMetrics
 from ..._memory.ledger import Ledger
 from ..._memory.records import next_index
 from ..._memory.sites import call_site_for
