@@ -40,7 +40,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "kernels": (("_ptx", "_tensormap", "_ntile"), ("__init__",), ("__main__",)),
     "_interop": (("dlpack",), ("foreign",)),
     "_device": (
-        ("args", "memory_stats", "raw", "guarded", "_lock"), ("stats", "buffer"), ("capture", "_handle"),
+        ("args", "memory_stats", "raw", "guarded", "_lock"), ("stats", "buffer"), ("capture", "handle"),
         ("gate", "_gate", "_capture"), ("context",), ("handles",),
     ),
     "_redzones": (("layout",), ("_layout",), ("scanner",), ("ingraph", "queued"), ("guard",)),
