@@ -136,7 +136,9 @@ class StatsCounter:
         """The counters now, with what the open arenas hold (closed ones were counted as they closed)."""
         acquire_lock(self._lock)
         try:  # (read under the lock; the record is made after it)
-            current, peak, allocated = list(self._current), list(self._peak), list(self._allocated)
+            current = {KINDS[k]: self._current[k] for k in range(N_KINDS)}
+            peak = {KINDS[k]: self._peak[k] for k in range(N_KINDS)}
+            allocated = {KINDS[k]: self._allocated[k] for k in range(N_KINDS)}
             counts = (self.allocs, self.frees, self._peak_total, self.arena_allocs, self.oom_count, self.oom_retries,
                       self.redzone_scans, self.graph_launches, self.quarantined_count, self.quarantined_bytes,
                       self.redzone_sample, self.reusable_count, self.reusable_bytes)
@@ -145,8 +147,8 @@ class StatsCounter:
         return MemoryStats(
             alloc_count=counts[0],
             free_count=counts[1],
-            current_bytes=dict(zip(KINDS, current, strict=True)),
-            peak_bytes=dict(zip(KINDS, peak, strict=True)),
+            current_bytes=current,
+            peak_bytes=peak,
             peak_total_bytes=counts[2],
             arena_capacity=arena_capacity,
             arena_used=arena_used,
@@ -160,5 +162,5 @@ class StatsCounter:
             redzone_sample=counts[10],
             redzone_reusable=counts[11],
             redzone_reusable_bytes=counts[12],
-            allocated_bytes=dict(zip(KINDS, allocated, strict=True)),
+            allocated_bytes=allocated,
         )
