@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from ._backend import GpuBackend
     from ._device.buffer import DeviceArray, DeviceBuffer
     from ._device.handles import Event, Graph, GraphExec, HostBuffer, Stream
+    from ._device.memory_stats import MemoryStats
     from ._device.raw import Baseline, RawDevice
-    from ._device.stats import MemoryStats
     from ._discovery import available_backends, device_count, open_backend
     from ._errors import (
         ArchitectureError,
@@ -183,8 +183,8 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_backend": ("GpuBackend",),
     "_device.buffer": ("DeviceArray", "DeviceBuffer"),
     "_device.handles": ("Event", "Graph", "GraphExec", "HostBuffer", "Stream"),
+    "_device.memory_stats": ("MemoryStats",),
     "_device.raw": ("Baseline", "RawDevice"),
-    "_device.stats": ("MemoryStats",),
     "_discovery": ("available_backends", "device_count", "open_backend"),
     "_errors": (
         "ArchitectureError", "ArenaFullError", "BackendClosedError", "BackendNotFoundError", "BackendUnavailableError",

@@ -40,8 +40,8 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "kernels": (("_ptx", "_tensormap", "_ntile"), ("__init__",), ("__main__",)),
     "_interop": (("dlpack",), ("foreign",)),
     "_device": (
-        ("args", "stats", "raw", "guarded", "_lock"), ("_stats", "buffer"), ("capture", "_handle"),
-        ("gate", "_gate", "_capture"), ("context",), ("handles",),
+        ("args", "memory_stats", "raw", "guarded", "_lock"), ("stats", "buffer"),
+        ("capture_record", "capture", "handle"), ("gate",), ("context",), ("handles",),
     ),
     "_redzones": (("layout",), ("_layout",), ("scanner",), ("ingraph", "queued"), ("guard",)),
     "_memory": (

@@ -1,10 +1,40 @@
-# The capture rule's C-level door, for the compiled parts (the allocator's lane): `forbid_c` is
-# `forbid_during_capture` with the calling thread's flag at hand.
+# capture.py compiled as ``_capture``: the record's flags read and written in place, and the capture rule's C-level
+# door for the compiled parts (``from metrale_core._device._capture cimport _Flag, forbid_c, leave_call``):
+# `forbid_c` is `forbid_during_capture` with the calling thread's flag at hand; `leave_call` ends a call (the gate's).
 
-cdef int forbid_c(object flag, str what) except -1
+from metrale_core._device._slots cimport slot_named
 
-# `leave_call` with the flag at hand: the calling thread left a metrale call (the gate's twin calls it).
-cdef int leave_c(object flag) except -1
+cdef extern from *:
+    """
+    /* The layout of capture_record._Flag and _Starting: object slots after the header, in their names' order (as
+       CPython lays out __slots__); checked as the module loads (flags_in_place). */
+    typedef struct { PyObject_HEAD PyObject *calls; PyObject *inside; } metrale_capture_flag;
+    typedef struct { PyObject_HEAD PyObject *count; } metrale_capture_starting;
+    #define METRALE_FLAG_CALLS offsetof(metrale_capture_flag, calls)
+    #define METRALE_FLAG_INSIDE offsetof(metrale_capture_flag, inside)
+    #define METRALE_STARTING_COUNT offsetof(metrale_capture_starting, count)
+    """
+    ctypedef class metrale_core._device.capture_record._Flag [object metrale_capture_flag, check_size ignore]:
+        cdef object calls
+        cdef object inside
 
-# `call_entered` with the flag at hand: the calling thread entered a metrale call (the gate's twin calls it).
-cdef int enter_c(object flag) except -1
+    ctypedef class metrale_core._device.capture_record._Starting [object metrale_capture_starting, check_size ignore]:
+        cdef object count
+
+    Py_ssize_t FLAG_CALLS "METRALE_FLAG_CALLS"
+    Py_ssize_t FLAG_INSIDE "METRALE_FLAG_INSIDE"
+    Py_ssize_t STARTING_COUNT "METRALE_STARTING_COUNT"
+
+cdef dict _ACTIVE
+cdef _Starting _STARTING
+cdef bint GIL
+
+cdef int forbid_c(_Flag flag, str what) except -1
+cpdef void leave_call(_Flag flag) except *
+cdef void _barred_call_done(_Flag flag) except *
+
+
+cdef inline bint flags_in_place(object flag, object starting) except -1:
+    """Whether the slots this module reads in place are those of ``flag`` and ``starting`` (the record's classes)."""
+    return (slot_named(flag, "calls") == FLAG_CALLS and slot_named(flag, "inside") == FLAG_INSIDE
+            and slot_named(starting, "count") == STARTING_COUNT)

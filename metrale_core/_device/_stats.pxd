@@ -1,18 +1,23 @@
-# The compiled stats counter's C-level door, for the compiled lane: `allocated_c` and `released_c` are
-# `allocated` and `released` with the kind's index at hand (``KIND_DEVICE``: ``"device"``); `quarantined_c` and
-# `reusable_c` are `quarantined` and `reusable` (for the compiled quarantine).
+# stats.py compiled as ``_stats``: the counter's fields as C integers under the C lock of ``_lock.pxd``, and its
+# C-level door for the compiled parts (``from metrale_core._device._stats cimport KIND_DEVICE, StatsCounter``):
+# `allocated_c` and `released_c` are `allocated` and `released` with the kind's index at hand (``KIND_DEVICE``:
+# ``"device"``); `quarantined_c` and `reusable_c` are `quarantined` and `reusable` (the compiled quarantine's).
 
 cimport cython
 
-from metrale_core._device._lock cimport lock_t
+from metrale_core._device._lock cimport acquire_lock, lock_t, new_lock, release_lock
 
-# the kinds, in KINDS's order (``stats.KINDS``; the twin checks it as it loads): an allocation's kind is one of them
+# the kinds, in KINDS's order (``memory_stats.KINDS``; the module checks it as it loads): an allocation's kind is
+# one of them
 cdef enum:
     N_KINDS = 4
     KIND_DEVICE = 0
     KIND_POOL = 3
 
+cdef dict _INDEX
 
+
+@cython.final
 cdef class StatsCounter:
     cdef lock_t _lock
     cdef long long _current[N_KINDS]
@@ -33,7 +38,24 @@ cdef class StatsCounter:
     cdef public long long reusable_bytes
     cdef public long long redzone_sample
 
-    cdef void allocated_c(self, int k, long long nbytes) noexcept
-    cdef void released_c(self, int k, long long nbytes) noexcept
-    cdef void quarantined_c(self, long long count, long long nbytes) noexcept
-    cdef void reusable_c(self, long long count, long long nbytes) noexcept
+    cpdef void quarantined(self, long long count, long long nbytes) noexcept
+    cpdef void reusable(self, long long count, long long nbytes) noexcept
+    cpdef void allocated(self, object kind, long long nbytes) except *
+    cpdef void released(self, object kind, long long nbytes) except *
+    @cython.locals(now=cython.longlong)
+    cdef void _allocated_at(self, int k, long long nbytes) noexcept
+    cdef void _released_at(self, int k, long long nbytes) noexcept
+    @cython.locals(total=cython.longlong, k=cython.int)
+    cpdef void reset_peak(self) noexcept
+
+    cdef inline void allocated_c(self, int k, long long nbytes) noexcept:
+        self._allocated_at(k, nbytes)
+
+    cdef inline void released_c(self, int k, long long nbytes) noexcept:
+        self._released_at(k, nbytes)
+
+    cdef inline void quarantined_c(self, long long count, long long nbytes) noexcept:
+        self.quarantined(count, nbytes)
+
+    cdef inline void reusable_c(self, long long count, long long nbytes) noexcept:
+        self.reusable(count, nbytes)

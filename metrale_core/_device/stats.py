@@ -1,75 +1,44 @@
-"""The counters behind ``stats()``: `StatsCounter` counts, `MemoryStats` is what it reports.
+"""The counter behind ``stats()``: `StatsCounter` counts, `MemoryStats` (``memory_stats.py``) is what it reports.
 
-Every part of one backend bumps the same counter; it imports nothing of theirs.
+Every part of one backend bumps the same counter; it imports nothing of theirs. Written once, here, and compiled as
+well as run as Python (``_stats``, with ``_stats.pxd`` beside it: docs/building.md):
+
+- its counters by kind are kept in `KINDS`'s order (a list as Python, C integers compiled), under its lock (the C
+  lock of ``_lock.pxd`` compiled);
+- the compiled parts count at C level with the kind's index at hand (``_stats.pxd``: ``allocated_c(KIND_DEVICE,
+  n)``, ``released_c``, ``quarantined_c``, ``reusable_c``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import threading
-from typing import Final, final
+from typing import Final
 
-__all__ = ["KINDS", "MemoryStats", "StatsCounter"]
+from .memory_stats import KINDS, MemoryStats
 
-#: The kinds of allocation that ``stats()`` counts bytes for.
-KINDS: Final = ("device", "managed", "arena", "pool")
+try:
+    import cython
+except ImportError:  # (no Cython here: this module runs as Python)
+    from .. import _nocython as cython
 
+if not cython.compiled:  # (compiled: the C lock of _lock.pxd, and the kinds' C constants of _stats.pxd)
+    from ._lock import acquire_lock, new_lock, release_lock
 
-@final
-@dataclasses.dataclass(frozen=True, slots=True)
-class MemoryStats:
-    """What a backend has allocated since it opened (peaks since the last ``reset_peak()``).
+    #: How many kinds of memory are counted, and the index of two of them in `KINDS` (the compiled lane's).
+    N_KINDS: Final = len(KINDS)
+    KIND_DEVICE: Final = KINDS.index("device")
+    KIND_POOL: Final = KINDS.index("pool")
 
-    :ivar alloc_count: allocations made: ``alloc``, ``alloc_managed``, ``alloc_arena``, ``MemoryPool.alloc``.
-    :ivar free_count: allocations released: ``free``, ``free_arena``, ``MemoryPool.free``, and each one a sweep took.
-    :ivar current_bytes: bytes live now, per kind (``"device"``, ``"managed"``, ``"arena"``, and ``"pool"``: the
-        pieces of memory pools out now, not the bytes the pools cache).
-    :ivar peak_bytes: the most bytes live at once, per kind.
-    :ivar peak_total_bytes: the most bytes live at once, all kinds together.
-    :ivar arena_capacity: bytes of the open [`Arena`][metrale_core.Arena] objects.
-    :ivar arena_used: bytes those arenas have handed out since their last ``reset()``.
-    :ivar arena_allocs: sub-allocations the arenas have made.
-    :ivar oom_count: allocations that failed for lack of memory (after any retries).
-    :ivar oom_retries: allocations tried again after an ``on_out_of_memory`` callback freed memory.
-    :ivar redzone_scans: full red-zone scans (``scan_redzones()``, after graph launches, at ``close()``).
-    :ivar graph_launches: ``GraphExec.launch`` calls.
-    :ivar redzone_quarantined: freed zoned buffers waiting in quarantine (off the ledger and out of
-        ``current_bytes``; their memory not released yet).
-    :ivar redzone_quarantined_bytes: the device memory they hold, zones included.
-    :ivar redzone_reusable: checked freed zoned blocks kept for the next allocation of their size
-        (their zones found intact: a reuse needs no driver allocation, only the fill of its zones).
-    :ivar redzone_reusable_bytes: the device memory they hold, zones included.
-    :ivar redzone_sample: red zones go to one allocation in this many (``redzone_sample``).
-    :ivar allocated_bytes: bytes allocated since the backend opened, per kind (every allocation counted,
-        freed or not; ``reset_peak()`` leaves it).
-    """
+__all__ = ["KINDS", "KIND_DEVICE", "KIND_POOL", "MemoryStats", "StatsCounter"]
 
-    alloc_count: int
-    free_count: int
-    current_bytes: dict[str, int]
-    peak_bytes: dict[str, int]
-    peak_total_bytes: int
-    arena_capacity: int
-    arena_used: int
-    arena_allocs: int
-    oom_count: int
-    oom_retries: int
-    redzone_scans: int
-    graph_launches: int
-    redzone_quarantined: int = 0
-    redzone_quarantined_bytes: int = 0
-    redzone_sample: int = 1
-    redzone_reusable: int = 0
-    redzone_reusable_bytes: int = 0
-    allocated_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+if len(KINDS) != N_KINDS or KINDS[KIND_DEVICE] != "device" or KINDS[KIND_POOL] != "pool":  # (compiled: the loader
+    raise ImportError(  # falls back to the pure counter)
+        f"the compiled stats counter counts {N_KINDS} kinds of memory, device first, pool last; KINDS is {KINDS}"
+    )
 
-    @property
-    def current_total_bytes(self) -> int:
-        """Bytes live now, all kinds together."""
-        return sum(self.current_bytes.values())
+#: Each kind's index in `KINDS`.
+_INDEX: Final = {name: i for i, name in enumerate(KINDS)}
 
 
-@final
 class StatsCounter:
     """The mutable counters behind [`MemoryStats`][metrale_core.MemoryStats]. Thread-safe."""
 
@@ -81,10 +50,12 @@ class StatsCounter:
     )
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._current = dict.fromkeys(KINDS, 0)
-        self._peak = dict.fromkeys(KINDS, 0)
-        self._allocated = dict.fromkeys(KINDS, 0)
+        self._lock = new_lock()
+        if not cython.compiled:  # (compiled: C arrays, zeroed with the object)
+            # bytes by kind, in KINDS's order: live now, their peak, allocated since the backend opened
+            self._current = [0] * N_KINDS
+            self._peak = [0] * N_KINDS
+            self._allocated = [0] * N_KINDS
         self._peak_total = 0
         self._total = 0  # the sum of _current
         self.allocs = 0
@@ -104,57 +75,92 @@ class StatsCounter:
 
     def quarantined(self, count: int, nbytes: int) -> None:
         """Buffers entered (positive) or left (negative) the red-zone quarantine."""
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             self.quarantined_count += count
             self.quarantined_bytes += nbytes
+        finally:
+            release_lock(self._lock)
 
     def reusable(self, count: int, nbytes: int) -> None:
         """Checked zoned blocks entered (positive) or left (negative) the red zones' reuse lists."""
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             self.reusable_count += count
             self.reusable_bytes += nbytes
+        finally:
+            release_lock(self._lock)
 
     def allocated(self, kind: str, nbytes: int) -> None:
-        with self._lock:
-            self.allocs += 1
-            current = self._current
-            now = current[kind] = current[kind] + nbytes
-            self._peak[kind] = max(self._peak[kind], now)
-            self._allocated[kind] += nbytes
-            total = self._total = self._total + nbytes
-            self._peak_total = max(self._peak_total, total)
+        self._allocated_at(_INDEX[kind], nbytes)
 
     def released(self, kind: str, nbytes: int) -> None:
-        with self._lock:
+        self._released_at(_INDEX[kind], nbytes)
+
+    def _allocated_at(self, k: int, nbytes: int) -> None:
+        """`allocated`, the kind by its index in `KINDS`."""
+        acquire_lock(self._lock)
+        try:
+            self.allocs += 1
+            now = self._current[k] + nbytes
+            self._current[k] = now
+            self._peak[k] = max(self._peak[k], now)
+            self._allocated[k] += nbytes
+            self._total += nbytes
+            self._peak_total = max(self._peak_total, self._total)
+        finally:
+            release_lock(self._lock)
+
+    def _released_at(self, k: int, nbytes: int) -> None:
+        """`released`, the kind by its index in `KINDS`."""
+        acquire_lock(self._lock)
+        try:
             self.frees += 1
-            self._current[kind] -= nbytes
+            self._current[k] -= nbytes
             self._total -= nbytes
+        finally:
+            release_lock(self._lock)
 
     def reset_peak(self) -> None:
-        with self._lock:
-            self._peak = dict(self._current)
-            self._peak_total = sum(self._current.values())
+        acquire_lock(self._lock)
+        try:
+            total = 0
+            for k in range(N_KINDS):
+                self._peak[k] = self._current[k]
+                total += self._current[k]
+            self._peak_total = total
+        finally:
+            release_lock(self._lock)
 
     def freeze(self, arena_capacity: int, arena_used: int, arena_allocs: int) -> MemoryStats:
         """The counters now, with what the open arenas hold (closed ones were counted as they closed)."""
-        with self._lock:
-            return MemoryStats(
-                alloc_count=self.allocs,
-                free_count=self.frees,
-                current_bytes=dict(self._current),
-                peak_bytes=dict(self._peak),
-                peak_total_bytes=self._peak_total,
-                arena_capacity=arena_capacity,
-                arena_used=arena_used,
-                arena_allocs=self.arena_allocs + arena_allocs,
-                oom_count=self.oom_count,
-                oom_retries=self.oom_retries,
-                redzone_scans=self.redzone_scans,
-                graph_launches=self.graph_launches,
-                redzone_quarantined=self.quarantined_count,
-                redzone_quarantined_bytes=self.quarantined_bytes,
-                redzone_sample=self.redzone_sample,
-                redzone_reusable=self.reusable_count,
-                redzone_reusable_bytes=self.reusable_bytes,
-                allocated_bytes=dict(self._allocated),
-            )
+        acquire_lock(self._lock)
+        try:  # (read under the lock; the record is made after it)
+            current = {KINDS[k]: self._current[k] for k in range(N_KINDS)}
+            peak = {KINDS[k]: self._peak[k] for k in range(N_KINDS)}
+            allocated = {KINDS[k]: self._allocated[k] for k in range(N_KINDS)}
+            counts = (self.allocs, self.frees, self._peak_total, self.arena_allocs, self.oom_count, self.oom_retries,
+                      self.redzone_scans, self.graph_launches, self.quarantined_count, self.quarantined_bytes,
+                      self.redzone_sample, self.reusable_count, self.reusable_bytes)
+        finally:
+            release_lock(self._lock)
+        return MemoryStats(
+            alloc_count=counts[0],
+            free_count=counts[1],
+            current_bytes=current,
+            peak_bytes=peak,
+            peak_total_bytes=counts[2],
+            arena_capacity=arena_capacity,
+            arena_used=arena_used,
+            arena_allocs=counts[3] + arena_allocs,
+            oom_count=counts[4],
+            oom_retries=counts[5],
+            redzone_scans=counts[6],
+            graph_launches=counts[7],
+            redzone_quarantined=counts[8],
+            redzone_quarantined_bytes=counts[9],
+            redzone_sample=counts[10],
+            redzone_reusable=counts[11],
+            redzone_reusable_bytes=counts[12],
+            allocated_bytes=allocated,
+        )

@@ -1,5 +1,6 @@
-"""The handle twin (``_device/_handle.pyx``) against ``DeviceBuffer._make`` and ``DeviceBuffer(...)``: the same
-buffer, to every reader (equality, hash, repr, ``asdict``, pickle, ``replace``), and no reference leaked."""
+"""The handle twin (``_device/handle.py`` compiled as ``_handle``) against ``DeviceBuffer._make`` and
+``DeviceBuffer(...)``: the same buffer, to every reader (equality, hash, repr, ``asdict``, pickle, ``replace``), and
+no reference leaked."""
 
 from __future__ import annotations
 

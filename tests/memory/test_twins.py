@@ -596,7 +596,8 @@ def test_a_capture_starting_during_the_locked_check_waits_for_the_call(pure: boo
 
 
 def test_the_capture_twin_reads_the_flag_in_place_where_the_gil_is_on() -> None:
-    """Its flag's slots found at import (a changed ``_Flag`` would fall back to attributes, slower: said here)."""
+    """Its flag's slots read in place, their layout checked at import (a changed ``_Flag`` fails it: the loader
+    says so and the pure code runs)."""
     import sys
 
     twin = compiled_twin("gate") and importlib.import_module("metrale_core._device._capture")
