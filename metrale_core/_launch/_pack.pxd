@@ -24,7 +24,7 @@ cdef bint _ARGS_IN_PLACE
 
 
 @cython.locals(plan=tuple, packs=tuple, entry=tuple, i=Py_ssize_t)
-cpdef list pack_args(object kernel, object args, str what, object live)
+cpdef list pack_args(object kernel, object args, object what, object live)
 
 @cython.locals(plan=tuple, packs=tuple, entry=tuple, buf=DeviceBuffer, i=Py_ssize_t)
 cpdef list pack_plain(object kernel, object args, Ledger ledger, object owner)
