@@ -52,8 +52,10 @@ def compiled_sources(root: Path = Path("metrale_core")) -> dict[str, Path]:
 def twins() -> list[Extension]:
     """An optional extension for each compiled module (`compiled_sources`)."""
     found = []
+    # every .pxd and header: a changed declaration rebuilds each module (setuptools compares only what is listed)
+    depends = sorted(p.as_posix() for p in (*Path("metrale_core").rglob("*.pxd"), *INCLUDE.rglob("*.h")))
     for name, path in compiled_sources().items():
-        ext = Extension(name, [path.as_posix()], include_dirs=[str(INCLUDE)], optional=True)
+        ext = Extension(name, [path.as_posix()], include_dirs=[str(INCLUDE)], depends=depends, optional=True)
         ext.sources = [path.as_posix()]  # setuptools names the .c instead where Cython is missing: keep the source
         found.append(ext)
     return found

@@ -20,7 +20,8 @@ CORE = Path(__file__).resolve().parent.parent / "metrale_core"
 
 #: Bottom first. A unit (a wing, or a module at the root) may import its own floor and the floors below.
 WINGS: tuple[tuple[str, ...], ...] = (
-    ("_errors", "_types", "_twins", "_install", "_nocython"),  # the error tree; value types; which twins run; install hints; cython where absent
+    # the error tree; value types; which twins run; install hints; ``cython`` where Cython is absent
+    ("_errors", "_types", "_twins", "_install", "_nocython"),
     ("_settings", "kernels", "_interop"),  # settings; what a kernel is on no backend; other libraries' protocols
     ("_device",),  # what every part of one backend shares
     ("_redzones",),  # fills, scans and verdicts
