@@ -2,7 +2,7 @@
 # the one-source lanes (``lane.py``, ``graph_lane.py``, ``_launch/lane.py``, ``_launch/pack.py``) read a field as
 # ``buf.ptr`` and Cython reads it in place, where a local is typed as the class (``@cython.locals`` in their .pxd).
 #
-# - A class's slots lie after its base's, sorted by name, ``__weakref__`` after its own class's; each struct here
+# - A class's slots lie after its base's, sorted by name, ``__weakref__`` after its own class's (before 3.12); each struct here
 #   writes that layout out. `check_fields` checks it against the classes' member descriptors as a lane loads: a
 #   lane whose fields are not where it reads them refuses to load (its pure module runs, and the log says why).
 # - Only with the GIL: on a free-threaded build a field read in place could race with its writer's release of the
@@ -19,8 +19,13 @@ cdef extern from *:
         PyObject_HEAD
         PyObject *_owner; PyObject *index; PyObject *kind; PyObject *nbytes; PyObject *ptr; PyObject *site;
     } metrale_buffer_fields;
-    /* _Handle: _closed, _ctx, raw, then __weakref__ */
+    /* _Handle: _closed, _ctx, raw, then __weakref__ (from Python 3.12 a managed weak reference: no slot, as the H100
+       machine's 3.12 showed: a Stream of 64 bytes, not 72) */
+    #if PY_VERSION_HEX >= 0x030C0000
+    #define METRALE_HANDLE_FIELDS PyObject_HEAD PyObject *_closed; PyObject *_ctx; PyObject *raw;
+    #else
     #define METRALE_HANDLE_FIELDS PyObject_HEAD PyObject *_closed; PyObject *_ctx; PyObject *raw; PyObject *weakref_;
+    #endif
     /* Stream(_Handle): _owner, capture, default */
     typedef struct { METRALE_HANDLE_FIELDS PyObject *_owner; PyObject *capture; PyObject *default_; }
         metrale_stream_fields;
