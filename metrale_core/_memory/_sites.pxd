@@ -1,4 +1,4 @@
-# sites.py compiled as ``_site``: `call_site` at C level for the compiled callers
+# sites.py compiled as ``_sites``: `call_site` at C level for the compiled callers
 # (``from metrale_core._memory._sites cimport call_site``), and the frame API its walk reads (its
 # ``if cython.compiled:`` branches).
 

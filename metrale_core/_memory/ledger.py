@@ -95,9 +95,9 @@ class Ledger:
         try:
             if gate is not None and gate.closed:
                 return False
-            self._records[index] = buf
-            if self._events is not None:
+            if self._events is not None:  # (first: an event that cannot be made leaves nothing on the ledger)
                 self._log("alloc", record_of(buf, self.origin), stack)
+            self._records[index] = buf
         finally:
             release_lock(self._lock)
         return True
