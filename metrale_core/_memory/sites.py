@@ -146,7 +146,8 @@ def call_site_at(internal: frozenset[str], stacklevel: int) -> str:
     ``warnings.warn``'s ``stacklevel`` counts (1: `call_site`'s answer; 2: the frame outside ``internal`` that
     called it). Where there are fewer such frames, the outermost one. For the allocating calls' ``stacklevel``:
     not a hot path (a walk of Python frames)."""
-    last = collections.deque(itertools.islice(_frames_outside(internal, _getframe(0 if cython.compiled else 1)), stacklevel), maxlen=1)
+    caller = _getframe(0 if cython.compiled else 1)  # (compiled, this function has no frame of its own)
+    last = collections.deque(itertools.islice(_frames_outside(internal, caller), stacklevel), maxlen=1)
     return _site(last[0]) if last else "<unknown>:0"
 
 
@@ -154,7 +155,8 @@ def user_stack(internal: frozenset[str], limit: int) -> tuple[str, ...]:
     """The caller's stack, ``"file:line"`` per frame: the call site (`call_site`'s answer) first, then its callers
     outward, frames of ``internal`` passed over, ``limit`` frames at most (``memory_history_frames``; a walk of
     Python frames, made only where that setting is on)."""
-    return tuple(_site(frame) for frame in itertools.islice(_frames_outside(internal, _getframe(0 if cython.compiled else 1)), limit))
+    caller = _getframe(0 if cython.compiled else 1)  # (compiled, this function has no frame of its own)
+    return tuple(_site(frame) for frame in itertools.islice(_frames_outside(internal, caller), limit))
 
 
 class CallSite(Protocol):
