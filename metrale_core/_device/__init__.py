@@ -2,12 +2,15 @@
 
 Each module imports only those on the lines above its own:
 
-- `.args`, `.stats`, `.raw`, `.guarded`: the argument rules (sizes, integers, launch
-  dims, shapes); the memory counters and `MemoryStats`; `RawDevice` and `Baseline`,
-  what a backend implements; the guarded raw layer (`GuardedRaw`, `raise_raw`), which
-  reaches its context through a callable.
-- `.buffer`: `DeviceBuffer` and `DeviceArray`, values that export themselves.
-- `.capture`: the capture rule book, process-wide.
+- `.args`, `.memory_stats`, `.raw`, `.guarded`, `._lock`: the argument rules (sizes,
+  integers, launch dims, shapes); `MemoryStats`; `RawDevice` and `Baseline`, what a
+  backend implements; the guarded raw layer (`GuardedRaw`, `raise_raw`), which
+  reaches its context through a callable; the hot path's lock as Python.
+- `.stats`, `.buffer`: the memory counters; `DeviceBuffer` and `DeviceArray`, values
+  that export themselves.
+- `.capture_record`, `.capture`, `.handle`: the capture rule book and its record,
+  process-wide; a call's checks of the rule; `DeviceBuffer` built fast.
+- `.gate`: every public call counted in and out.
 - `.context`: `DeviceContext`, with the gate, the fault latch and the origin.
 - `.handles`: `Stream`, `Event`, `Graph`, `GraphExec`, `HostBuffer`.
 """
