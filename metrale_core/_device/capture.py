@@ -72,7 +72,10 @@ __all__ = [
 ]
 
 if cython.compiled and not flags_in_place(_Flag, _Starting):  # (the loader then runs the pure code, saying why)
-    raise RuntimeError("the capture flags' slots are not where _capture.pxd reads them: rebuild metrale-core")
+    raise RuntimeError(
+        "the capture flags' slots are not where _capture.pxd reads them: capture_record._Flag or _Starting changed "
+        "without the layout _capture.pxd declares"
+    )
 
 #: Whether the checks read and write the flags in place with no lock: compiled, where the GIL is on.
 SLOTS: Final = bool(cython.compiled) and GIL
