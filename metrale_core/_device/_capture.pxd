@@ -29,7 +29,7 @@ cdef dict _ACTIVE
 cdef _Starting _STARTING
 cdef bint GIL
 
-cdef int forbid_c(_Flag flag, str what) except -1
+cpdef void forbid_during_capture(object what, _Flag flag=*) except *
 cpdef void leave_call(_Flag flag) except *
 cdef void _barred_call_done(_Flag flag) except *
 
@@ -38,3 +38,9 @@ cdef inline bint flags_in_place(object flag, object starting) except -1:
     """Whether the slots this module reads in place are those of ``flag`` and ``starting`` (the record's classes)."""
     return (slot_named(flag, "calls") == FLAG_CALLS and slot_named(flag, "inside") == FLAG_INSIDE
             and slot_named(starting, "count") == STARTING_COUNT)
+
+
+cdef inline int forbid_c(_Flag flag, str what) except -1:
+    """`forbid_during_capture` with the calling thread's ``flag`` at hand."""
+    forbid_during_capture(what, flag)
+    return 0

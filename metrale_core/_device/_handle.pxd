@@ -70,7 +70,7 @@ cdef enum:
 
 cdef bint _direct
 
-cpdef object make(object ptr, object nbytes, object kind, object index, object site, object owner=*)
+cdef object make_buffer(object ptr, object nbytes, object kind, object index, object site, object owner)
 cdef object buffer_field(object buf, int i)
 
 
@@ -93,7 +93,3 @@ cdef inline str keep_layout(object cls, tuple names):
         return "DeviceBuffer has variable-size instances"
     return None
 
-
-cdef inline object make_buffer(object ptr, object nbytes, object kind, object index, object site, object owner):
-    """`make`, at C level: a `DeviceBuffer` of these fields, built in place where the layout was checked at import."""
-    return make(ptr, nbytes, kind, index, site, owner)

@@ -4,9 +4,9 @@ The rules, the record of the captures in progress and every thread's flag are ``
 process, never compiled), and this module gives its names too. These checks are written once, here, and compiled as
 well as run as Python (``_capture``, with ``_capture.pxd`` beside it: docs/building.md):
 
-- `forbid_during_capture` (`forbid_c`, the flag at hand): the barred call's check. Its common case takes no lock:
-  the thread's flag set first, then the record read; anything else is the rule's locked half,
-  `judge_under_capture`, with the flag still set (a capture starting meanwhile waits for this call).
+- `forbid_during_capture`: the barred call's check (``forbid_c`` in ``_capture.pxd``: the flag at hand). Its
+  common case takes no lock: the thread's flag set first, then the record read; anything else is the rule's locked
+  half, `judge_under_capture`, with the flag still set (a capture starting meanwhile waits for this call).
 - `leave_call`: the end of a metrale call; the outermost one ends the thread's barred call.
 - Compiled, they read and write the flag's slots in place; the gate's compiled twin counts its calls on the same
   flag (``_gate.pxd``), and the compiled lane checks the rule at C level (``forbid_c``).
@@ -61,7 +61,6 @@ __all__ = [
     "call_left",
     "captured_event_error",
     "capturing",
-    "forbid_c",
     "forbid_during_capture",
     "invalidated_error",
     "judge_under_capture",
@@ -73,35 +72,35 @@ __all__ = [
 ]
 
 if cython.compiled and not flags_in_place(_Flag, _Starting):  # (the loader then runs the pure code, saying why)
-    raise RuntimeError("the capture flags' slots are not where _capture.pxd reads them: rebuild metrale-core")
+    raise RuntimeError(
+        "the capture flags' slots are not where _capture.pxd reads them: capture_record._Flag or _Starting changed "
+        "without the layout _capture.pxd declares"
+    )
 
 #: Whether the checks read and write the flags in place with no lock: compiled, where the GIL is on.
 SLOTS: Final = bool(cython.compiled) and GIL
 
 
-def forbid_during_capture(what: str) -> None:
+def forbid_during_capture(what: str, flag: _Flag | None = None) -> None:
     """Raise ``CaptureError`` (and invalidate every capture) if any capture is in progress.
 
     Otherwise the calling thread is inside a barred call until its outermost metrale call
     returns (`call_left`, which the device context's gate calls): a capture that begins
     meanwhile on another thread waits for it (`Capture.start`), so the check and the
-    driver call it guards are one step, as CUDA's own rule is.
+    driver call it guards are one step, as CUDA's own rule is. ``flag``: the calling thread's,
+    where the caller has it at hand (the compiled lane's ``forbid_c``).
+
+    No lock while no capture runs or starts: the thread's own flag is set first, then the record
+    read (a store and a load of the GIL's sequentially consistent kind: whichever order this and a
+    starting capture take, one sees the other). A free-threaded build always judges under the lock.
     """
-    forbid_c(_MINE.flag, what)
-
-
-def forbid_c(flag: _Flag, what: str) -> int:
-    """`forbid_during_capture` with the calling thread's ``flag`` at hand (the compiled lane's, at C level).
-
-    No lock while no capture runs or starts: the thread's own flag is set first, then the record read (a store and
-    a load of the GIL's sequentially consistent kind: whichever order this and a starting capture take, one sees
-    the other). A free-threaded build always judges under the lock."""
+    if flag is None:
+        flag = _MINE.flag
     was = flag.inside
     flag.inside = True
     if GIL and not _ACTIVE and not _STARTING.count:
-        return 0
+        return
     judge_under_capture(flag, was, what)
-    return 0
 
 
 def thread_calls() -> _Flag:

@@ -197,7 +197,7 @@ class Gate:
         No lock: the thread's own count goes up first, then ``closed`` is read; `shut` sets
         ``closed`` first, then reads the counts, so either this call is refused or `shut`
         waits for it."""
-        cell = self._cell()
+        cell = self._cell() if _CACHE else self._depth.cell
         if _collector and cell.depth and _collector == thread_ident():
             raise interrupted_error()
         if LOCK_FREE:
@@ -237,7 +237,7 @@ class Gate:
 
     def leave(self) -> None:
         """Count a call out."""
-        self.leave_c(self._cell())
+        self.leave_c(self._cell() if _CACHE else self._depth.cell)
 
     def leave_c(self, cell: _Cell) -> None:
         """`leave`, with the calling thread's cell at hand (`enter_c`'s)."""

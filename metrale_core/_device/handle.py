@@ -27,7 +27,7 @@ try:
 except ImportError:  # (no Cython here: this module runs as Python)
     from .. import _nocython as cython
 
-__all__ = ["DIRECT", "buffer_field", "make"]
+__all__ = ["DIRECT", "buffer_field", "make", "make_buffer"]
 
 _log = logging.getLogger("metrale")
 
@@ -83,6 +83,11 @@ DIRECT: Final = _direct
 
 def make(ptr: int, nbytes: int, kind: str, index: int, site: str, owner: Any = None) -> DeviceBuffer:
     """The same as ``DeviceBuffer._make(ptr, nbytes, kind, index, site, owner)``; compiled, built in place."""
+    return make_buffer(ptr, nbytes, kind, index, site, owner)
+
+
+def make_buffer(ptr: int, nbytes: int, kind: str, index: int, site: str, owner: Any) -> DeviceBuffer:
+    """`make`, at C level (other compiled modules cimport it)."""
     if _direct:
         return build_buffer(ptr, nbytes, kind, index, site, owner)
     return DeviceBuffer._make(ptr, nbytes, kind, index, site, owner)
