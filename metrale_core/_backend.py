@@ -206,7 +206,7 @@ class GpuBackend:
         """A caching [`MemoryPool`][metrale_core.MemoryPool]: device memory carved from segments and cached after
         free, each piece a ledger record of its own (kind ``"pool"``); a device-wide
         [`synchronize`][metrale_core.GpuBackend.synchronize] leaves at most ``release_threshold`` bytes cached."""
-        return self._memory.create_pool(release_threshold, self._streams.resolve)
+        return self._memory.pools.create(release_threshold, self._streams.resolve)
 
     @gated
     def create_arena(self, capacity: int) -> Arena:
@@ -217,7 +217,7 @@ class GpuBackend:
     def on_out_of_memory(self, callback: Callable[[int], object]) -> None:
         """When an allocation runs out of memory, call ``callback(nbytes)``. A true result (it freed
         memory) earns the allocation another try, at most ``oom_retries`` times."""
-        self._memory.on_out_of_memory(callback)
+        self._memory.raw.on_out_of_memory(callback)
 
     @gated_read
     def live_alloc_len(self) -> int:
@@ -324,9 +324,9 @@ class GpuBackend:
     def synchronize(self) -> None:
         """Wait for all work of this backend; then each memory pool keeps at most its ``release_threshold`` bytes
         cached."""
-        marks = self._memory.mark_pools()
+        marks = self._memory.pools.mark()
         self._streams.synchronize()
-        self._memory.synchronized(marks)
+        self._memory.pools.synchronized(marks)
 
     @gated
     def begin_capture(self, stream: Stream | None = None) -> None:

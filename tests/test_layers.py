@@ -51,6 +51,8 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("snapshot", "holdings"),
         ("monitor", "exports", "quarantine", "lane"),
         ("_quarantine",),
+        ("rawmem",),
+        ("pools",),
         ("_lane",),
         ("allocator",),
     ),

@@ -6,7 +6,7 @@ from typing import final
 from .._device.buffer import DeviceBuffer
 from .._device.handles import Stream
 from .lane import LaneParts, LaneWork
-from .pool import MemoryPool, PoolFront, PoolStats
+from .pool import MemoryPool, PoolCalls, PoolStats
 
 @final
 class DeviceLane:
@@ -16,7 +16,7 @@ class DeviceLane:
 
 @final
 class PoolLane:
-    def __init__(self, allocator: PoolFront, parts: LaneParts) -> None: ...
+    def __init__(self, allocator: PoolCalls, parts: LaneParts) -> None: ...
     def pool_alloc(
         self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None, stacklevel: object = 1
     ) -> DeviceBuffer: ...

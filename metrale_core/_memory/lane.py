@@ -5,7 +5,7 @@
 - ``_lane.pyx`` is its compiled twin: it does the common case itself at C level (a device allocation or free,
   red zones or none, no capture in progress), through the same parts the allocator hands both (`LaneParts`,
   `ZonedParts`), and hands everything else to the allocator, as this class does with every call.
-- `PoolLane` is the front of the backend's memory pools (`pool.PoolFront`): each call to the allocator. Its
+- `PoolLane` is the front of the backend's memory pools (`pool.PoolCalls`): each call to the allocator. Its
   compiled twin (in ``_lane.pyx`` too) does an allocator door's common case at C level (a piece of a compiled pool
   for another library's stream, and its free, red zones off, no capture in progress) and hands everything else to
   the allocator.
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .._device.handles import Stream
     from .._redzones.guard import ZoneGuard
     from .._redzones.layout import RedZones
-    from .pool import MemoryPool, PoolFront, PoolStats
+    from .pool import MemoryPool, PoolCalls, PoolStats
     from .quarantine import Quarantine
 
 __all__ = ["DeviceLane", "LaneParts", "LaneWork", "PoolLane", "ZonedParts"]
@@ -138,12 +138,12 @@ class DeviceLane:
 
 @final
 class PoolLane:
-    """The front of a backend's memory pools (`pool.PoolFront`): each call to the allocator, which passes the gate
+    """The front of a backend's memory pools (`pool.PoolCalls`): each call to the allocator, which passes the gate
     and does the work."""
 
     __slots__ = ("_allocator",)
 
-    def __init__(self, allocator: PoolFront, parts: LaneParts) -> None:
+    def __init__(self, allocator: PoolCalls, parts: LaneParts) -> None:
         self._allocator = allocator
 
     def pool_alloc(

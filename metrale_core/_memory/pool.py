@@ -1,9 +1,9 @@
 """Caching pools: device memory carved from segments and cached after free, every piece on the ledger.
 
 - `MemoryPool` is the handle [`GpuBackend.create_pool`][metrale_core.GpuBackend.create_pool] returns. Its calls
-  go to the allocator (`PoolFront`), which owns the ledger front (a record per piece, its own creation index and
-  call site, reclaim-and-retry, the sweep); the pool owns its memory: segments, the pieces carved from them and
-  out now, the pieces cached.
+  go to the pool front (`PoolCalls`, ``pools.py``), which owns the ledger's side (a record per piece, its own
+  creation index and call site, reclaim-and-retry, the sweep); the pool owns its memory: segments, the pieces
+  carved from them and out now, the pieces cached.
 - Sizes round up to 512 bytes. A piece of up to 1 MiB is carved from a 2 MiB segment; a larger one is a
   segment of its own. A segment goes back to the driver only when none of its pieces is out: at `trim`, at a
   device-wide ``synchronize()`` beyond ``release_threshold`` cached bytes, when an allocation runs out of
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .._device.buffer import DeviceBuffer
     from .._device.handles import Stream
 
-__all__ = ["HUGE", "LARGE", "MemoryPool", "PoolFront", "PoolStats", "SEGMENT", "SHARED", "size_class"]
+__all__ = ["HUGE", "LARGE", "MemoryPool", "PoolCalls", "PoolStats", "SEGMENT", "SHARED", "size_class"]
 
 #: Pieces of at most this many bytes are carved from shared segments; larger ones are segments of their own.
 LARGE: Final = 1 << 20
@@ -79,8 +79,8 @@ class PoolStats:
     release_threshold: int
 
 
-class PoolFront(Protocol):
-    """What a pool asks of its allocator (the ledger front, the gate, the raw memory)."""
+class PoolCalls(Protocol):
+    """What a pool's public calls ask of its front (``pools.PoolFront``: the ledger's side, the gate, raw memory)."""
 
     def pool_alloc(
         self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None, stacklevel: object = 1
@@ -121,7 +121,7 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
     __slots__ = ("__weakref__", "_cached", "_closed", "_epoch", "_free", "_front", "_given_back", "_hits", "_lock",
                  "_misses", "_out", "_piece_bytes", "_segment_bytes", "_segments", "_small", "_strand", "_threshold")
 
-    def __init__(self, front: PoolFront, release_threshold: int) -> None:
+    def __init__(self, front: PoolCalls, release_threshold: int) -> None:
         self._front = front
         self._lock = threading.Lock()
         self._closed = False
