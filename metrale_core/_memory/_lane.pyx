@@ -16,11 +16,6 @@ the common case done here at C level.
 - The ledger, the stats and the call site are called through their twins' C-level doors (``.pxd``); the plugin
   through its C functions where it offers them (``RawDevice.device_calls``), else through its methods. A C call
   that declined (``1``) is made through the method, which does it or raises; one that failed raised its error.
-- `PoolLane` is the compiled twin of [`PoolLane`][metrale_core._memory.lane.PoolLane], the front of the backend's
-  pools. Its common case is an allocator door's: a piece of a compiled pool (``_pool.pyx``) for another library's
-  stream (``MemoryPool.alloc_on``) and the free of such a piece without a stream, red zones off, no capture in
-  progress. It is the allocator's ``pool_alloc`` and ``free_piece`` written out, in their order, under their locks;
-  a new segment is the allocator's (`new_piece`: reclaim-and-retry), and every other call goes to the allocator.
 """
 
 cimport cython
@@ -33,19 +28,16 @@ from .._device._gate cimport Gate, _Cell
 from .._device._handle cimport (
     FIELD_INDEX, FIELD_KIND, FIELD_NBYTES, FIELD_OWNER, FIELD_PTR, buffer_field, make_buffer,
 )
-from .._device._stats cimport KIND_DEVICE, KIND_POOL, StatsCounter
+from .._device._stats cimport KIND_DEVICE, StatsCounter
 from .._redzones._layout cimport RedZones
 from ._ledger cimport Ledger
-from ._pool cimport MemoryPool, _Segment
 from ._quarantine cimport Quarantine
 from ._sites cimport call_site
 
-import functools
 import logging
 
 from .._device.buffer import DeviceBuffer as _DeviceBuffer
 from .._device.guarded import raise_raw as _raise_raw
-from .._errors import InvalidArgumentError as _InvalidArgumentError
 from .._errors import MetraleError as _MetraleError
 from .._errors import OutOfMemoryError as _OutOfMemoryError
 from .._types import WORD_LIMIT as _WORD_LIMIT
@@ -53,14 +45,10 @@ from .._device.raw import DEVICE_CALLS as _DEVICE_CALLS
 from .records import INDEXES as _INDEXES
 from .records import INDEXES_LOCK_FREE as _INDEXES_LOCK_FREE
 from .records import next_index as _next_index
-from .pool import HUGE as _HUGE
 
 _log = logging.getLogger("metrale")
 
 cdef bytes _CAPSULE_NAME = _DEVICE_CALLS.encode()
-#: The pool lane's sizes are below `pool.HUGE` (a piece's rounded size fits a C ``long long``); larger ones, which
-#: no driver serves, go to the allocator (its out-of-memory error).
-cdef object _FAST_LIMIT = _HUGE
 
 
 cdef int _compiled_parts(str lane, object parts) except -1:
@@ -294,154 +282,3 @@ cdef class DeviceLane:
         except Exception as exc:
             _raise_raw(ctx, ctx.name, "free", exc)
         return 0
-
-
-@cython.final
-cdef class PoolLane:
-    """The front of a backend's memory pools: an allocator door's common case here (compiled twin)."""
-
-    cdef object _allocator
-    cdef object _ctx
-    cdef Gate _gate
-    cdef Ledger _ledger
-    cdef StatsCounter _stats
-    cdef object _releases
-    cdef object _trace_idx
-    cdef object _internal
-    cdef object _indexes
-    cdef Py_ssize_t _caller_frames
-    cdef object _ref
-    cdef RedZones _zones  # (None where red zones are off)
-    cdef dict _raw_base
-    cdef dict _pool_of
-
-    def __init__(self, allocator, parts):
-        ctx = parts.ctx
-        _compiled_parts("pool lane", parts)
-        if type(parts.pool_of) is not dict:
-            raise TypeError("the compiled pool lane needs the holdings' pool_of (LaneParts)")
-        self._allocator = allocator
-        self._ctx = ctx
-        self._gate = ctx.gate
-        self._ledger = parts.ledger
-        self._stats = parts.stats
-        self._releases = parts.releases
-        self._trace_idx = parts.trace_idx
-        self._internal = ctx.internal
-        self._indexes = _INDEXES if _INDEXES_LOCK_FREE else None
-        self._caller_frames = parts.caller_frames
-        self._ref = ctx.ref
-        zoning = parts.zoning
-        if zoning is not None:
-            if not isinstance(zoning.zones, RedZones):
-                raise TypeError(f"the compiled pool lane needs the compiled zone table, got {type(zoning.zones)!r}: "
-                                f"one `pure` setting picks them all")
-            self._zones = zoning.zones
-            self._raw_base = zoning.raw_base
-        self._pool_of = parts.pool_of
-
-    def pool_alloc(self, pool, nbytes, stream, foreign=None, stacklevel=1):
-        """`MemoryPool.alloc` and `MemoryPool.alloc_on`."""
-        cdef _Cell cell
-        if foreign is None:  # (MemoryPool.alloc: the allocator's whole work)
-            return self._allocator.pool_alloc(pool, nbytes, stream, None, stacklevel)
-        if (type(pool) is not MemoryPool or type(nbytes) is not int
-                or type(foreign) is not int or not (0 < nbytes < _FAST_LIMIT) or not (0 <= foreign < _WORD_LIMIT)):
-            return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
-        cell = self._gate.enter_c(False)
-        try:
-            forbid_c(cell.flag, "MemoryPool.alloc_on")  # first, as the allocator's `_open_pool`
-            if (<MemoryPool>pool)._closed:  # the allocator's error
-                return self._allocator.pool_alloc(pool, nbytes, stream, foreign)
-            index = _next_index() if self._indexes is None else next(self._indexes)
-            zones = self._zones
-            if zones is not None and not (index < zones.min_idx or index % zones.sample):  # zoned: the allocator's
-                return self._allocator.pool_piece(pool, nbytes, ("foreign", foreign), True, index,
-                                                  "MemoryPool.alloc_on")
-            return self._alloc_on(<MemoryPool>pool, nbytes, ("foreign", foreign), index)
-        finally:
-            self._gate.leave_c(cell)
-
-    cdef object _alloc_on(self, MemoryPool pool, object n, tuple target, object index):
-        cdef long long size = ((<long long>n) + 511) & ~(<long long>511)  # (`pool.size_class`)
-        cdef _Segment segment
-        site = call_site(self._internal, self._caller_frames)
-        taken = pool.take_c(size, target, False)
-        if taken is None:  # a new segment: the allocator's (reclaim-and-retry)
-            taken = self._allocator.new_piece(pool, size, n, "MemoryPool.alloc_on", target, False)
-        ptr, segment = <tuple>taken
-        buf = make_buffer(ptr, n, "pool", index, site, self._ref)
-        # the commit, without the context's lock (the allocator's takes it): the ledger first, judged under its lock
-        # against the backend's close (as the device lane's), then the pool's hand-out, judged under the pool's lock
-        # against its close. A close that comes between finds the record on the ledger but not out of the pool:
-        # it leaves it, and the hand-out, refused, takes it back off. A sweep that comes between takes the record:
-        # the hand-out, seeing it gone, makes of the piece what the sweep would have (cached, or stranded), and the
-        # buffer is handed back as the allocator's would be. Each pool_of item is one dict operation (atomic): no
-        # piece touches two of the holdings' tables at once here, so their lock is not needed.
-        self._pool_of[index] = pool
-        self._stats.allocated_c(KIND_POOL, n)  # (before the record is out: a sweep's release never comes first)
-        if not self._ledger.commit(index, buf, self._gate):
-            self._stats.released_c(KIND_POOL, n)
-            self._pool_of.pop(index, None)
-            pool.give_untaken(ptr, size, segment)
-            raise self._ctx.closed_error()
-        if not pool.handed_out_c(index, ptr, size, segment, target, False, self._ledger, buf):  # (2: swept already)
-            if self._ledger.take(index, ptr, n) is not None:  # (None where the backend's sweep took it)
-                self._stats.released_c(KIND_POOL, n)
-            self._pool_of.pop(index, None)
-            pool.give_untaken(ptr, size, segment)
-            raise _InvalidArgumentError(f"MemoryPool.alloc_on: {pool!r} was closed meanwhile")
-        if self._trace_idx is not None and self._trace_idx == index:
-            self._allocator.trace(index, "MemoryPool.alloc_on", n, site)
-        return buf
-
-    def pool_free(self, pool, buf, stream, what):
-        """`MemoryPool.free` (and a door's); from a finalizer that a collection runs in a call of this backend,
-        later."""
-        cdef _Cell cell
-        if self._gate.interrupted_c():
-            self._gate.defer(functools.partial(self.pool_free, pool, stream=stream, what=what), buf)
-            return
-        cell = self._gate.enter_c(False)
-        try:
-            forbid_c(cell.flag, what)  # first, as the allocator's `pool_free`
-            if (stream is not None or type(buf) is not _DeviceBuffer
-                    or buffer_field(buf, FIELD_KIND) != "pool" or buffer_field(buf, FIELD_OWNER) is not self._ref):
-                self._allocator.free_piece(pool, buf, stream, what)
-            else:
-                self._free(pool, buf, what)
-        finally:
-            self._gate.leave_c(cell)
-
-    cdef int _free(self, object pool, object buf, str what) except -1:
-        index = buffer_field(buf, FIELD_INDEX)
-        owner = self._pool_of.get(index)
-        if (owner is None or (pool is not None and owner is not pool) or type(owner) is not MemoryPool
-                or (self._raw_base is not None and index in self._raw_base)):  # (a zoned piece: the allocator's)
-            self._allocator.free_piece(pool, buf, None, what)  # its error (or a pure pool's work)
-            return 0
-        n = buffer_field(buf, FIELD_NBYTES)
-        record = self._ledger.take(index, buffer_field(buf, FIELD_PTR), n)
-        if record is None:  # not live: the allocator's error
-            self._allocator.free_piece(pool, buf, None, what)
-            return 0
-        owner = self._pool_of.pop(index)  # (the allocator's `piece_taken`, unzoned; this free took the record)
-        self._stats.released_c(KIND_POOL, n)
-        observers = self._releases.active
-        if observers:
-            for observer in <tuple>observers:
-                observer(buf)
-        (<MemoryPool>owner).give_c(index, None)
-        return 0
-
-    def pool_record(self, pool, buf, foreign_stream):
-        self._allocator.pool_record(pool, buf, foreign_stream)
-
-    def pool_trim(self, pool, keep_bytes):
-        return self._allocator.pool_trim(pool, keep_bytes)
-
-    def pool_stats(self, pool):
-        return self._allocator.pool_stats(pool)
-
-    def pool_close(self, pool):
-        self._allocator.pool_close(pool)

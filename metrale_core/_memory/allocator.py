@@ -37,7 +37,7 @@ from .._twins import pick
 from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
 from .arena import Arena, ArenaZones
 from .holdings import Holdings
-from .lane import LaneParts, PoolLane, ZonedParts
+from .lane import LaneParts, ZonedParts
 from .pools import PoolFront, fits
 from .quarantine import Quarantine
 from .rawmem import RawMemory
@@ -109,10 +109,13 @@ class Allocator:
         self._call_site = call_site_for(ctx.settings.pure)
         #: Raw memory: the driver's allocations with reclaim-and-retry, and the out-of-memory report.
         self.raw = RawMemory(ctx, holdings, stats, guard, self._quarantine, monitor)
-        #: The memory pools, and what their calls go to: the pool lane, whose compiled twin does a door's common
-        #: case at C level and hands everything else to the front (chosen once, as the arena's class).
-        self.pools = PoolFront(ctx, holdings, stats, guard, self._quarantine, self.raw, self.swept, self.site_at)
-        self.pools.calls = pick("pool_lane", PoolLane, ctx.settings.pure)(self.pools, self.lane_parts())
+        #: The memory pools: the pool front, compiled where built and ``pure`` is off (chosen once, as the arena's
+        #: class); its trimmer runs when raw memory runs out, and the quarantine gives its zoned pieces back to it.
+        self.pools = pick("pool_front", PoolFront, ctx.settings.pure)(
+            ctx, holdings, stats, guard, self._quarantine, self.raw, self.swept, self.site_at
+        )
+        self.raw.add_trimmer(self.pools.trim_for_memory)
+        self._quarantine.give_pieces_to(self.pools.piece_judged)
 
     def lane_parts(self) -> LaneParts:
         """What the backend's lane (``GpuBackend.alloc`` and ``free``) uses of this allocator's parts."""
@@ -209,7 +212,7 @@ class Allocator:
     def _zoned_alloc(self, layout: Layout, n: int, what: str) -> tuple[int, bool]:
         """The raw memory of a zoned device allocation, and whether it is recycled: a checked block kept
         for reuse, or a new one from the driver (``False``)."""
-        fits(layout, n, what)
+        fits(layout.raw_bytes, n, what)
         reused = self._quarantine.reuse(layout)
         if reused is not None:
             return reused, True

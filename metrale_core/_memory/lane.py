@@ -5,10 +5,6 @@
 - ``_lane.pyx`` is its compiled twin: it does the common case itself at C level (a device allocation or free,
   red zones or none, no capture in progress), through the same parts the allocator hands both (`LaneParts`,
   `ZonedParts`), and hands everything else to the allocator, as this class does with every call.
-- `PoolLane` is the front of the backend's memory pools (`pool.PoolCalls`): each call to the allocator. Its
-  compiled twin (in ``_lane.pyx`` too) does an allocator door's common case at C level (a piece of a compiled pool
-  for another library's stream, and its free, red zones off, no capture in progress) and hands everything else to
-  the allocator.
 """
 
 from __future__ import annotations
@@ -27,10 +23,10 @@ if TYPE_CHECKING:
     from .._device.handles import Stream
     from .._redzones.guard import ZoneGuard
     from .._redzones.layout import RedZones
-    from .pool import MemoryPool, PoolCalls, PoolStats
+    from .pool import MemoryPool
     from .quarantine import Quarantine
 
-__all__ = ["DeviceLane", "LaneParts", "LaneWork", "PoolLane", "ZonedParts"]
+__all__ = ["DeviceLane", "LaneParts", "LaneWork", "ZonedParts"]
 
 
 class LaneWork(Protocol):
@@ -134,34 +130,3 @@ class DeviceLane:
             self._allocator.free(buf)
         finally:
             ctx.leave()
-
-
-@final
-class PoolLane:
-    """The front of a backend's memory pools (`pool.PoolCalls`): each call to the allocator, which passes the gate
-    and does the work."""
-
-    __slots__ = ("_allocator",)
-
-    def __init__(self, allocator: PoolCalls, parts: LaneParts) -> None:
-        self._allocator = allocator
-
-    def pool_alloc(
-        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None, stacklevel: object = 1
-    ) -> DeviceBuffer:
-        return self._allocator.pool_alloc(pool, nbytes, stream, foreign, stacklevel)
-
-    def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None:
-        self._allocator.pool_free(pool, buf, stream, what)
-
-    def pool_record(self, pool: MemoryPool, buf: object, foreign_stream: object) -> None:
-        self._allocator.pool_record(pool, buf, foreign_stream)
-
-    def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int:
-        return self._allocator.pool_trim(pool, keep_bytes)
-
-    def pool_stats(self, pool: MemoryPool) -> PoolStats:
-        return self._allocator.pool_stats(pool)
-
-    def pool_close(self, pool: MemoryPool) -> None:
-        self._allocator.pool_close(pool)

@@ -28,9 +28,9 @@ from metrale_core._launch.lane import LaunchLane as PureLaunchLane
 from metrale_core._launch.registry import pack_args
 from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._memory.lane import DeviceLane as PureLane
-from metrale_core._memory.lane import PoolLane as PurePoolLane
 from metrale_core._memory.ledger import Ledger as PureLedger
 from metrale_core._memory.pool import MemoryPool as PurePool
+from metrale_core._memory.pools import PoolFront as PurePoolFront
 from metrale_core._memory.quarantine import Quarantine as PureQuarantine
 from metrale_core._memory.records import next_index
 from metrale_core._memory.sites import call_site
@@ -48,7 +48,7 @@ PURE: dict[str, Any] = {
     "ledger": PureLedger, "stats": PureStats, "handle": DeviceBuffer._make, "arena": PureArena, "gate": PureGate,
     "lane": PureLane, "site": call_site, "stream_lane": PureStreamLane, "graph_lane": PureGraphLane,
     "launch_lane": PureLaunchLane, "pack": pack_args, "zones": PureRedZones, "quarantine": PureQuarantine,
-    "doorfuncs": c_functions, "pool": PurePool, "pool_lane": PurePoolLane, "door": PureDoor,
+    "doorfuncs": c_functions, "pool": PurePool, "pool_front": PurePoolFront, "door": PureDoor,
 }
 PURE_CLASSES: dict[str, type] = {name: ref for name, ref in PURE.items() if isinstance(ref, type)}
 
@@ -68,8 +68,11 @@ _MAKE: dict[str, Callable[[type], object]] = {
     "arena": lambda cls: cls(_BLOCK, lambda arena, block: None),
     "gate": lambda cls: cls(lambda: BackendClosedError("closed")),
     "lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
-    "pool_lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
-    "pool": lambda cls: cls(_ALLOCATOR, 0),
+    "pool_front": lambda cls: cls(
+        _ALLOCATOR.ctx, _BACKEND._holdings, _BACKEND._stats, _BACKEND._guard, _ALLOCATOR._quarantine, _ALLOCATOR.raw,
+        _ALLOCATOR.swept, _ALLOCATOR.site_at,
+    ),
+    "pool": lambda cls: cls(_ALLOCATOR.pools, 0, _ALLOCATOR.pools.grow),
     "door": lambda cls: cls(_BACKEND, "probe"),
     "stream_lane": lambda cls: cls(_BACKEND._streams, _BACKEND._holdings.ledger),
     "graph_lane": lambda cls: cls(_BACKEND._streams.graphs, _BACKEND._streams.graphs.lane_parts()),
