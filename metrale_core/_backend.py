@@ -35,7 +35,6 @@ from ._memory.allocator import Allocator
 from ._memory.arena import Arena
 from ._memory.exports import ExportTable
 from ._memory.holdings import Holdings
-from ._memory.lane import DeviceLane
 from ._memory.ledger import LedgerProbe
 from ._memory.monitor import MemoryMonitor
 from ._memory.pool import MemoryPool
@@ -85,10 +84,8 @@ class GpuBackend:
         self._guard = ZoneGuard(ctx, self._stats, self._streams.default)
         self._streams.attach(self._guard)
         self._monitor = MemoryMonitor(ctx, self._holdings, self._stats)
-        self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor)
-        self._lane = pick("lane", DeviceLane, settings.pure)(
-            self._memory, self._memory.lane_parts()._replace(caller_frames=_OWN_FRAME)
-        )
+        self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor, caller_frames=_OWN_FRAME)
+        self._lane = self._memory.lane
         self._stream_lane = pick("stream_lane", StreamLane, settings.pure)(self._streams, self._holdings.ledger)
         self._exports = ExportTable(ctx, self._holdings, self._guard)
         self._kernels = KernelFront(ctx, self._holdings, self._streams)

@@ -117,25 +117,28 @@ def quarantine_free(
 # -- the plugin's device calls: none as Python ----------------------------------------------------------------
 
 
-def ask_device_calls(plugin: object, log: object) -> None:
+def ask_device_calls(plugin: object, log: object) -> object:
+    """The plugin's capsule of device calls: none asked for as Python."""
     return None
 
 
-def device_calls_of(plugin: object, capsule: object, name: bytes, log: object) -> None:
+def device_calls_of(plugin: object, capsule: object, name: bytes, log: object) -> object:
     return None
 
 
-def calls_have_memset(calls: None) -> bool:
+def calls_have_memset(calls: object) -> bool:
     return False
 
 
-def calls_alloc(calls: None, gate: Gate, nbytes: int) -> int | None:
+def calls_alloc(calls: object, gate: Gate, nbytes: int) -> int | None:
     return None
 
 
-def calls_free(calls: None, gate: Gate, ptr: int) -> bool:
+def calls_free(calls: object, gate: Gate, ptr: int) -> bool:
     return False
 
 
-def calls_memset(calls: None, has_memset: bool, gate: Gate, ptr: int, value: int, nbytes: int, stream: object) -> bool:
+def calls_memset(
+    calls: object, has_memset: bool, gate: Gate, ptr: int, value: int, nbytes: int, stream: object
+) -> bool:
     return False

@@ -6,13 +6,16 @@ releases), arena blocks and [`Arena`][metrale_core.Arena] objects, host buffers,
 sweep. What it hands out it records in `Holdings`. Red zones are the zone guard's, asked for by the
 allocator; freed zoned blocks wait in its `Quarantine`. Its parts:
 
+- `DeviceLane` (``lane.py``, compiled as ``_lane``): the hot path, ``GpuBackend.alloc`` and ``free`` and every
+  allocation of device, managed and arena memory, and the commit rule (the backend is open now, or nothing of the
+  allocation remains), judged there in one place;
 - `RawMemory` (``rawmem.py``): the driver's allocations with reclaim-and-retry (the quarantine drained, the pools
   trimmed, the ``on_out_of_memory`` callbacks) and the out-of-memory report;
-- `PoolFront` (``pools.py``): the memory pools, from ``create_pool`` to ``MemoryPool.close``.
+- `PoolFront` (``pools.py``, compiled as ``_pools``): the memory pools, from ``create_pool`` to
+  ``MemoryPool.close``.
 
-Nothing it makes outlives ``close()``: an allocation finishes by committing its record under
-the context's lock, and one that finds the backend closed by then (a callback closed it, or
-another thread's ``close()`` waited for it) releases its memory and raises
+Nothing it makes outlives ``close()``: an allocation that finds the backend closed at its commit (a callback closed
+it, or another thread's ``close()`` waited for it) releases its memory and raises
 [`BackendClosedError`][metrale_core.BackendClosedError] instead.
 """
 
@@ -28,20 +31,19 @@ from .._device.args import invalid_argument, positive_size
 from .._device.buffer import DeviceBuffer
 from .._device.capture import forbid_during_capture
 from .._device.context import DeviceContext
-from .._device.guarded import raise_raw
 from .._device.handles import HostBuffer
 from .._device.stats import StatsCounter
 from .._errors import InvalidBufferError, MetraleError, OutOfMemoryError
-from .._redzones.layout import Layout, Zone
+from .._redzones.layout import Zone
 from .._twins import pick
-from .._types import WORD_LIMIT, AllocKind, AllocRecord, format_bytes
+from .._types import AllocKind, AllocRecord, format_bytes
 from .arena import Arena, ArenaZones
 from .holdings import Holdings
-from .lane import LaneParts, ZonedParts
-from .pools import PoolFront, fits
+from .lane import DeviceLane
+from .pools import PoolFront
 from .quarantine import Quarantine
 from .rawmem import RawMemory
-from .records import describe_sites, largest_sites, next_index
+from .records import describe_sites, largest_sites
 from .sites import call_site_at, call_site_for
 
 if TYPE_CHECKING:
@@ -55,10 +57,6 @@ _log = logging.getLogger("metrale")
 #: How many of the records sweeps took an allocator keeps for `GpuBackend.ledger_report` (the newest).
 SWEPT_KEPT: Final = 10_000
 
-#: Whether this module runs as Python (``dev.py accelerate`` compiles it): then ``alloc``'s own frame is
-#: metrale's, and the call site's walk starts past it.
-_OWN_FRAME: Final = 1 if __file__.endswith(".py") else 0
-
 
 class Allocator:
     """Memory of one backend: allocation, release, arenas, host buffers, sweep; its raw memory and its pools."""
@@ -68,23 +66,23 @@ class Allocator:
         "_call_site",
         "_guard",
         "_holdings",
-        "_make",
         "_quarantine",
         "_raw",
         "_releases",
         "_stats",
-        "_trace_idx",
-        "_zeroes",
         "_zoned",
         "ctx",
+        "lane",
         "pools",
         "raw",
         "swept",
     )
 
     def __init__(
-        self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter, guard: ZoneGuard, monitor: MemoryMonitor
+        self, ctx: DeviceContext, holdings: Holdings, stats: StatsCounter, guard: ZoneGuard, monitor: MemoryMonitor,
+        *, caller_frames: int = 0,
     ) -> None:
+        """``caller_frames``: the frames the facade's ``GpuBackend.alloc`` has above its lane (`DeviceLane`)."""
         self.ctx = ctx
         self._raw = ctx.raw
         self._holdings = holdings
@@ -98,13 +96,8 @@ class Allocator:
         self.swept: collections.deque[AllocRecord] = collections.deque(maxlen=SWEPT_KEPT)
         #: Whether device allocations may get red zones at all (the setting is fixed for the backend's life).
         self._zoned = guard.zones.size > 0
-        self._trace_idx = ctx.settings.redzone_trace_idx  # (fixed too)
-        #: Whether a recycled block is zeroed before a new allocation takes it (fresh memory reads as zeros).
-        self._zeroes = bool(ctx.raw.fresh_memory_reads_zeros())
         #: The Arena class this backend runs: the compiled twin where built and ``pure`` is off (chosen once).
         self._arena_class = pick("arena", Arena, ctx.settings.pure)
-        #: How it builds a handle: ``DeviceBuffer._make``, or its compiled twin (chosen once, as the arena's class).
-        self._make = pick("handle", DeviceBuffer._make, ctx.settings.pure)
         #: How it finds an allocation's call site: ``ledger.call_site``, or its compiled twin.
         self._call_site = call_site_for(ctx.settings.pure)
         #: Raw memory: the driver's allocations with reclaim-and-retry, and the out-of-memory report.
@@ -116,16 +109,11 @@ class Allocator:
         )
         self.raw.add_trimmer(self.pools.trim_for_memory)
         self._quarantine.give_pieces_to(self.pools.piece_judged)
-
-    def lane_parts(self) -> LaneParts:
-        """What the backend's lane (``GpuBackend.alloc`` and ``free``) uses of this allocator's parts."""
-        guard = self._guard
-        zoning = ZonedParts(
-            guard, guard.zones, self._quarantine, self._holdings.raw_base, guard.fill_stream, self._zeroes
-        ) if self._zoned else None
-        holdings = self._holdings
-        return LaneParts(self.ctx, holdings.ledger, self._stats, self._releases, self._trace_idx, zoning,
-                         pool_of=holdings.pool_of)
+        #: The hot path: ``GpuBackend.alloc`` and ``free``, and every allocation of device, managed and arena memory
+        #: (compiled where built and ``pure`` is off).
+        self.lane = pick("lane", DeviceLane, ctx.settings.pure)(
+            ctx, holdings, stats, guard, self._quarantine, self.raw, self.pools, self.free_host, caller_frames
+        )
 
     def _released(self, buf: DeviceBuffer) -> None:
         for observer in self._releases.active:
@@ -134,51 +122,10 @@ class Allocator:
     # -- allocation ---------------------------------------------------------------------------
 
     def alloc(self, nbytes: object, kind: AllocKind, what: str, site: str | None = None) -> DeviceBuffer:
-        """Device memory of ``kind``; on the ledger unless it is arena memory. ``site``: the caller's own choice
-        (`site_at`), else the first frame outside metrale and ``site_skip``."""
-        forbid_during_capture(what)
-        # the size rule (positive_size) with its common case written out: a hot path
-        n = nbytes if type(nbytes) is int and 0 < nbytes < WORD_LIMIT else positive_size(nbytes, what)
-        ctx = self.ctx
-        index = next_index()
-        if site is None:
-            site = self._call_site(ctx.internal, _OWN_FRAME)
-        layout = self._guard.layout(n, index) if kind == "device" and self._zoned else None
-        if layout is None:
-            try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors
-                raw_ptr = ctx.plugin.alloc(n, kind)
-            except OutOfMemoryError as exc:
-                raw_ptr = self.retry_alloc(n, kind, what, exc)
-            except Exception as exc:
-                raise_raw(ctx, ctx.name, "alloc", exc)
-            buf = self._make(raw_ptr, n, kind, index, site, ctx.ref)
-        else:
-            raw_ptr, recycled = self._zoned_alloc(layout, n, what)
-            buf = self._make(raw_ptr + layout.lead, n, kind, index, site, ctx.ref)
-            try:
-                self._guard.guard(buf, layout, zero=recycled and self._zeroes)
-            except MetraleError:
-                self.release_quietly(raw_ptr, kind)
-                raise
-        holdings = self._holdings
-        with ctx.lock:  # the commit: the backend is open now, or nothing of this allocation remains
-            committed = not ctx.closed
-            if committed:
-                if layout is not None:
-                    holdings.raw_base[index] = raw_ptr
-                if kind == "arena":
-                    holdings.arena_blocks[index] = buf
-                else:
-                    holdings.ledger.add(buf)
-                self._stats.allocated(kind, n)
-        if not committed:
-            if layout is not None:
-                self._guard.forget(index)
-            self.release_quietly(raw_ptr, kind)
-            raise ctx.closed_error()
-        if self._trace_idx == index:
-            self.trace(index, what, n, site)
-        return buf
+        """Device memory of ``kind``, inside the caller's gate (the lane's `allocate`): on the ledger unless it is
+        arena memory. ``site``: the caller's own choice (`site_at`), else the first frame outside metrale and
+        ``site_skip``."""
+        return self.lane.allocate(nbytes, kind, what, site)
 
     def _arena_site_at(self, stacklevel: object) -> str:
         return self.site_at(stacklevel, "Arena.alloc")
@@ -188,35 +135,6 @@ class Allocator:
         if isinstance(stacklevel, bool) or not isinstance(stacklevel, int) or stacklevel < 1:
             raise invalid_argument(what, "a stacklevel of at least 1 (an int)", stacklevel)
         return call_site_at(self.ctx.internal, min(stacklevel, sys.maxsize))
-
-    def zoned_raw(self, raw_bytes: int, n: int) -> int:
-        """The raw memory of a zoned device allocation of ``n`` bytes that no kept block serves (the lane's)."""
-        return self.raw.alloc(raw_bytes, n, "device", "alloc")
-
-    def retry_alloc(self, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError) -> int:
-        """The raw allocation of ``n`` bytes whose first try (the caller's) ran out of memory: reclaim-and-retry."""
-        return self.raw.alloc(n, n, kind, what, failed)
-
-    def release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
-        """Give back the raw memory of an allocation that cannot be committed."""
-        self.raw.release_quietly(raw_ptr, kind)
-
-    def trace(self, index: int, what: str, n: int, site: str) -> None:
-        """``redzone_trace_idx`` names allocation ``index``: log its whole stack."""
-        self.raw.trace(index, what, n, site)
-
-    def piece_taken(self, buf: DeviceBuffer, record: DeviceBuffer, stream: object) -> None:
-        """A pool piece's record is off the ledger (an equal handle freed it): back to its pool."""
-        self.pools.piece_taken(buf, record, None)
-
-    def _zoned_alloc(self, layout: Layout, n: int, what: str) -> tuple[int, bool]:
-        """The raw memory of a zoned device allocation, and whether it is recycled: a checked block kept
-        for reuse, or a new one from the driver (``False``)."""
-        fits(layout.raw_bytes, n, what)
-        reused = self._quarantine.reuse(layout)
-        if reused is not None:
-            return reused, True
-        return self.raw.alloc(layout.raw_bytes, n, "device", what), False
 
     def alloc_host(self, nbytes: object) -> HostBuffer:
         """Pinned host memory, in a table of its own (not on the ledger)."""
@@ -238,61 +156,6 @@ class Allocator:
         raise self.ctx.closed_error()
 
     # -- release --------------------------------------------------------------------------------
-
-    def free(self, buf: object) -> None:
-        """Free a ``DeviceBuffer`` on the ledger (record off first, then the memory), or a ``HostBuffer``."""
-        forbid_during_capture("free")
-        if type(buf) is not DeviceBuffer or buf.kind != "device":  # (the common case skips these checks)
-            if isinstance(buf, HostBuffer):
-                self.free_host(buf, "free")
-                return
-            if not isinstance(buf, DeviceBuffer):
-                raise InvalidBufferError(f"free: expected a DeviceBuffer or HostBuffer, got {buf!r}")
-            if buf.kind == "arena":
-                with self._holdings.lock:
-                    block = buf.index in self._holdings.arena_blocks
-                if block:
-                    raise InvalidBufferError(
-                        f"free: allocation #{buf.index} is an arena block of alloc_arena(); release it with "
-                        f"free_arena()"
-                    )
-                raise InvalidBufferError(
-                    f"free: allocation #{buf.index} is arena memory: a piece of an Arena is released with the "
-                    f"Arena's reset() or close(), all pieces at once, and an Arena made by create_arena() with "
-                    f"its close(); free() never takes arena memory"
-                )
-            if buf.kind == "pool":
-                self.pools.free_piece(None, buf, None, "free")
-                return
-            if buf.kind == "external":
-                raise InvalidBufferError(
-                    f"free: allocation #{buf.index} is another library's memory (from wrap()); metrale never "
-                    f"frees it: let go of it with unwrap(), then free it where it came from"
-                )
-        ctx, holdings = self.ctx, self._holdings
-        record = None if buf._owner is not ctx.ref else holdings.ledger.take(buf.index, buf.ptr, buf.nbytes)
-        if record is None:
-            raise InvalidBufferError(
-                f"free: allocation #{buf.index} ({buf.nbytes} bytes at {buf.ptr:#x}, from "
-                f"{buf.site}) is not on this backend's ledger: already freed, swept, or not "
-                f"from this backend. Free each buffer once"
-            )
-        if record.kind == "pool":  # an equal handle of a pool's piece: the piece goes back to its pool
-            self.piece_taken(buf, record, None)
-            return
-        self._stats.released(record.kind, record.nbytes)  # off the ledger: off the stats, whatever the release says
-        for observer in self._releases.active:  # (_released, written out: a hot path)
-            observer(buf)
-        kind: AllocKind = "managed" if record.kind == "managed" else "device"
-        if buf.index in holdings.raw_base:  # zoned (a racing free of the same buffer found no record above)
-            with holdings.lock:
-                raw_ptr = holdings.raw_base.pop(buf.index)
-            self._quarantine.free(buf, raw_ptr, kind)
-            return
-        try:  # the raw call straight to the plugin, with the guarded layer's rule for its errors
-            ctx.plugin.free(buf.ptr, kind)
-        except Exception as exc:
-            raise_raw(ctx, ctx.name, "free", exc)
 
     def free_host(self, hb: HostBuffer, what: str) -> None:
         """Release a pinned host buffer of this backend (by identity: the driver hands addresses out again)."""

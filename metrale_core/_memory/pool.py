@@ -18,15 +18,13 @@ docs/building.md).
 - Reuse is stream-ordered, as in PyTorch's caching allocator: a piece freed on a stream is cached for that
   stream and taken again only by an allocation on it (the stream runs the earlier work first). A piece also used
   on another stream (`record_stream`, torch's ``Tensor.record_stream``) is cached for no stream at its free: it is
-  taken again only after the pool's next wait for the device. Once the
-  device went idle (the pool waits for it before it gives memory back), every piece cached before that wait
-  serves any stream: each cached piece carries the pool's epoch at its free, and a wait counts only for the
-  pieces cached before it began (`mark`).
+  taken again only after the pool's next wait for the device. Once the device went idle (the pool waits for it
+  before it gives memory back), every piece cached before that wait serves any stream: each cached piece carries
+  the pool's epoch at its free, and a wait counts only for the pieces cached before it began (`mark`).
 - Every call that takes its lock passes the backend's gate first (`stats` too), so a finalizer that a collection
   runs under the lock defers its free (`Gate.defer`) instead of waiting for the lock.
-- The public class is the pure one (an ABC); the compiled class registers itself with it, so
-  ``isinstance(x, metrale_core.MemoryPool)`` holds for both builds. `PoolStats` lives in ``poolstats.py`` (one
-  class for both builds).
+- The public class is the pure one (an ABC) the compiled class registers with: ``isinstance`` holds for both
+  builds. `PoolStats` lives in ``poolstats.py`` (one class for both builds).
 """
 
 from __future__ import annotations
@@ -108,8 +106,7 @@ class Segment:
         self.out = 0  # pieces carved from it and out now
 
 
-#: A piece taken: its address and its segment (``None``: the pool closed while it grew, and the caller gives back
-#: the new segment at that address).
+#: A piece taken: its address and its segment (``None``: the pool closed as it grew; the caller gives that back).
 Taken = tuple[int, "Segment | None"]
 
 
@@ -341,8 +338,7 @@ class MemoryPool:
 
     def strand_swept(self) -> None:
         """From now on a piece a sweep takes off the ledger stays out of the cache until the pool closes: its owner
-        (a framework, which frees by address) may still use it, and a free of that address must never give back
-        a piece handed out again since. The allocator doors ask for it."""
+        (a framework, which frees by address) may still use it (the allocator doors ask for it)."""
         acquire_lock(self._lock)
         self._strand = True
         release_lock(self._lock)

@@ -11,12 +11,10 @@ level: the gate, the ledger, the stats, the handle and the pool through their C-
 - The commit of a piece: the ledger's (`Ledger.commit`: the backend is open now, or nothing of it remains, judged
   under the ledger's lock), then the pool's hand-out (`MemoryPool.handed_out`: the pool is open, and the record
   still on the ledger, judged under the pool's lock). Neither takes the context's lock.
-- Its trimmer (`trim_for_memory`) is raw memory's (`rawmem.RawMemory.add_trimmer`), so an allocation that runs out
-  of memory waits for the device and gives back what the pools cache before the ``on_out_of_memory`` callbacks
-  are asked.
-- A zoned piece's free goes through the allocator's quarantine, and back to its pool once its zones were judged
-  (`piece_judged`); a sweep gives each swept piece back to its pool (`piece_swept`), or strands it
-  (`MemoryPool.strand_swept`).
+- Its trimmer (`trim_for_memory`) is raw memory's (`rawmem.RawMemory.add_trimmer`): out of memory, the pools give
+  back what they cache (after a wait for the device) before the ``on_out_of_memory`` callbacks are asked.
+- A zoned piece's free goes through the allocator's quarantine, and back to its pool once judged (`piece_judged`);
+  a sweep gives each swept piece back to its pool (`piece_swept`), or strands it (`MemoryPool.strand_swept`).
 """
 
 from __future__ import annotations
@@ -67,7 +65,7 @@ if TYPE_CHECKING:  # (as modules where _pools.pxd cimports the class)
     from .._device.handles import Stream
     from .._redzones.guard import ZoneGuard
 
-__all__ = ["PoolFront", "StreamResolver", "fits"]
+__all__ = ["PoolFront", "StreamResolver", "too_big"]
 
 _log = logging.getLogger("metrale")
 
@@ -78,13 +76,12 @@ def _no_streams(stream: Stream | None, what: str) -> Stream:  # pragma: no cover
     raise AssertionError(f"{what}: no pool was created")
 
 
-def fits(raw_bytes: int, n: int, what: str) -> None:
-    """Refuse a zoned allocation of ``n`` bytes whose raw size, zones included, does not fit 64 bits."""
-    if raw_bytes >= WORD_LIMIT:
-        raise InvalidArgumentError(
-            f"{what}: {n} bytes and their red zones ({raw_bytes} bytes in all) do not fit 64 bits "
-            f"(CUDA's size_t): ask for less"
-        )
+def too_big(raw_bytes: int, n: int, what: str) -> InvalidArgumentError:
+    """The error of a zoned allocation of ``n`` bytes whose raw size, zones included, does not fit 64 bits."""
+    return InvalidArgumentError(
+        f"{what}: {n} bytes and their red zones ({raw_bytes} bytes in all) do not fit 64 bits (CUDA's size_t): ask "
+        f"for less"
+    )
 
 
 def _foreign_handle(foreign: object, what: str) -> int:
@@ -197,7 +194,8 @@ class PoolFront:
             zoned = False
             size = size_class(n)
         else:
-            fits(layout.raw_bytes, n, what)
+            if layout.raw_bytes >= WORD_LIMIT:
+                raise too_big(layout.raw_bytes, n, what)
             zoned = True
             size = size_class(layout.raw_bytes)
         ptr, segment = pool.take(size, target, zoned, n, what)
