@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from ._memory.arena import Arena
     from ._memory.ledger import LedgerProbe
     from ._memory.meminfo import effective_free_bytes
-    from ._memory.pool import MemoryPool, PoolStats
+    from ._memory.pool import MemoryPool
+    from ._memory.poolstats import PoolStats
     from ._memory.pressure import OomWatchdog
     from ._memory.records import LedgerEvent
     from ._memory.snapshot import MemorySnapshot, load_snapshot
@@ -198,7 +199,8 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "_memory.arena": ("Arena",),
     "_memory.ledger": ("LedgerProbe",),
     "_memory.meminfo": ("effective_free_bytes",),
-    "_memory.pool": ("MemoryPool", "PoolStats"),
+    "_memory.pool": ("MemoryPool",),
+    "_memory.poolstats": ("PoolStats",),
     "_memory.pressure": ("OomWatchdog",),
     "_memory.records": ("LedgerEvent",),
     "_memory.snapshot": ("MemorySnapshot", "load_snapshot"),

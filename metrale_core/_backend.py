@@ -36,7 +36,6 @@ from ._memory.allocator import Allocator
 from ._memory.arena import Arena
 from ._memory.exports import ExportTable
 from ._memory.holdings import Holdings
-from ._memory.lane import DeviceLane
 from ._memory.ledger import LedgerProbe
 from ._memory.monitor import MemoryMonitor
 from ._memory.pool import MemoryPool
@@ -85,10 +84,8 @@ class GpuBackend:
         self._streams = StreamFront(ctx, self._holdings, self._stats, functools.partial(ZoneGuard, ctx, self._stats))
         self._guard = self._streams.guard
         self._monitor = MemoryMonitor(ctx, self._holdings, self._stats)
-        self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor)
-        self._lane = pick("lane", DeviceLane, settings.pure)(
-            self._memory, self._memory.lane_parts()._replace(caller_frames=_OWN_FRAME)
-        )
+        self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor, caller_frames=_OWN_FRAME)
+        self._lane = self._memory.lane
         self._stream_lane = pick("stream_lane", StreamLane, settings.pure)(self._streams, self._holdings.ledger)
         self._exports = ExportTable(ctx, self._holdings, self._guard)
         self._kernels = KernelFront(ctx, self._holdings, self._streams)
@@ -206,7 +203,7 @@ class GpuBackend:
         """A caching [`MemoryPool`][metrale_core.MemoryPool]: device memory carved from segments and cached after
         free, each piece a ledger record of its own (kind ``"pool"``); a device-wide
         [`synchronize`][metrale_core.GpuBackend.synchronize] leaves at most ``release_threshold`` bytes cached."""
-        return self._memory.create_pool(release_threshold, self._streams.resolve)
+        return self._memory.pools.create(release_threshold, self._streams.resolve)
 
     @gated
     def create_arena(self, capacity: int) -> Arena:
@@ -217,7 +214,7 @@ class GpuBackend:
     def on_out_of_memory(self, callback: Callable[[int], object]) -> None:
         """When an allocation runs out of memory, call ``callback(nbytes)``. A true result (it freed
         memory) earns the allocation another try, at most ``oom_retries`` times."""
-        self._memory.on_out_of_memory(callback)
+        self._memory.raw.on_out_of_memory(callback)
 
     @gated_read
     def live_alloc_len(self) -> int:
@@ -324,9 +321,9 @@ class GpuBackend:
     def synchronize(self) -> None:
         """Wait for all work of this backend; then each memory pool keeps at most its ``release_threshold`` bytes
         cached."""
-        marks = self._memory.mark_pools()
+        marks = self._memory.pools.mark()
         self._streams.synchronize()
-        self._memory.synchronized(marks)
+        self._memory.pools.synchronized(marks)
 
     @gated
     def begin_capture(self, stream: Stream | None = None) -> None:

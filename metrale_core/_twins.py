@@ -36,7 +36,7 @@ TWINS: Final = {
     "handle": ("metrale_core._device._handle", "make"),  # DeviceBuffer._make's; other twins cimport make_buffer
     "arena": ("metrale_core._memory._arena", "Arena"),
     "pool": ("metrale_core._memory._pool", "MemoryPool"),
-    "pool_lane": ("metrale_core._memory._lane", "PoolLane"),
+    "pool_front": ("metrale_core._memory._pools", "PoolFront"),
     "zones": ("metrale_core._redzones._layout", "RedZones"),
     "quarantine": ("metrale_core._memory._quarantine", "Quarantine"),
     "site": ("metrale_core._memory._sites", "call_site"),

@@ -1,6 +1,6 @@
 # lane.py compiled as ``_lane``: the launch lane's fields as C types, the gate passed at C level (``_gate.pxd``), the
 # arguments packed at C level (``_pack.pxd``), a stream's fields read in place (``_streams/_fields.pxd``), and the
-# plugin's C ``launch`` (``_device/_door.pxd``) called by `call_launch`, which lane.py names only where it is
+# plugin's C ``launch`` (``_device/_calls.pxd``) called by `call_launch`, which lane.py names only where it is
 # compiled.
 
 cimport cython

@@ -4,7 +4,9 @@
 - `records`: what records are made of and where they come from: the creation indexes, origins, `LedgerEvent`;
 - `sites`: the call site of an allocation, the first frame outside metrale (one source, compiled as ``_sites``);
 - `ledger`: every live allocation with its call site (one source, compiled as ``_ledger``);
-- `pool`: `MemoryPool`, device memory carved from segments and cached after free, each piece on the ledger;
+- `poolstats`: `PoolStats`, what a pool reports (one class for both builds);
+- `pool`: `MemoryPool`, device memory carved from segments and cached after free; it grows itself on a miss
+  through the callable it is given (one source, compiled as ``_pool``);
 - `arena`: the bump sub-allocator over one ``alloc_arena`` block;
 - `watch`: who watches a release: the allocator's release observers that have something to watch now;
 - `pressure`: the OOM watchdog and the memory summary table;
@@ -13,10 +15,13 @@
 - `monitor`: free memory, stats, watchdogs and snapshots, as a backend answers them;
 - `exports`: memory handed to other libraries, and theirs taken in;
 - `quarantine`: freed zoned blocks, checked, reused and released; the allocator owns it;
-- `lane`: ``GpuBackend.alloc`` and ``free``, the hot path of device memory, through the gate;
-- `_pool`, `_arena`, `_quarantine`, `_lane`: the compiled twins of `pool`, `arena`, `quarantine` and
-  `lane`, each a floor above what it repeats;
-- `allocator`: alloc and free of every kind, reclaim-and-retry, arenas, the sweep.
+- `_arena`, `_quarantine`: the compiled twins of `arena` and `quarantine`, each a floor above what it repeats;
+- `rawmem`: raw memory with reclaim-and-retry and the out-of-memory report; pools register their trimmers;
+- `_hot`: the hot paths' calls into the other parts by name, as Python (``_hot.pxd``'s C doors where compiled);
+- `pools`: the pool front, the ledger's side of each pool's pieces (one source, compiled as ``_pools``);
+- `lane`: ``GpuBackend.alloc`` and ``free``, every allocation of device, managed and arena memory and the commit
+  rule, through the gate (one source, compiled as ``_lane``);
+- `allocator`: device, managed, host and arena memory and the sweep, over raw memory, the pool front and the lane.
 
 Each module imports only those listed before it (the layer test's floors); the allocator is on top.
 """

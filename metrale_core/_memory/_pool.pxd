@@ -1,14 +1,15 @@
-# The compiled pool's C-level door, for the compiled pool lane: `take_c`, `handed_out_c` and `give_c` are `take`,
-# `handed_out` and `give` without a Python call. `_closed` is read by the lane as the pure class's ``closed``.
+# pool.py compiled as ``_pool``: the pool's fields as C types under the C lock of ``_lock.pxd``, and the methods the
+# compiled pool front (``pools.py`` compiled as ``_pools``) calls at C level
+# (``from metrale_core._memory._pool cimport MemoryPool, Segment``): `take`, `handed_out`, `give`, `give_untaken`.
 
 cimport cython
 
-from metrale_core._device._lock cimport lock_t
+from metrale_core._device._lock cimport acquire_lock, lock_t, new_lock, release_lock
 from metrale_core._memory._ledger cimport Ledger
 
 
 @cython.final
-cdef class _Segment:
+cdef class Segment:
     cdef public object ptr
     cdef public long long nbytes
     cdef public long long used
@@ -19,6 +20,7 @@ cdef class _Segment:
 cdef class MemoryPool:
     cdef lock_t _lock
     cdef object _front
+    cdef object _grow
     cdef bint _closed
     cdef dict _segments
     cdef list _small
@@ -35,9 +37,17 @@ cdef class MemoryPool:
     cdef bint _strand
     cdef object __weakref__
 
-    cdef object take_c(self, long long size, object stream, bint zoned)
-    cdef tuple _carve(self, _Segment segment, long long size)
-    cdef int handed_out_c(self, object index, object ptr, long long size, _Segment segment, object stream,
-                          bint zoned, Ledger ledger, object buf) except -1
-    cdef int give_c(self, object index, object stream) except -1
-    cdef void _cache(self, object ptr, long long size, _Segment segment, object stream, bint zoned) except *
+    cpdef tuple take(self, object size, object stream, bint zoned, object n, str what)
+    @cython.locals(cached=list, segment=Segment, keys=tuple)
+    cdef tuple _find(self, long long size, object stream, bint zoned)
+    cdef tuple _carve(self, Segment segment, long long size)
+    cpdef int handed_out(self, object index, object ptr, object size, Segment segment, object stream, bint zoned,
+                         Ledger ledger, object buf) except -1
+    @cython.locals(held=tuple)
+    cpdef give(self, object index, object stream)
+    cpdef give_untaken(self, object ptr, object size, Segment segment)
+    @cython.locals(cached=list)
+    cdef int _cache(self, object ptr, long long size, Segment segment, object stream, bint zoned) except -1
+
+
+cpdef object size_class(object nbytes)

@@ -1,167 +1,333 @@
-"""The lane: ``GpuBackend.alloc`` and ``GpuBackend.free``, the hot path of device memory, through the gate.
+"""The lane: the allocator's hot path, device, managed and arena memory from the raw call to the ledger and back.
 
-- `DeviceLane.alloc` and `DeviceLane.free` count the call in and out of the gate and hand it to the
-  allocator, which does the work (the ledger, red zones, reclaim-and-retry, the errors).
-- ``_lane.pyx`` is its compiled twin: it does the common case itself at C level (a device allocation or free,
-  red zones or none, no capture in progress), through the same parts the allocator hands both (`LaneParts`,
-  `ZonedParts`), and hands everything else to the allocator, as this class does with every call.
-- `PoolLane` is the front of the backend's memory pools (`pool.PoolFront`): each call to the allocator. Its
-  compiled twin (in ``_lane.pyx`` too) does an allocator door's common case at C level (a piece of a compiled pool
-  for another library's stream, and its free, red zones off, no capture in progress) and hands everything else to
-  the allocator.
+Written once, here, and compiled as well as run as Python (``_lane``, with ``_lane.pxd`` beside it:
+docs/building.md); compiled, ``GpuBackend.alloc`` and ``free`` run at C level, red zones included: the gate, the
+capture rule, the handle, the ledger, the stats, the zone table and the quarantine through their C-level doors
+(``_hot.pxd``), the plugin through its C device calls where it offers them (``RawDevice.device_calls``), else
+through its methods. A C call that declined is made through the method, which does it or raises.
+
+- `DeviceLane.alloc` and `DeviceLane.free` are ``GpuBackend.alloc`` and ``GpuBackend.free``: they pass the gate.
+  `DeviceLane.allocate` is every other allocation of the allocator (managed memory, arena blocks, a
+  ``stacklevel``'s site), inside its caller's gate.
+- The commit (`DeviceLane._commit`), judged in this one place: the backend is open now, or nothing of the
+  allocation remains. A record on the ledger is committed by the ledger under its lock (`Ledger.commit`), which
+  the sweep's drain takes too: it is drained at close, or never added. An arena block, which is on no ledger,
+  is committed under the holdings' lock, which the close's release of the blocks takes. A zoned allocation's raw
+  base goes first, so a sweep that drains its record finds it.
+- Raw memory's reclaim-and-retry (``rawmem.py``) serves what the driver refuses; a pool's piece freed with
+  ``GpuBackend.free`` goes to the pool front (``pools.py``); a host buffer to the allocator's ``free_host``.
+- Red zones: a zoned allocation takes a block kept for reuse from the quarantine or raw memory from the driver,
+  fills its zones on the default stream (lead, trail, then a recycled block's bytes, as the zone guard fills),
+  and puts them in the zone table before its commit; its free hands it to the quarantine.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Protocol, final
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
+from .._device.args import positive_size
 from .._device.buffer import DeviceBuffer
+from .._device.capture import forbid_during_capture
 from .._device.context import DeviceContext
-from .._device.stats import StatsCounter
-from .._errors import OutOfMemoryError
-from .._types import AllocKind
-from .ledger import Ledger
-from .watch import ReleaseWatch
+from .._device.guarded import raise_raw
+from .._device.handles import HostBuffer
+from .._device.raw import DEVICE_CALLS
+from .._errors import InvalidBufferError, MetraleError, OutOfMemoryError
+from .._types import WORD_LIMIT, AllocKind
+from .holdings import Holdings
+from .pools import too_big
+from .rawmem import RawMemory
+from .records import INDEXES, INDEXES_LOCK_FREE, next_index
 
-if TYPE_CHECKING:
-    from .._device.handles import Stream
+try:
+    import cython
+except ImportError:  # (no Cython here: this module runs as Python)
+    from .. import _nocython as cython
+
+if not cython.compiled:  # (compiled: the C-level doors that _lane.pxd cimports)
+    from ._hot import (
+        add_zones,
+        ask_device_calls,
+        buf_index,
+        buf_kind,
+        buf_nbytes,
+        buf_owner,
+        buf_ptr,
+        calls_alloc,
+        calls_free,
+        calls_have_memset,
+        calls_memset,
+        check_parts,
+        device_calls_of,
+        device_in,
+        device_out,
+        forbid,
+        gate_closed,
+        gate_in,
+        gate_out,
+        interrupted,
+        make_buffer,
+        quarantine_free,
+        reuse,
+        zone_lead,
+    )
+    from .sites import call_site
+
+if TYPE_CHECKING:  # (as modules where _lane.pxd cimports the class)
+    from .._device import stats as counters
     from .._redzones.guard import ZoneGuard
-    from .._redzones.layout import RedZones
-    from .pool import MemoryPool, PoolFront, PoolStats
-    from .quarantine import Quarantine
+    from . import pools as fronts
+    from . import quarantine as quarantines
 
-__all__ = ["DeviceLane", "LaneParts", "LaneWork", "PoolLane", "ZonedParts"]
+__all__ = ["DeviceLane"]
 
+_log = logging.getLogger("metrale")
 
-class LaneWork(Protocol):
-    """What a lane asks of the allocator it fronts (``allocator.Allocator``)."""
+#: The capsule name of the plugin's device calls.
+_CAPSULE_NAME: Final = DEVICE_CALLS.encode()
 
-    def alloc(self, nbytes: object, kind: AllocKind, what: str) -> DeviceBuffer:
-        """Every allocation: the whole work, the errors included."""
-
-    def free(self, buf: object) -> None:
-        """Every free: the whole work, the errors included."""
-
-    def piece_taken(self, buf: DeviceBuffer, record: DeviceBuffer, stream: Stream | None) -> None:
-        """A pool piece's record is off the ledger (an equal handle freed it): back to its pool."""
-
-    def retry_alloc(self, n: int, kind: AllocKind, what: str, failed: OutOfMemoryError) -> int:
-        """A raw allocation whose first try ran out of memory: reclaim-and-retry."""
-
-    def zoned_raw(self, raw_bytes: int, n: int) -> int:
-        """The raw memory of a zoned allocation of ``n`` bytes that no kept block serves: ``raw_bytes`` from the
-        driver, with reclaim-and-retry."""
-
-    def release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
-        """Give back the raw memory of an allocation that cannot be committed."""
-
-    def trace(self, index: int, what: str, n: int, site: str) -> None:
-        """Log the stack of the allocation ``redzone_trace_idx`` names."""
+#: The frames of this module's own on a call site's walk: as Python, the method that asks (compiled: none).
+_OWN: Final = 0 if cython.compiled else 1
 
 
-class ZonedParts(NamedTuple):
-    """What a zoned allocation and its free touch besides the ledger, each part still its owner's.
-
-    - ``guard``: the zone guard (`ZoneGuard.forget` where a commit finds the backend closed).
-    - ``zones``: its zone table, which counts the fills issued.
-    - ``quarantine``: the allocator's quarantine: a kept block for an allocation, a freed buffer held.
-    - ``raw_base``: the holdings' raw address of each zoned allocation, by creation index.
-    - ``stream``: the default stream's raw handle, where the zones are filled.
-    - ``zeroes``: whether a kept block is zeroed before a new allocation takes it (fresh memory reads as zeros).
-    """
-
-    guard: ZoneGuard
-    zones: RedZones
-    quarantine: Quarantine
-    raw_base: dict[int, int]
-    stream: object
-    zeroes: bool
-
-
-class LaneParts(NamedTuple):
-    """What the allocator hands its lane: the parts an allocation and a free touch, each still its owner's.
-
-    - ``ctx``: the device context (its gate, its lock, the plugin, the internal packages of call sites).
-    - ``ledger``, ``stats``: the allocator's holdings' ledger and the backend's counters.
-    - ``releases``: the holdings' `ReleaseWatch`, whose ``active`` observers a free calls (read at each free: empty
-      while no graph, export or tensor map lives).
-    - ``zoning``: where device allocations may get red zones, the parts they touch; ``None`` where they may not.
-    - ``trace_idx``: the ``redzone_trace_idx`` setting (its allocation goes to the allocator's log).
-    - ``caller_frames``: frames above the lane that are the backend's own for certain, passed over by the call site's
-      walk without a look (the facade's ``GpuBackend.alloc``, where it runs as Python: it says so; ``0`` else).
-    - ``pool_of``: the holdings' pool of each piece out, by creation index (the pool lane's).
-    """
-
-    ctx: DeviceContext
-    ledger: Ledger
-    stats: StatsCounter
-    releases: ReleaseWatch
-    trace_idx: int | None
-    zoning: ZonedParts | None = None
-    caller_frames: int = 0
-    pool_of: dict[int, MemoryPool] | None = None
-
-
-@final
 class DeviceLane:
-    """``GpuBackend.alloc`` and ``free``: inside the gate, the allocator's work."""
+    """The allocator's hot path: allocations and frees of device, managed and arena memory, committed here."""
 
-    __slots__ = ("_allocator", "_ctx")
+    __slots__ = ("_calls", "_calls_memset", "_capsule", "_ctx", "_fill_stream", "_frames", "_free_host", "_gate",
+                 "_guard", "_holdings", "_indexes", "_internal", "_ledger", "_pools", "_quarantine", "_raw",
+                 "_raw_base", "_rawmem", "_ref", "_releases", "_stats", "_trace_idx", "_zeroes", "_zones")
 
-    def __init__(self, allocator: LaneWork, parts: LaneParts) -> None:
-        self._allocator = allocator
-        self._ctx = parts.ctx
+    def __init__(
+        self, ctx: DeviceContext, holdings: Holdings, stats: counters.StatsCounter, guard: ZoneGuard,
+        quarantine: quarantines.Quarantine, raw: RawMemory, pools: fronts.PoolFront,
+        free_host: Callable[[HostBuffer, str], None], caller_frames: int = 0,
+    ) -> None:
+        """``caller_frames``: frames above `alloc` that are the backend's own for certain, passed over by the call
+        site's walk without a look (the facade's ``GpuBackend.alloc``, where it runs as Python: it says so)."""
+        zones = guard.zones if guard.zones.size > 0 else None
+        check_parts(ctx.gate, holdings.ledger, stats, zones, quarantine)  # (compiled: of the compiled build)
+        self._ctx = ctx
+        self._gate = ctx.gate
+        self._holdings = holdings
+        self._ledger = holdings.ledger
+        self._raw_base = holdings.raw_base
+        self._releases = holdings.releases
+        self._stats = stats
+        self._guard = guard
+        self._quarantine = quarantine
+        self._rawmem = raw
+        self._pools = pools
+        self._free_host = free_host
+        self._raw = ctx.raw
+        self._ref = ctx.ref
+        self._internal = ctx.internal
+        self._indexes = INDEXES if INDEXES_LOCK_FREE else None  # (its next item taken at C level, compiled)
+        self._frames = _OWN + max(0, caller_frames)
+        self._trace_idx = ctx.settings.redzone_trace_idx
+        #: Red zones (``None`` where they are off): the table, the default stream's handle where the zones are
+        #: filled, and whether a recycled block is zeroed first (fresh memory reads as zeros).
+        self._zones = zones
+        self._fill_stream = guard.fill_stream
+        self._zeroes = bool(ctx.raw.fresh_memory_reads_zeros())
+        #: The plugin's C device calls (none as Python): the capsule kept alive as long as the lane calls them.
+        self._capsule = ask_device_calls(ctx.plugin, _log)
+        self._calls = device_calls_of(ctx.plugin, self._capsule, _CAPSULE_NAME, _log)
+        self._calls_memset = calls_have_memset(self._calls)
+
+    # -- allocation ---------------------------------------------------------------------------
 
     def alloc(self, nbytes: object) -> DeviceBuffer:
         """``GpuBackend.alloc``."""
-        ctx = self._ctx
-        ctx.enter()
+        gate = self._gate
+        cell = gate_in(gate)
         try:
-            return self._allocator.alloc(nbytes, "device", "alloc")
+            forbid(cell, "alloc")
+            return self._alloc(nbytes, "device", "alloc", None, self._frames)
         finally:
-            ctx.leave()
+            gate_out(gate, cell)
+
+    def allocate(self, nbytes: object, kind: AllocKind, what: str, site: str | None = None) -> DeviceBuffer:
+        """Device memory of ``kind`` (managed memory, an arena block, a device allocation whose ``stacklevel``
+        named its site), inside the caller's gate: on the ledger unless it is arena memory. ``site``: the caller's
+        own choice (``stacklevel``), else the first frame outside metrale and ``site_skip``."""
+        forbid_during_capture(what)
+        return self._alloc(nbytes, kind, what, site, _OWN)
+
+    def _alloc(self, nbytes: object, kind: AllocKind, what: str, site: str | None, frames: int) -> DeviceBuffer:
+        # the size rule (positive_size) with its common case written out
+        n = nbytes if type(nbytes) is int and 0 < nbytes < WORD_LIMIT else positive_size(nbytes, what)
+        index = next_index() if self._indexes is None else next(self._indexes)
+        if site is None:
+            site = call_site(self._internal, frames)
+        zones = self._zones
+        if zones is not None and kind == "device":
+            lead = zone_lead(zones, n, index)
+            if lead >= 0:
+                return self._zoned(n, index, site, lead, what)
+        ctx = self._ctx
+        try:  # the raw call straight to the plugin (its C call first), with the guarded layer's rule for its errors
+            raw_ptr = calls_alloc(self._calls, self._gate, n) if kind == "device" else None
+            if raw_ptr is None:  # no C call, or it declined
+                raw_ptr = ctx.plugin.alloc(n, kind)
+        except OutOfMemoryError as exc:
+            raw_ptr = self._rawmem.alloc(n, n, kind, what, exc)
+        except Exception as exc:
+            raise_raw(ctx, ctx.name, "alloc", exc)
+        return self._commit(make_buffer(raw_ptr, n, kind, index, site, self._ref), index, n, kind, raw_ptr, False,
+                            site, what)
+
+    def _zoned(self, n: int, index: int, site: str, lead: int, what: str) -> DeviceBuffer:
+        """A device allocation that gets red zones (``lead``: its leading band's bytes, 0 for none): a block kept
+        for reuse or new raw memory, its zones filled and watched, then its commit."""
+        zones = self._zones
+        assert zones is not None
+        raw_bytes = lead + n + zones.size
+        if raw_bytes >= WORD_LIMIT:
+            raise too_big(raw_bytes, n, what)
+        raw_ptr = reuse(self._quarantine, raw_bytes, lead, zones.size)
+        recycled = raw_ptr is not None
+        if raw_ptr is None:
+            raw_ptr = self._rawmem.alloc(raw_bytes, n, "device", what)
+        ptr = raw_ptr + lead
+        buf = make_buffer(ptr, n, "device", index, site, self._ref)
+        try:  # the zone guard's fills, in its order: lead, trail, then the recycled block's bytes
+            if lead:
+                self._memset(raw_ptr, zones.fill, lead)
+            self._memset(ptr + n, zones.fill, zones.size)
+            if recycled and self._zeroes:
+                self._memset(ptr, 0, n)
+        except MetraleError:
+            self._rawmem.release_quietly(raw_ptr, "device")
+            raise
+        add_zones(zones, buf, index, ptr, n, lead)
+        return self._commit(buf, index, n, "device", raw_ptr, True, site, what)
+
+    def _memset(self, ptr: int, value: int, nbytes: int) -> None:
+        """A fill on the default stream: through the plugin's C ``memset`` where it has one and takes it, else
+        through the guarded layer (as the zone guard fills); a typed error either way."""
+        done = False
+        try:
+            done = calls_memset(self._calls, self._calls_memset, self._gate, ptr, value, nbytes, self._fill_stream)
+        except Exception as exc:
+            ctx = self._ctx
+            raise_raw(ctx, ctx.name, "memset", exc)
+        if not done:
+            self._raw.memset(ptr, value, nbytes, self._fill_stream)
+
+    def _commit(
+        self, buf: DeviceBuffer, index: int, n: int, kind: AllocKind, raw_ptr: int, zoned: bool, site: str, what: str
+    ) -> DeviceBuffer:
+        """The commit of ``buf`` (its raw memory at ``raw_ptr``): the backend is open now, or nothing of this
+        allocation remains (the module's docstring says where each kind is judged). The stats count it first, so
+        a sweep's release never comes before."""
+        if zoned:
+            self._raw_base[index] = raw_ptr
+        if kind == "device":
+            device_in(self._stats, n)
+        else:
+            self._stats.allocated(kind, n)
+        if kind == "arena":
+            holdings = self._holdings
+            with holdings.lock:
+                committed = not gate_closed(self._gate)
+                if committed:
+                    holdings.arena_blocks[index] = buf
+        else:
+            committed = self._ledger.commit(index, buf, self._gate)
+        if not committed:
+            self._stats.released(kind, n)
+            if zoned:
+                self._raw_base.pop(index, None)
+                self._guard.forget(index)
+            self._rawmem.release_quietly(raw_ptr, kind)
+            raise self._ctx.closed_error()
+        if self._trace_idx is not None and self._trace_idx == index:
+            self._rawmem.trace(index, what, n, site)
+        return buf
+
+    # -- release --------------------------------------------------------------------------------
 
     def free(self, buf: object) -> None:
-        """``GpuBackend.free``; from a finalizer that a collection runs in a call of this backend, at the thread's
-        next call (`Gate.defer`)."""
-        ctx = self._ctx
-        gate = ctx.gate
-        if gate.interrupted():
+        """``GpuBackend.free``: a ``DeviceBuffer`` on the ledger (its record off first, then the memory), a pool's
+        piece, or a ``HostBuffer``; from a finalizer that a collection runs in a call of this backend, at the
+        thread's next call (`Gate.defer`)."""
+        gate = self._gate
+        if interrupted(gate):
             gate.defer(self.free, buf)
             return
-        ctx.enter()
+        cell = gate_in(gate)
         try:
-            self._allocator.free(buf)
+            forbid(cell, "free")  # first: before anything of ``buf`` is read
+            if type(buf) is DeviceBuffer and buf_kind(buf) == "device":  # (the common case)
+                self._release(buf, buf_ptr(buf), buf_index(buf), buf_nbytes(buf), buf_owner(buf))
+            else:
+                self._free_other(buf)
         finally:
-            ctx.leave()
+            gate_out(gate, cell)
 
+    def _free_other(self, buf: object) -> None:
+        """`free` of anything but a device buffer metrale made: a host buffer, a pool's piece, managed memory, or
+        the typed error of what ``free()`` never takes."""
+        if isinstance(buf, HostBuffer):
+            self._free_host(buf, "free")
+            return
+        if not isinstance(buf, DeviceBuffer):
+            raise InvalidBufferError(f"free: expected a DeviceBuffer or HostBuffer, got {buf!r}")
+        if buf.kind == "arena":
+            with self._holdings.lock:
+                block = buf.index in self._holdings.arena_blocks
+            if block:
+                raise InvalidBufferError(
+                    f"free: allocation #{buf.index} is an arena block of alloc_arena(); release it with free_arena()"
+                )
+            raise InvalidBufferError(
+                f"free: allocation #{buf.index} is arena memory: a piece of an Arena is released with the "
+                f"Arena's reset() or close(), all pieces at once, and an Arena made by create_arena() with "
+                f"its close(); free() never takes arena memory"
+            )
+        if buf.kind == "pool":
+            self._pools.free_piece(None, buf, None, "free")
+            return
+        if buf.kind == "external":
+            raise InvalidBufferError(
+                f"free: allocation #{buf.index} is another library's memory (from wrap()); metrale never "
+                f"frees it: let go of it with unwrap(), then free it where it came from"
+            )
+        self._release(buf, buf.ptr, buf.index, buf.nbytes, buf._owner)
 
-@final
-class PoolLane:
-    """The front of a backend's memory pools (`pool.PoolFront`): each call to the allocator, which passes the gate
-    and does the work."""
-
-    __slots__ = ("_allocator",)
-
-    def __init__(self, allocator: PoolFront, parts: LaneParts) -> None:
-        self._allocator = allocator
-
-    def pool_alloc(
-        self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None, stacklevel: object = 1
-    ) -> DeviceBuffer:
-        return self._allocator.pool_alloc(pool, nbytes, stream, foreign, stacklevel)
-
-    def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None:
-        self._allocator.pool_free(pool, buf, stream, what)
-
-    def pool_record(self, pool: MemoryPool, buf: object, foreign_stream: object) -> None:
-        self._allocator.pool_record(pool, buf, foreign_stream)
-
-    def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int:
-        return self._allocator.pool_trim(pool, keep_bytes)
-
-    def pool_stats(self, pool: MemoryPool) -> PoolStats:
-        return self._allocator.pool_stats(pool)
-
-    def pool_close(self, pool: MemoryPool) -> None:
-        self._allocator.pool_close(pool)
+    def _release(self, buf: DeviceBuffer, ptr: int, index: int, n: int, owner: object) -> None:
+        """The free of device or managed memory: its record off the ledger (refused, changing nothing, where it is
+        not there), the stats, the observers, then its memory (a zoned one's to the quarantine)."""
+        record = self._ledger.take(index, ptr, n) if owner is self._ref else None
+        if record is None:
+            raise InvalidBufferError(
+                f"free: allocation #{index} ({n} bytes at {ptr:#x}, from {buf.site}) is not on this backend's "
+                f"ledger: already freed, swept, or not from this backend. Free each buffer once"
+            )
+        kind = buf_kind(record)  # (the record's: ``buf`` may be an equal handle)
+        if kind == "pool":  # an equal handle of a pool's piece: back to its pool
+            self._pools.piece_taken(buf, record, None)
+            return
+        # off the ledger: off the stats, whatever the release says
+        if kind == "device":
+            device_out(self._stats, n)
+        else:
+            self._stats.released(kind, n)
+        observers = self._releases.active
+        if observers:
+            for observer in observers:
+                observer(buf)
+        memory: AllocKind = "managed" if kind == "managed" else "device"
+        if self._zones is not None:
+            raw_ptr = self._raw_base.pop(index, None)
+            if raw_ptr is not None:  # zoned (a racing free of the same buffer found no record above)
+                quarantine_free(self._quarantine, buf, index, n, raw_ptr, memory)
+                return
+        ctx = self._ctx
+        try:  # the raw call straight to the plugin (its C call first), with the guarded layer's rule for its errors
+            if record is not buf or not calls_free(self._calls, self._gate, ptr):  # not the C call's, or declined
+                ctx.plugin.free(ptr, memory)
+        except Exception as exc:
+            raise_raw(ctx, ctx.name, "free", exc)

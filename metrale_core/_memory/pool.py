@@ -1,9 +1,16 @@
 """Caching pools: device memory carved from segments and cached after free, every piece on the ledger.
 
+Written once, here, and compiled as well as run as Python (``_pool``, with ``_pool.pxd`` beside it:
+docs/building.md).
+
 - `MemoryPool` is the handle [`GpuBackend.create_pool`][metrale_core.GpuBackend.create_pool] returns. Its calls
-  go to the allocator (`PoolFront`), which owns the ledger front (a record per piece, its own creation index and
-  call site, reclaim-and-retry, the sweep); the pool owns its memory: segments, the pieces carved from them and
+  go to the pool front (`PoolCalls`, ``pools.py``), which owns the ledger's side (a record per piece, its own
+  creation index and call site, the sweep); the pool owns its memory: segments, the pieces carved from them and
   out now, the pieces cached.
+- A pool grows itself: where `take` finds no cached piece and no room in a segment, it asks for a new segment
+  through the callable it was given (``grow``: raw memory, reclaim-and-retry), so an allocation calls the pool
+  once to take its piece and once to hand it out (`handed_out`), as CuPy's ``SingleDeviceMemoryPool._malloc``
+  calls ``_try_malloc``.
 - Sizes round up to 512 bytes. A piece of up to 1 MiB is carved from a 2 MiB segment; a larger one is a
   segment of its own. A segment goes back to the driver only when none of its pieces is out: at `trim`, at a
   device-wide ``synchronize()`` beyond ``release_threshold`` cached bytes, when an allocation runs out of
@@ -11,28 +18,40 @@
 - Reuse is stream-ordered, as in PyTorch's caching allocator: a piece freed on a stream is cached for that
   stream and taken again only by an allocation on it (the stream runs the earlier work first). A piece also used
   on another stream (`record_stream`, torch's ``Tensor.record_stream``) is cached for no stream at its free: it is
-  taken again only after the pool's next wait for the device. Once the
-  device went idle (the pool waits for it before it gives memory back), every piece cached before that wait
-  serves any stream: each cached piece carries the pool's epoch at its free, and a wait counts only for the
-  pieces cached before it began (`mark`).
+  taken again only after the pool's next wait for the device. Once the device went idle (the pool waits for it
+  before it gives memory back), every piece cached before that wait serves any stream: each cached piece carries
+  the pool's epoch at its free, and a wait counts only for the pieces cached before it began (`mark`).
 - Every call that takes its lock passes the backend's gate first (`stats` too), so a finalizer that a collection
   runs under the lock defers its free (`Gate.defer`) instead of waiting for the lock.
-- ``_pool.pyx`` is its compiled twin (registered as its subclass): the same work under a C-level lock, and a C-level
-  door (take, hand out, give) for the compiled pool lane (``_lane.pyx``).
+- The public class is the pure one (an ABC) the compiled class registers with: ``isinstance`` holds for both
+  builds. `PoolStats` lives in ``poolstats.py`` (one class for both builds).
 """
 
 from __future__ import annotations
 
 import abc
-import dataclasses
-import threading
-from typing import TYPE_CHECKING, Final, Protocol, final
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
-if TYPE_CHECKING:
+from .poolstats import PoolStats
+
+try:
+    import cython
+except ImportError:  # (no Cython here: this module runs as Python)
+    from .. import _nocython as cython
+
+if not cython.compiled:  # (compiled: the C lock of _lock.pxd, cimported by _pool.pxd)
+    from .._device._lock import acquire_lock, new_lock, release_lock
+
+if TYPE_CHECKING:  # (as a module: compiled, ``Ledger`` is the one _pool.pxd cimports)
     from .._device.buffer import DeviceBuffer
     from .._device.handles import Stream
+    from . import ledger as ledgers
 
-__all__ = ["HUGE", "LARGE", "MemoryPool", "PoolFront", "PoolStats", "SEGMENT", "SHARED", "size_class"]
+__all__ = [
+    "HUGE", "LARGE", "Grow", "MemoryPool", "PoolCalls", "PoolStats", "SEGMENT", "SHARED", "Segment", "size_class",
+]
 
 #: Pieces of at most this many bytes are carved from shared segments; larger ones are segments of their own.
 LARGE: Final = 1 << 20
@@ -40,11 +59,16 @@ LARGE: Final = 1 << 20
 SEGMENT: Final = 2 << 20
 _ROUND: Final = 512
 #: Sizes from this one up are no cached piece's and no shared segment's (only the driver, which refuses them, could
-#: serve one); below it a piece's rounded size fits a C ``long long``, as the compiled pool and its lane keep it.
+#: serve one); below it a piece's rounded size fits a C ``long long``, as the compiled pool keeps it.
 HUGE: Final = 1 << 62
 #: The cache key of a piece used on a stream besides its own (`MemoryPool.record_stream`): no allocation asks for
 #: it, so such a piece is taken again only once a wait for the device made it any stream's (`MemoryPool.idle`).
 SHARED: Final = "used on another stream too"
+
+#: How a pool grows (its front's): ``grow(nbytes, n, what, retake)``, a new segment of ``nbytes`` for an allocation
+#: of ``n`` bytes by ``what``, from the driver with reclaim-and-retry: its address; 0 where ``retake()``, asked
+#: once the pools were trimmed (the wait made pieces cached for other streams any stream's), served it.
+Grow = Callable[[int, int, str, Callable[[], bool]], int]
 
 
 def size_class(nbytes: int) -> int:
@@ -52,35 +76,8 @@ def size_class(nbytes: int) -> int:
     return (nbytes + _ROUND - 1) & ~(_ROUND - 1)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PoolStats:
-    """A [`MemoryPool`][metrale_core.MemoryPool]'s counters, as [`stats`][metrale_core.MemoryPool.stats] gives
-    them.
-
-    :param segments: segments held from the driver now.
-    :param segment_bytes: their bytes.
-    :param pieces: pieces out now (on the ledger, or freed with red zones that wait for their check).
-    :param piece_bytes: the bytes they take (each size rounded up to 512).
-    :param cached_bytes: bytes of the pieces cached for reuse.
-    :param hits: allocations a cached piece served.
-    :param misses: allocations that carved a new piece.
-    :param given_back: bytes given back to the driver so far (trims, synchronizes, out-of-memory reclaims).
-    :param release_threshold: the cached bytes a device-wide ``synchronize()`` leaves in the pool.
-    """
-
-    segments: int
-    segment_bytes: int
-    pieces: int
-    piece_bytes: int
-    cached_bytes: int
-    hits: int
-    misses: int
-    given_back: int
-    release_threshold: int
-
-
-class PoolFront(Protocol):
-    """What a pool asks of its allocator (the ledger front, the gate, the raw memory)."""
+class PoolCalls(Protocol):
+    """What a pool's public calls ask of its front (``pools.PoolFront``: the ledger's side, the gate, raw memory)."""
 
     def pool_alloc(
         self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None, stacklevel: object = 1
@@ -97,8 +94,9 @@ class PoolFront(Protocol):
     def pool_close(self, pool: MemoryPool) -> None: ...
 
 
-@final
-class _Segment:
+class Segment:
+    """A segment from the driver: its address, its bytes, the bytes carved and the pieces out."""
+
     __slots__ = ("nbytes", "out", "ptr", "used")
 
     def __init__(self, ptr: int, nbytes: int) -> None:
@@ -108,8 +106,11 @@ class _Segment:
         self.out = 0  # pieces carved from it and out now
 
 
-@final
-class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled twin to register with, nothing abstract)
+#: A piece taken: its address and its segment (``None``: the pool closed as it grew; the caller gives that back).
+Taken = tuple[int, "Segment | None"]
+
+
+class MemoryPool:
     """A caching pool of device memory on the ledger. Made by
     [`GpuBackend.create_pool`][metrale_core.GpuBackend.create_pool].
 
@@ -118,20 +119,22 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
     Thread-safe. A context manager (``close()`` on exit).
     """
 
-    __slots__ = ("__weakref__", "_cached", "_closed", "_epoch", "_free", "_front", "_given_back", "_hits", "_lock",
-                 "_misses", "_out", "_piece_bytes", "_segment_bytes", "_segments", "_small", "_strand", "_threshold")
+    __slots__ = ("__weakref__", "_cached", "_closed", "_epoch", "_free", "_front", "_given_back", "_grow", "_hits",
+                 "_lock", "_misses", "_out", "_piece_bytes", "_segment_bytes", "_segments", "_small", "_strand",
+                 "_threshold")
 
-    def __init__(self, front: PoolFront, release_threshold: int) -> None:
+    def __init__(self, front: PoolCalls, release_threshold: int, grow: Grow) -> None:
         self._front = front
-        self._lock = threading.Lock()
+        self._grow = grow
+        self._lock = new_lock()
         self._closed = False
-        self._segments: dict[int, _Segment] = {}  # by address
-        self._small: list[_Segment] = []  # shared segments, the newest last (carving goes there)
+        self._segments: dict[int, Segment] = {}  # by address
+        self._small: list[Segment] = []  # shared segments, the newest last (carving goes there)
         #: Cached pieces: (stream, size, zoned) -> [(address, segment, epoch at the free)]; stream ``None``: any
         #: stream. ``zoned``: the piece's last owner had red zones, so its free waited for the device (the check).
-        self._free: dict[tuple[object, int, bool], list[tuple[int, _Segment, int]]] = {}
+        self._free: dict[tuple[object, int, bool], list[tuple[int, Segment, int]]] = {}
         #: Pieces out: creation index -> (address, size, segment, the stream it was allocated on, zoned).
-        self._out: dict[int, tuple[int, int, _Segment, object, bool]] = {}
+        self._out: dict[int, tuple[int, int, Segment, object, bool]] = {}
         self._epoch = 0  # bumped by each `mark`: a wait that began after a piece's free makes it any stream's
         self._cached = self._hits = self._misses = self._given_back = self._segment_bytes = self._piece_bytes = 0
         self._threshold = release_threshold
@@ -173,12 +176,15 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
         return self._front.pool_stats(self)
 
     def counters(self) -> PoolStats:
-        """`stats`, read inside the gate (the allocator's call): a finalizer that a collection runs under the
+        """`stats`, read inside the gate (the front's call): a finalizer that a collection runs under the
         pool's lock then defers its free instead of waiting for the lock."""
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             segments, segment_bytes, pieces = len(self._segments), self._segment_bytes, len(self._out)
-            piece_bytes, cached, hits, misses, given = self._piece_bytes, self._cached, self._hits, self._misses, \
-                self._given_back
+            piece_bytes, cached, hits, misses, given = (self._piece_bytes, self._cached, self._hits, self._misses,
+                                                        self._given_back)
+        finally:
+            release_lock(self._lock)
         return PoolStats(segments, segment_bytes, pieces, piece_bytes, cached, hits, misses, given, self._threshold)
 
     @property
@@ -211,51 +217,81 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
         state = "closed" if self._closed else f"{len(self._out)} pieces out, {self._cached} bytes cached"
         return f"<MemoryPool {state}>"
 
-    # -- the memory (the allocator's calls, inside the gate) ----------------------------------
+    # -- the memory (the front's calls, inside the gate) --------------------------------------
 
-    def take(self, size: int, stream: object, zoned: bool = False) -> tuple[int, object] | None:
-        """A cached piece of ``size`` bytes for ``stream`` (or for any), or a new one carved from a shared segment
-        with room; ``None`` where a new segment is needed (`add_segment`).
+    def take(self, size: int, stream: object, zoned: bool, n: int, what: str) -> Taken:
+        """A piece of ``size`` bytes for an allocation of ``n`` by ``what`` on ``stream``: a cached one (for
+        ``stream``, or for any), a new one carved from a shared segment with room, or one of a new segment (`Grow`).
 
         A ``zoned`` allocation fills its zones on the default stream, which follows no other stream: it takes only
         a piece whose last use is known done (one freed with zones, whose check waited for the device, or one
         cached before a wait), never one freed without zones on a stream whose work may still run."""
-        keys = ((stream, size, True), (None, size, True), (None, size, False)) if zoned else (
-            (stream, size, False), (stream, size, True), (None, size, False), (None, size, True))
-        with self._lock:
-            for key in keys:
-                cached = self._free.get(key)
-                if cached:
-                    ptr, segment, _ = cached.pop()
-                    self._cached -= size
-                    self._piece_bytes += size
-                    self._hits += 1
-                    segment.out += 1
-                    return ptr, segment
-            if size <= LARGE and self._small:
-                segment = self._small[-1]
-                if segment.used + size <= segment.nbytes:
-                    return self._carve(segment, size)
-            return None
+        if size < HUGE:
+            acquire_lock(self._lock)
+            try:
+                found = self._find(size, stream, zoned)
+            finally:
+                release_lock(self._lock)
+            if found is not None:
+                return found
+        return self._grown(size, stream, zoned, n, what)
 
-    def segment_bytes(self, size: int) -> int:
-        """The bytes of the segment a new piece of ``size`` needs."""
-        return SEGMENT if size <= LARGE else size
+    def _find(self, size: int, stream: object, zoned: bool) -> tuple[int, Segment] | None:
+        """`take`'s cached or carved piece, under the lock; ``None`` where a new segment is needed."""
+        if zoned:
+            keys: tuple[tuple[object, int, bool], ...] = ((stream, size, True), (None, size, True), (None, size, False))
+        else:
+            keys = ((stream, size, False), (stream, size, True), (None, size, False), (None, size, True))
+        for key in keys:
+            cached = self._free.get(key)
+            if cached:
+                ptr, segment, _ = cached.pop()
+                self._cached -= size
+                self._piece_bytes += size
+                self._hits += 1
+                segment.out += 1
+                return ptr, segment
+        if size <= LARGE and self._small:
+            segment = self._small[-1]
+            if segment.used + size <= segment.nbytes:
+                return self._carve(segment, size)
+        return None
 
-    def add_segment(self, ptr: int, nbytes: int, size: int) -> tuple[int, object] | None:
-        """A new segment from the driver, and the piece of ``size`` carved from it; ``None`` where the pool closed
-        meanwhile (the caller gives the segment back)."""
-        segment = _Segment(ptr, nbytes)
-        with self._lock:
+    def _retake(self, box: list[tuple[int, Segment]], size: int, stream: object, zoned: bool) -> bool:
+        """Asked by the front's `Grow` once the pools were trimmed: a cached piece now (put in ``box``)?"""
+        if size >= HUGE:  # (no piece of that size is cached)
+            return False
+        acquire_lock(self._lock)
+        try:
+            found = self._find(size, stream, zoned)
+        finally:
+            release_lock(self._lock)
+        if found is None:
+            return False
+        box.append(found)
+        return True
+
+    def _grown(self, size: int, stream: object, zoned: bool, n: int, what: str) -> Taken:
+        """`take` where nothing cached or carved serves: a new segment (`Grow`), and the piece carved from it."""
+        nbytes = SEGMENT if size <= LARGE else size
+        box: list[tuple[int, Segment]] = []
+        ptr = self._grow(nbytes, n, what, functools.partial(self._retake, box, size, stream, zoned))
+        if box:
+            return box[0]
+        segment = Segment(ptr, nbytes)
+        acquire_lock(self._lock)
+        try:
             if self._closed:
-                return None
+                return ptr, None
             self._segments[ptr] = segment
             self._segment_bytes += nbytes
             if size <= LARGE:
                 self._small.append(segment)
             return self._carve(segment, size)
+        finally:
+            release_lock(self._lock)
 
-    def _carve(self, segment: _Segment, size: int) -> tuple[int, object]:
+    def _carve(self, segment: Segment, size: int) -> tuple[int, Segment]:
         ptr = segment.ptr + segment.used
         segment.used += size
         segment.out += 1
@@ -263,29 +299,49 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
         self._piece_bytes += size
         return ptr, segment
 
-    def handed_out(self, index: int, ptr: int, size: int, segment: object, stream: object, zoned: bool = False) -> None:
+    def handed_out(
+        self, index: int, ptr: int, size: int, segment: Segment, stream: object, zoned: bool,
+        ledger: ledgers.Ledger, buf: DeviceBuffer,
+    ) -> int:
         """The piece at ``ptr`` of ``segment`` (just taken) is allocation ``index``, allocated on ``stream``
-        (``zoned``: with red zones)."""
-        assert isinstance(segment, _Segment)
-        with self._lock:
+        (``zoned``: with red zones), whose record ``buf`` the front committed to ``ledger``: ``1``. ``0``, nothing
+        changed, where the pool closed (shut) meanwhile; ``2`` where the record left the ledger meanwhile (a
+        sweep, or a free of a record it listed): the piece is then what that sweep would have made of it
+        (`swept`), cached or stranded. Judged under the pool's lock, which every taker of a record takes only after
+        the ledger let go of it (`give`, `swept`)."""
+        acquire_lock(self._lock)
+        try:
+            if self._closed:
+                return 0
+            if not ledger.has_index(index, buf):
+                if self._strand:
+                    self._out[index] = (ptr, size, segment, stream, zoned)
+                else:
+                    self._cache(ptr, size, segment, stream, zoned)
+                return 2
             self._out[index] = (ptr, size, segment, stream, zoned)
+        finally:
+            release_lock(self._lock)
+        return 1
 
     def give(self, index: int, stream: object | None) -> None:
         """Allocation ``index`` is off the ledger: its piece cached for ``stream`` (its own if ``None``). Nothing
         where the pool closed meanwhile (its memory went with the segments)."""
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             held = self._out.pop(index, None)
-            if held is None:
-                return
-            ptr, size, segment, own, zoned = held
-            self._cache(ptr, size, segment, own if stream is None or own is SHARED else stream, zoned)
+            if held is not None:
+                ptr, size, segment, own, zoned = held
+                self._cache(ptr, size, segment, own if stream is None or own is SHARED else stream, zoned)
+        finally:
+            release_lock(self._lock)
 
     def strand_swept(self) -> None:
         """From now on a piece a sweep takes off the ledger stays out of the cache until the pool closes: its owner
-        (a framework, which frees by address) may still use it, and a free of that address must never give back
-        a piece handed out again since. The allocator doors ask for it."""
-        with self._lock:
-            self._strand = True
+        (a framework, which frees by address) may still use it (the allocator doors ask for it)."""
+        acquire_lock(self._lock)
+        self._strand = True
+        release_lock(self._lock)
 
     def swept(self, index: int) -> None:
         """A sweep took allocation ``index`` off the ledger: back to the cache, or stranded (`strand_swept`: it
@@ -296,55 +352,76 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
     def aim(self, index: int, stream: object) -> None:
         """Allocation ``index`` (freed, its zones waiting for their check) is to be cached for ``stream`` (not where
         it is used on another stream too: `share`)."""
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             held = self._out.get(index)
             if held is not None and held[3] is not SHARED:
                 self._out[index] = (held[0], held[1], held[2], stream, held[4])
+        finally:
+            release_lock(self._lock)
 
     def share(self, index: int, stream: object) -> None:
         """Allocation ``index`` is used on ``stream`` too (`record_stream`): unless that is its own stream, its piece
         is cached for no stream at its free (`SHARED`)."""
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             held = self._out.get(index)
             if held is not None and held[3] != stream:
                 self._out[index] = (held[0], held[1], held[2], SHARED, held[4])
+        finally:
+            release_lock(self._lock)
 
-    def give_untaken(self, ptr: int, size: int, segment: object) -> None:
+    def give_untaken(self, ptr: int, size: int, segment: Segment) -> None:
         """A piece taken for an allocation that did not commit: cached for any stream (nothing used it)."""
-        assert isinstance(segment, _Segment)
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             if not self._closed:
                 self._cache(ptr, size, segment, None, False)
+        finally:
+            release_lock(self._lock)
 
-    def _cache(self, ptr: int, size: int, segment: _Segment, stream: object, zoned: bool) -> None:
+    def _cache(self, ptr: int, size: int, segment: Segment, stream: object, zoned: bool) -> None:
         segment.out -= 1
         self._piece_bytes -= size
-        self._free.setdefault((stream, size, zoned), []).append((ptr, segment, self._epoch))
+        key = (stream, size, zoned)
+        cached = self._free.get(key)
+        if cached is None:
+            self._free[key] = [(ptr, segment, self._epoch)]
+        else:
+            cached.append((ptr, segment, self._epoch))
         self._cached += size
 
     def out(self) -> list[int]:
         """The creation indexes of the pieces out now."""
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             return list(self._out)
+        finally:
+            release_lock(self._lock)
 
     def shut(self) -> bool:
-        """Refuse every later commit (the caller holds the context's lock, under which allocations commit);
-        ``False`` where it was shut already."""
-        with self._lock:
+        """Refuse every later hand-out (`handed_out`) and growth; ``False`` where it was shut already."""
+        acquire_lock(self._lock)
+        try:
             if self._closed:
                 return False
             self._closed = True
             return True
+        finally:
+            release_lock(self._lock)
 
     def mark(self) -> int:
         """Before a wait for the device: the pieces cached so far are idle once it returns (`idle`, `release`)."""
-        with self._lock:
-            self._epoch += 1
-            return self._epoch
+        acquire_lock(self._lock)
+        self._epoch += 1
+        epoch = self._epoch
+        release_lock(self._lock)
+        return epoch
 
     def idle(self, mark: int) -> None:
         """The wait that began at ``mark`` returned: the pieces cached before it serve any stream."""
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             for key in [k for k in self._free if k[0] is not None]:
                 pieces = self._free[key]
                 done = [p for p in pieces if p[2] < mark]
@@ -355,13 +432,16 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
                         self._free[key] = kept
                     else:
                         del self._free[key]
+        finally:
+            release_lock(self._lock)
 
     def release(self, keep_bytes: int, mark: int) -> list[tuple[int, int]]:
         """Take out whole segments none of whose pieces is out and all of whose cached pieces were cached before
         ``mark`` (a wait since), until at most ``keep_bytes`` stay cached; the caller gives back the
         ``(address, nbytes)`` returned and counts each one it could (`gave_back`)."""
         gone: list[tuple[int, int]] = []
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             busy = {id(p[1]) for pieces in self._free.values() for p in pieces if p[2] >= mark}
             for segment in [s for s in self._segments.values() if s.out == 0 and id(s) not in busy]:
                 if self._cached <= keep_bytes:
@@ -380,16 +460,20 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
                 if segment in self._small:
                     self._small.remove(segment)
                 gone.append((segment.ptr, segment.nbytes))
+        finally:
+            release_lock(self._lock)
         return gone
 
     def gave_back(self, nbytes: int) -> None:
         """The driver took back a segment of ``nbytes``."""
-        with self._lock:
-            self._given_back += nbytes
+        acquire_lock(self._lock)
+        self._given_back += nbytes
+        release_lock(self._lock)
 
     def release_all(self) -> list[tuple[int, int]]:
         """At close (shut, no piece out any more): every segment."""
-        with self._lock:
+        acquire_lock(self._lock)
+        try:
             gone = [(s.ptr, s.nbytes) for s in self._segments.values()]
             self._segments.clear()
             self._small.clear()
@@ -397,4 +481,18 @@ class MemoryPool(metaclass=abc.ABCMeta):  # noqa: B024 (an ABC for its compiled 
             self._out.clear()
             self._cached = self._segment_bytes = self._piece_bytes = 0
             self._closed = True
+        finally:
+            release_lock(self._lock)
         return gone
+
+
+if not cython.compiled:  # the public class: the pure one, an ABC the compiled class registers with (made by a call:
+    # Cython matches a class statement of this name with the compiled class, even in a branch it drops)
+    _Pool = MemoryPool
+    MemoryPool = abc.ABCMeta(  # type: ignore[misc, assignment]
+        "MemoryPool", (_Pool,), {"__slots__": (), "__doc__": _Pool.__doc__, "__module__": __name__}
+    )
+else:  # (compiled: a MemoryPool to ``isinstance`` too)
+    from . import pool as _pure  # noqa: PLW0406 (compiled, this module is _pool: the pure one is another)
+
+    cast(abc.ABCMeta, _pure.MemoryPool).register(MemoryPool)

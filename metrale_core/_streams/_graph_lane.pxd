@@ -1,6 +1,6 @@
 # graph_lane.py compiled as ``_graph_lane``: the graph lane's fields as C types, the gate passed at C level
 # (``_gate.pxd``), the ledger and the stats at C level (``_ledger.pxd``, ``_stats.pxd``), a graph's and a stream's
-# fields read in place (``_fields.pxd``), and the plugin's C ``graph_launch`` (``_device/_door.pxd``) called by
+# fields read in place (``_fields.pxd``), and the plugin's C ``graph_launch`` (``_device/_calls.pxd``) called by
 # `call_graph_launch`, which graph_lane.py names only where it is compiled.
 
 cimport cython

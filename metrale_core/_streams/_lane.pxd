@@ -1,6 +1,6 @@
 # lane.py compiled as ``_lane``: the stream lane's fields as C types, the gate passed at C level (``_gate.pxd``), the
 # ledger asked at C level (``_ledger.pxd``), a buffer's and a stream's fields read in place (``_fields.pxd``), and the
-# plugin's C ``memset`` (``_device/_door.pxd``) called by `call_memset`, which lane.py names only where it is
+# plugin's C ``memset`` (``_device/_calls.pxd``) called by `call_memset`, which lane.py names only where it is
 # compiled.
 
 cimport cython

@@ -333,22 +333,22 @@ def test_close_racing_an_allocation_that_needs_a_segment_leaves_nothing(
     fake: GpuBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The review's race: ``close()`` runs while another thread's allocation fetches a new segment; the allocation
-    is refused and its segment goes back to the driver. (The allocator's step is held up: the pool may be the
-    compiled twin, whose methods cannot be patched.)"""
+    is refused and its segment goes back to the driver. (Raw memory's step is held up: the pool and its front may
+    be compiled, whose methods cannot be patched.)"""
     import threading
 
-    from metrale_core._memory.allocator import Allocator
+    from metrale_core._memory.rawmem import RawMemory
 
     pool = fake.create_pool()
     inside, go = threading.Event(), threading.Event()
-    new_piece = Allocator.new_piece
+    alloc = RawMemory.alloc
 
-    def late(self: Allocator, *args: Any) -> object:
+    def late(self: RawMemory, *args: Any, **kwargs: Any) -> int:
         inside.set()
         go.wait(10)
-        return new_piece(self, *args)
+        return alloc(self, *args, **kwargs)
 
-    monkeypatch.setattr(Allocator, "new_piece", late)
+    monkeypatch.setattr(RawMemory, "alloc", late)
     errors: list[BaseException] = []
 
     def allocate() -> None:

@@ -28,9 +28,9 @@ from metrale_core._launch.lane import LaunchLane as PureLaunchLane
 from metrale_core._launch.pack import pack_args
 from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._memory.lane import DeviceLane as PureLane
-from metrale_core._memory.lane import PoolLane as PurePoolLane
 from metrale_core._memory.ledger import Ledger as PureLedger
 from metrale_core._memory.pool import MemoryPool as PurePool
+from metrale_core._memory.pools import PoolFront as PurePoolFront
 from metrale_core._memory.quarantine import Quarantine as PureQuarantine
 from metrale_core._memory.records import next_index
 from metrale_core._memory.sites import call_site
@@ -48,7 +48,7 @@ PURE: dict[str, Any] = {
     "ledger": PureLedger, "stats": PureStats, "handle": DeviceBuffer._make, "arena": PureArena, "gate": PureGate,
     "lane": PureLane, "site": call_site, "stream_lane": PureStreamLane, "graph_lane": PureGraphLane,
     "launch_lane": PureLaunchLane, "pack": pack_args, "zones": PureRedZones, "quarantine": PureQuarantine,
-    "doorfuncs": c_functions, "pool": PurePool, "pool_lane": PurePoolLane, "door": PureDoor,
+    "doorfuncs": c_functions, "pool": PurePool, "pool_front": PurePoolFront, "door": PureDoor,
 }
 PURE_CLASSES: dict[str, type] = {name: ref for name, ref in PURE.items() if isinstance(ref, type)}
 
@@ -67,16 +67,26 @@ _MAKE: dict[str, Callable[[type], object]] = {
     "stats": lambda cls: cls(),
     "arena": lambda cls: cls(_BLOCK, lambda arena, block: None),
     "gate": lambda cls: cls(lambda: BackendClosedError("closed")),
-    "lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
-    "pool_lane": lambda cls: cls(_ALLOCATOR, _ALLOCATOR.lane_parts()),
-    "pool": lambda cls: cls(_ALLOCATOR, 0),
+    "lane": lambda cls: _lane(cls, _BACKEND),
+    "pool_front": lambda cls: cls(
+        _ALLOCATOR.ctx, _BACKEND._holdings, _BACKEND._stats, _BACKEND._guard, _ALLOCATOR._quarantine, _ALLOCATOR.raw,
+        _ALLOCATOR.swept, _ALLOCATOR.site_at,
+    ),
+    "pool": lambda cls: cls(_ALLOCATOR.pools, 0, _ALLOCATOR.pools.grow),
     "door": lambda cls: cls(_BACKEND, "probe"),
     "stream_lane": lambda cls: cls(_BACKEND._streams, _BACKEND._holdings.ledger),
     "graph_lane": lambda cls: cls(_BACKEND._streams.graphs, _BACKEND._streams.graphs.lane_parts()),
     "launch_lane": lambda cls: cls(_BACKEND._kernels, _BACKEND._kernels.lane_parts()),
     "zones": lambda cls: cls(_ZONED.settings),
-    "quarantine": lambda cls: cls(_ZONED._memory.ctx, _ZONED._memory.lane_parts().stats, _ZONED._guard),
+    "quarantine": lambda cls: cls(_ZONED._memory.ctx, _ZONED._stats, _ZONED._guard),
 }
+
+
+def _lane(cls: Any, gpu: Any, caller_frames: int = 0) -> Any:
+    """A lane of ``cls`` over the parts of backend ``gpu`` (as its allocator makes its own)."""
+    memory = gpu._memory
+    return cls(gpu._ctx, gpu._holdings, gpu._stats, gpu._guard, memory._quarantine, memory.raw, memory.pools,
+               memory.free_host, caller_frames)
 
 
 def _twin(name: str) -> Any:
@@ -458,8 +468,7 @@ def test_the_lane_twin_names_the_user_s_line_whatever_frames_the_facade_has(call
     frame of its own, ``0``) still names the user's line, called straight from it (the review's case)."""
     cls = _twin("lane")
     with open_backend("fake", settings=SETTINGS.updated(pure=False)) as gpu:
-        allocator = gpu._memory
-        lane = cls(allocator, allocator.lane_parts()._replace(caller_frames=caller_frames))
+        lane = _lane(cls, gpu, caller_frames)
 
         def facade(n: int) -> DeviceBuffer:
             return lane.alloc(n)  # type: ignore[no-any-return]
@@ -529,10 +538,9 @@ def test_the_lane_twin_refuses_after_close_and_during_a_capture() -> None:
 def test_the_lane_twin_refuses_parts_of_the_pure_build() -> None:
     """A compiled lane runs only over the compiled gate (one ``pure`` setting picks both): it says so."""
     twin = _twin("lane")
-    with open_backend("fake", settings=SETTINGS.updated(pure=True)) as gpu:
-        allocator = gpu._memory
-        with pytest.raises(TypeError, match="the compiled lane needs the compiled gate"):
-            twin(allocator, allocator.lane_parts())
+    with open_backend("fake", settings=SETTINGS.updated(pure=True)) as gpu, \
+            pytest.raises(TypeError, match="the compiled lane needs the compiled gate"):
+        _lane(twin, gpu)
 
 
 @pytest.mark.parametrize("pure", [False, True])
