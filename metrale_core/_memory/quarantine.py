@@ -4,7 +4,8 @@
   here (``redzone_quarantine_bytes`` > 0). Past the bound, the whole batch is judged together.
 - The zone guard judges; the quarantine frees. A block found intact is kept, within the same bound,
   for the next allocation of its layout, which fills its zones again (a stale pointer of the block's
-  previous owner may have written there since the check: never blamed on the new owner).
+  previous owner may have written there since the check: never blamed on the new owner). Kept blocks are
+  listed by raw size: within one backend the raw size names the layout (its bands are fixed by the settings).
 - After a full check (``scan_redzones()``, a bad in-graph verdict, ``close()``) the guard tells the
   quarantine what it found (`Quarantine.full_check`), and the batch goes as after its own check.
 - A memory pool's zoned piece waits here too (kind ``"pool"``); once judged, or at close, it goes back to its
@@ -15,21 +16,29 @@
   watched, and the next check judges it. Out of memory that is logged, and the allocation goes on.
 
 Everything here runs under the guard's lock: no check may read a zone whose memory is released.
+
+Written once, here, and compiled as well as run as Python (``_quarantine``, with ``_quarantine.pxd`` beside it:
+docs/building.md); the compiled lane calls `Quarantine.reuse_c` and `Quarantine.free_c` at C level.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Final, final
+from typing import Final
 
 from .._device.buffer import DeviceBuffer
 from .._device.context import DeviceContext
 from .._device.stats import StatsCounter
 from .._errors import MetraleError
 from .._redzones.guard import ZoneGuard
-from .._redzones.layout import Layout, Zone
+from .._redzones.zone import Layout, Zone, zone_table
 from .._types import AllocKind, RedZoneViolation
+
+try:
+    import cython
+except ImportError:  # (no Cython here: this module runs as Python)
+    from .. import _nocython as cython
 
 __all__ = ["QUARANTINE_MAX_BUFFERS", "Quarantine"]
 
@@ -44,37 +53,51 @@ QUARANTINE_MAX_BUFFERS: Final = 1024
 _log = logging.getLogger("metrale")
 
 
-@final
-class _Held:
-    """A freed zoned buffer in quarantine: off the ledger, its memory and zones still held."""
+class _Held:  # (final: @cython.final in _quarantine.pxd)
+    """A freed zoned buffer in quarantine: off the ledger, its memory and zones still held (`_held` makes one)."""
 
-    __slots__ = ("buf", "kind", "layout", "raw_ptr", "zones")
+    __slots__ = ("buf", "index", "kind", "raw_bytes", "raw_ptr", "zones")
 
-    def __init__(self, buf: DeviceBuffer, zones: tuple[Zone, ...], raw_ptr: int, kind: AllocKind) -> None:
-        self.buf = buf
-        self.zones = zones
-        self.raw_ptr = raw_ptr
-        self.kind = kind
-        lead = sum(zone.length for zone in zones if zone.side == "lead")
-        trail = sum(zone.length for zone in zones if zone.side == "trail")
-        self.layout = Layout(lead + buf.nbytes + trail, lead, trail)  # what the device gave, zones included
+    buf: DeviceBuffer
+    index: int
+    zones: tuple[Zone, ...]
+    raw_ptr: int
+    kind: AllocKind
+    raw_bytes: int  # what the device gave, zones included
 
 
-@final
-class Quarantine:
+def _held(
+    buf: DeviceBuffer, index: int, nbytes: int, zones: tuple[Zone, ...], raw_ptr: int, kind: AllocKind
+) -> _Held:
+    """A `_Held` of allocation ``index`` (``buf``, of ``nbytes``), its memory at ``raw_ptr``, its ``zones``."""
+    held = _Held.__new__(_Held)
+    held.buf = buf
+    held.index = index
+    held.zones = zones
+    held.raw_ptr = raw_ptr
+    held.kind = kind
+    held.raw_bytes = nbytes
+    for zone in zones:
+        held.raw_bytes += zone.length
+    return held
+
+
+class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no other decorator on it)
     """Freed zoned blocks of one backend: held until checked, then kept for reuse or released."""
 
-    __slots__ = ("_bound", "_ctx", "_guard", "_held", "_pieces", "_raw", "_reuse", "_stats")
+    __slots__ = ("_bound", "_ctx", "_guard", "_held", "_lock", "_pieces", "_raw", "_reuse", "_stats", "_zones")
 
     def __init__(self, ctx: DeviceContext, stats: StatsCounter, guard: ZoneGuard) -> None:
         self._ctx = ctx
         self._raw = ctx.raw
         self._stats = stats
         self._guard = guard
+        self._zones = guard.zones
+        self._lock = guard.lock
         self._bound = ctx.settings.redzone_quarantine_bytes  # (settings are fixed for the backend's life)
         self._held: list[_Held] = []
-        #: Checked freed blocks by layout, kept for the next allocation of that layout (oldest layout first).
-        self._reuse: dict[Layout, list[int]] = {}
+        #: Checked freed blocks by raw size, kept for the next allocation of that layout (oldest size first).
+        self._reuse: dict[int, list[int]] = {}
         self._pieces: Callable[[int], None] = _no_pieces
         guard.on_full_check(self.full_check)
 
@@ -93,16 +116,24 @@ class Quarantine:
         Such a block left the quarantine with its zones found intact (the device idle): the allocation
         needs no driver call. It fills the zones again, and zeroes the block where fresh memory reads as zeros.
         """
+        return self.reuse_c(layout.raw_bytes)
+
+    def reuse_c(self, raw_bytes: int) -> int | None:
+        """`reuse` of the layout of ``raw_bytes`` bytes: the compiled lane's, at C level."""
         if not self._reuse:  # no lock for the common miss: a stale answer only costs a driver call
             return None
-        with self._guard.lock:
-            blocks = self._reuse.get(layout)
+        lock = self._lock
+        lock.acquire()  # (not ``with``: a hot path, and ``with`` makes two bound methods)
+        try:
+            blocks = self._reuse.get(raw_bytes)
             if not blocks:
                 return None
             ptr = blocks.pop()
             if not blocks:
-                del self._reuse[layout]
-        self._stats.reusable(-1, -layout.raw_bytes)
+                del self._reuse[raw_bytes]
+        finally:
+            lock.release()
+        self._count_kept(-1, -raw_bytes)
         return ptr
 
     def free(self, buf: DeviceBuffer, raw_ptr: int, kind: AllocKind) -> None:
@@ -112,30 +143,40 @@ class Quarantine:
         - Without: its zones are judged now, while the culprit is fresh; the memory is released whatever
           the judging says, then what it found is reported.
         """
+        self.free_c(buf, buf.index, buf.nbytes, raw_ptr, kind)
+
+    def free_c(self, buf: DeviceBuffer, index: int, nbytes: int, raw_ptr: int, kind: AllocKind) -> int:
+        """`free` with ``buf``'s index and size at hand: the compiled lane's, at C level."""
         guard = self._guard
         bound = self._bound
-        with guard.lock:  # no check may read these zones once the memory is released
-            zones = guard.zones.zones_of(buf.index)
+        lock = self._lock
+        lock.acquire()  # no check may read these zones once the memory is released (not ``with``: as `reuse_c`)
+        try:
+            zones = self._zones.zones_of(index)
             if zones and bound:
-                held = _Held(buf, zones, raw_ptr, kind)
+                held = _held(buf, index, nbytes, zones, raw_ptr, kind)
                 self._held.append(held)
-                self._stats.quarantined(1, held.layout.raw_bytes)
-                self._trim(bound)  # blocks kept for reuse give way to the quarantine first
+                self._count_held(1, held.raw_bytes)
+                if self._reuse:
+                    self._trim(bound)  # blocks kept for reuse give way to the quarantine first
                 if self._stats.quarantined_bytes <= bound and len(self._held) <= QUARANTINE_MAX_BUFFERS:
-                    return
+                    return 0
                 violations, when = self._drain(), "the check of the quarantine (freed buffers)"
             else:
-                zones = guard.unwatch(buf.index)
+                zones = guard.unwatch(index)
                 try:
                     violations = guard.judge(zones)
                 finally:
                     if kind == "pool":
-                        self._pieces(buf.index)
+                        self._pieces(index)
                     else:
                         self._raw.free(raw_ptr, kind)
                     guard.zones_released()
-                when = f"free of allocation #{buf.index}"
+                when = f"free of allocation #{index}"
+        finally:
+            lock.release()
         guard.report(violations, when)
+        return 0
 
     def drain(
         self, when: str, *, may_raise: bool = True, give_back: bool = False, also: Sequence[Zone] = ()
@@ -150,7 +191,7 @@ class Quarantine:
         """
         guard = self._guard
         read = True
-        with guard.lock:
+        with self._lock:
             try:
                 violations = self._drain(also)
             except MetraleError as exc:
@@ -171,7 +212,11 @@ class Quarantine:
         held = self._held
         if not held and not also:
             return []
-        found = self._guard.judge([zone for entry in held for zone in entry.zones] + list(also))
+        zones: list[Zone] = []
+        for entry in held:
+            zones.extend(entry.zones)
+        zones.extend(also)
+        found = self._guard.judge(zones, zone_table(zones))
         self.full_check(found)
         return found
 
@@ -187,37 +232,62 @@ class Quarantine:
         if not entries:
             return
         guard = self._guard
+        ctx = self._ctx
         bad = None if found is None else {violation.index for violation in found}
         bound = self._bound
+        count = nbytes = kept = kept_bytes = 0
+        zones = self._zones
         for held in entries:
-            guard.unwatch(held.buf.index)
-            self._stats.quarantined(-1, -held.layout.raw_bytes)
-            if bad is not None and held.buf.index not in bad and held.kind == "device" and bound:
-                self._reuse.setdefault(held.layout, []).append(held.raw_ptr)
-                self._stats.reusable(1, held.layout.raw_bytes)
+            zones.remove(held.index)  # (the guard's `unwatch`; `zones_released` after the loop)
+            count += 1
+            nbytes += held.raw_bytes
+            if bad is not None and held.index not in bad and held.kind == "device" and bound:
+                blocks = self._reuse.get(held.raw_bytes)
+                if blocks is None:
+                    self._reuse[held.raw_bytes] = [held.raw_ptr]
+                else:
+                    blocks.append(held.raw_ptr)
+                kept += 1
+                kept_bytes += held.raw_bytes
             elif held.kind == "pool":
-                self._ctx.quietly(f"giving back the pool's piece #{held.buf.index}", self._pieces, held.buf.index)
+                ctx.quietly(f"giving back the pool's piece #{held.index}", self._pieces, held.index)
             else:
-                self._ctx.quietly(f"releasing quarantined allocation #{held.buf.index}", self._raw.free,
-                                  held.raw_ptr, held.kind)
+                ctx.quietly(f"releasing quarantined allocation #{held.index}", self._raw.free, held.raw_ptr,
+                            held.kind)
+        self._count_held(-count, -nbytes)
+        self._count_kept(kept, kept_bytes)
         self._trim(bound)
-        self._ctx.quietly("rewrite the red-zone table", guard.zones_released)
+        ctx.quietly("rewrite the red-zone table", guard.zones_released)
 
     def _trim(self, bound: int) -> None:
-        """Release blocks kept for reuse, oldest layout first, until they and the quarantine hold at most
+        """Release blocks kept for reuse, oldest size first, until they and the quarantine hold at most
         ``bound`` bytes (``0``: all of them). The caller holds the guard's lock."""
         stats = self._stats
         while self._reuse and stats.reusable_bytes + stats.quarantined_bytes > bound:
-            layout = next(iter(self._reuse))
-            blocks = self._reuse[layout]
+            raw_bytes = next(iter(self._reuse))
+            blocks = self._reuse[raw_bytes]
             ptr = blocks.pop(0)
             if not blocks:
-                del self._reuse[layout]
-            stats.reusable(-1, -layout.raw_bytes)
+                del self._reuse[raw_bytes]
+            self._count_kept(-1, -raw_bytes)
             self._ctx.quietly("release a red-zoned block kept for reuse", self._raw.free, ptr, "device")
+
+    def _count_held(self, count: int, nbytes: int) -> None:
+        """The stats: ``count`` more buffers in quarantine (fewer where negative), holding ``nbytes`` more."""
+        if cython.compiled:  # (the compiled stats' C-level call: _quarantine.pxd cimports its class)
+            self._stats.quarantined_c(count, nbytes)  # type: ignore[attr-defined]
+        else:
+            self._stats.quarantined(count, nbytes)
+
+    def _count_kept(self, count: int, nbytes: int) -> None:
+        """The stats: ``count`` more blocks kept for reuse (fewer where negative), holding ``nbytes`` more."""
+        if cython.compiled:
+            self._stats.reusable_c(count, nbytes)  # type: ignore[attr-defined]
+        else:
+            self._stats.reusable(count, nbytes)
 
     def release(self) -> None:
         """At close (the device idle, the final scan done): release what is held, unjudged, and every kept block."""
-        with self._guard.lock:
+        with self._lock:
             self.full_check(None)
             self._trim(0)

@@ -1,27 +1,30 @@
-# The compiled red-zone table's C-level door, for the compiled lane and quarantine: `add_c` adds the zones of a new
-# allocation from its address and size (as ``layout`` and ``zones_for`` lay them out), `remove_c` forgets them
-# without making their `Zone` objects, `zone_bytes_c` says how many bytes they hold (-1: none).
+# layout.py compiled as ``_layout``: the zone table's fields as C types, its lock the C lock of ``_lock.pxd``, and what
+# the compiled lane and quarantine call at C level (``from metrale_core._redzones._layout cimport RedZones``): `add_c`,
+# `zones_of` and `remove`, and the bands (`_lead_bytes`, and `_lead_c`, `_trail_c` as C integers), `size`, `min_idx`,
+# `sample` and `fill`.
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
-from metrale_core._device._lock cimport lock_t
+from metrale_core._device._lock cimport acquire_lock, lock_t, new_lock, release_lock
+from metrale_core._device._slots cimport slot_set, slots_to_build
+
+# Zone's slots, where a Zone is made by storing them in place (`_zone`)
+cdef bint _Z_DIRECT
+cdef Py_ssize_t _Z_BUFFER, _Z_SIDE, _Z_START, _Z_LENGTH
+
+cdef object _zone(object buf, str side, object start, object length)
 
 
-cdef class _Rec:
-    cdef object buf
-    cdef object zones
-    cdef uint64_t lead_start, lead_len, trail_start, trail_len
-    cdef Py_ssize_t lead_slot, trail_slot
-
-
+@cython.final
 cdef class RedZones:
     cdef lock_t _lock
-    cdef dict _recs
+    cdef dict _zones
     cdef list _slots
-    cdef uint64_t* _table
-    cdef Py_ssize_t _capacity
+    cdef dict _slot_of
+    cdef object _table
     cdef dict _patterns
+    cdef tuple _seen
     cdef readonly object _lead_bytes
     cdef uint64_t _lead_c
     cdef uint64_t _trail_c
@@ -32,14 +35,14 @@ cdef class RedZones:
     cdef readonly object sample
     cdef readonly long long version
     cdef readonly long long filled
-    cdef object _seen
 
-    cdef int _grow(self, Py_ssize_t slots) except -1
-    cdef int _put(self, object index, _Rec rec) except -1
-    cdef int add_c(self, object buf, object index, uintptr_t ptr, size_t nbytes) except -1
-    cdef void _drop_slot(self, Py_ssize_t slot) noexcept
-    cdef _Rec _take(self, object index)
-    cdef bint remove_c(self, object index) except -1
-    cdef Py_ssize_t zone_bytes_c(self, object index) except -2
-    cdef tuple _live(self)
-    cdef tuple batch_c(self, list indexes)
+    cpdef int add_c(self, object buf, object index, uintptr_t ptr, size_t nbytes) except -1
+    @cython.locals(slots=list)
+    cdef _put(self, object index, tuple zones)
+    cpdef tuple remove(self, object index)
+    cdef tuple _take(self, object index)
+    cpdef tuple zones_of(self, object index)
+    @cython.locals(slots=list)
+    cdef _drop(self, Py_ssize_t slot)
+    @cython.locals(version=cython.longlong, same=bint, seen=tuple)
+    cdef tuple _read(self, long long known_version)

@@ -16,7 +16,7 @@ from .. import (
     MetraleError,
     RedZoneError,
 )
-from .._redzones.guard import FOUND_KEPT
+from .._redzones.report import FOUND_KEPT
 from ._model import MAX_BYTES, Pool
 from ._tensormap_rules import TensorMapRules
 
