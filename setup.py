@@ -22,6 +22,7 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, ExecError, PlatformError
+from setuptools.modified import newer_group
 
 #: binding and embedsignature give each function a signature that inspect, help() and stubtest read. Bounds and
 #: negative-index checks keep Cython's defaults (on): a twin fails as its pure module does; a measured hot loop
@@ -102,6 +103,11 @@ class BuildTwins(build_ext):
             print(PURE.format(why=why), file=sys.stderr)
 
     def build_extension(self, ext: Extension) -> None:
+        # A module older than its source or any .pxd or header has its C made again: Cython's own check reads the
+        # source's cimports only, and a one-source module's are in its .pxd (a lane kept C made against an old
+        # zone table's declarations, and failed to load)
+        force = self.force
+        self.force = force or newer_group([*ext.sources, *ext.depends], self.get_ext_fullpath(ext.name))
         try:  # each twin is tried: one that fails to compile leaves the others built
             super().build_extension(ext)
         except (CCompilerError, ExecError, PlatformError) as exc:  # not Cython's errors: a bad .pyx fails
@@ -109,6 +115,8 @@ class BuildTwins(build_ext):
                 raise
             compiler = (getattr(self.compiler, "compiler_so", None) or [type(exc).__name__])[0]
             self.failed.append(f"{compiler} on {ext.name}")
+        finally:
+            self.force = force
 
 
 if __name__ == "__main__":  # (as every build runs it: a test reads INCLUDE and twins without building)
