@@ -125,8 +125,7 @@ def _digest() -> str:
 
 
 def _forget_renamed_core() -> None:
-    """A .venv made before 0.2.0 has the core installed under the name `metrale`, which is now the
-    meta-distribution (never installed here): remove it first, or two distributions claim the core's files."""
+    """A .venv made before 0.2.0 has the core installed as `metrale`, now the meta-distribution: remove it first."""
     if any(next(VENV.glob(f"{lib}/site-packages/metrale-*.dist-info"), None) for lib in ("lib/python*", "Lib")):
         run(PY, "-m", "pip", "uninstall", "-y", "-q", "metrale")
 
@@ -155,14 +154,15 @@ def ensure_env(full: bool = True) -> None:
 
 
 INSTALL_LOG = VENV / "pip-install.log"
-#: The lines of ``pip install -v`` that `_pip_install` shows: a package's build begins, a module is compiled.
-_BUILDING = re.compile(r"^\s*(?:Building editable for (?P<package>\S+) \(pyproject\.toml\): started"
-                       r"|building '(?P<module>[\w.]+)' extension)\s*$")
+#: The lines of ``pip install -v`` `_pip_install` shows: a folder prepared, packages installed, a build, a module.
+_PROGRESS = re.compile(r"^(?:Obtaining file://(?P<preparing>\S+)|Installing collected packages: (?P<installing>.*)"
+                       r"|\s*Building editable for (?P<building>\S+) \(pyproject\.toml\): started"
+                       r"|\s*building '(?P<compiling>[\w.]+)' extension)\s*$")
 
 
 def _pip_install(*args: str) -> int:
-    """``pip install -v ARGS``, its output into `INSTALL_LOG`, a line shown per package built and module compiled
-    (and the log's end where pip fails): progress, not minutes of silence."""
+    """``pip install -v ARGS``, its output into `INSTALL_LOG`, a line shown per `_PROGRESS` line (and the log's end
+    where pip fails): progress, not minutes of silence."""
     start, compiled, total = time.monotonic(), 0, len(twins())
     print("+ pip install", *args, flush=True)
     with INSTALL_LOG.open("w") as log, subprocess.Popen([PY, "-m", "pip", "install", "-v", *args], cwd=ROOT,
@@ -170,12 +170,12 @@ def _pip_install(*args: str) -> int:
                                                         errors="replace") as pip:
         for line in pip.stdout or ():
             log.write(line)
-            found = _BUILDING.match(line)
-            if found:
-                compiled += bool(found["module"])
-                what = (f"compiling {found['module']} ({compiled} of {total})" if found["module"]
-                        else f"building {found['package']}")
-                print(f"  {time.monotonic() - start:4.0f} s  {what}", flush=True)
+            if found := _PROGRESS.match(line):
+                what = str(found.lastgroup)  # the alternative that matched
+                compiled += what == "compiling"
+                shown = {"installing": f"{found[what].count(',') + 1} packages",
+                         "compiling": f"{found[what]} ({compiled} of {total})"}
+                print(f"  {time.monotonic() - start:4.0f} s  {what} {shown.get(what, found[what])}", flush=True)
     if pip.returncode:
         print("".join(INSTALL_LOG.read_text(errors="replace").splitlines(keepends=True)[-40:]), end="", flush=True)
     return pip.returncode
