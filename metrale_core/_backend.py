@@ -55,10 +55,6 @@ __all__ = ["GpuBackend", "Parts", "parts"]
 
 _log = logging.getLogger("metrale")
 
-#: The frames of this module's own between a caller and the lanes it calls: ``GpuBackend.alloc``'s, where this module
-#: runs as Python (compiled, its methods make no frame). The lane's call site passes over it without a look.
-_OWN_FRAME: Final = 1 if __file__.endswith(".py") else 0
-
 
 class GpuBackend:
     """One open device of one backend. A context manager; thread-safe.
@@ -84,7 +80,8 @@ class GpuBackend:
         self._streams = StreamFront(ctx, self._holdings, self._stats, functools.partial(ZoneGuard, ctx, self._stats))
         self._guard = self._streams.guard
         self._monitor = MemoryMonitor(ctx, self._holdings, self._stats)
-        self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor, caller_frames=_OWN_FRAME)
+        # caller_frames: GpuBackend.alloc's frame, which a call site passes over
+        self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor, caller_frames=1)
         self._lane = self._memory.lane
         self._stream_lane = pick("stream_lane", StreamLane, settings.pure)(self._streams, self._holdings.ledger)
         self._exports = ExportTable(ctx, self._holdings, self._guard)

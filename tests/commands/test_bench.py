@@ -131,18 +131,3 @@ def test_a_baseline_is_the_backend_s_own_and_closes(backend_name: str) -> None:
             baseline.close()
         baseline.close()  # twice is harmless
         assert gpu.live_alloc_len() == 0  # a baseline's memory is never on the ledger
-
-
-def test_a_compiled_twin_is_not_counted_as_a_module_dev_py_accelerate_compiled() -> None:
-    """``versions["code"]`` counts the modules ``dev.py accelerate`` compiled from their ``.py``; a twin built from a
-    ``.pyx`` (the CUDA backend's driver calls, ``metrale_cuda._cdriver``) has no ``.py`` beside it and is said
-    elsewhere (its backend's ``driver calls``)."""
-    import importlib
-
-    from metrale_core._commands.bench.run import compiled_modules
-
-    try:
-        importlib.import_module("metrale_cuda._cdriver")
-    except Exception as exc:  # not built here (no cuda.h), or no cuda-bindings
-        pytest.skip(f"metrale_cuda._cdriver does not load here: {type(exc).__name__}: {exc}")
-    assert "metrale_cuda._cdriver" not in compiled_modules()

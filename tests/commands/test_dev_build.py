@@ -1,5 +1,5 @@
-"""The build of the compiled twins as dev.py sees it: which twins there are, what `wheels` requires of the core's
-wheel, and the GPU machine's install (setuptools and Cython from .whl/, no build isolation, a check of the twins).
+"""The build of the compiled twins as dev.py sees it: which twins there are, and what `wheels` requires of the core's
+wheel (the GPU machine's install is tools/gpu_plan.py's: tests/commands/test_dev_gpu.py).
 
 Building them is setup.py's; `python3 dev.py wheels` (CI) builds and installs the wheels.
 """
@@ -11,8 +11,6 @@ import tarfile
 import tomllib
 import zipfile
 from pathlib import Path
-
-import pytest
 
 import dev
 
@@ -134,14 +132,3 @@ def test_wheels_installs_what_every_distribution_builds_with() -> None:
     needed = dev._build_requirements()
     assert set(core) <= set(needed) and any(r.startswith("hatchling") for r in needed)
     assert any(r.startswith("Cython") for r in core) and any(r.startswith("setuptools") for r in core)
-
-
-@pytest.mark.parametrize("wheels", [True, False])
-def test_the_gpu_install_builds_without_isolation_and_checks_the_twins(wheels: bool) -> None:
-    commands = dev._install_commands(wheels)
-    if wheels:  # setuptools and Cython among them: on the path before the build
-        assert "--target" in commands[0].argv and str(dev.GPU_SITE) in commands[0].argv
-    editable, check = commands[-2:]
-    assert "--no-build-isolation" in editable.argv and "--no-index" in editable.argv
-    assert check.argv[:2] == (dev.sys.executable, "-c") and list(check.argv[4:]) == list(dev.twins())
-    assert all(w in check.argv[3] for w in dev.GPU_BUILD_WHEELS)

@@ -137,7 +137,7 @@ def test_the_twin_names_the_site_the_pure_function_names(
 
 def test_a_realistic_chain_names_the_user_s_line(twin: CallSite) -> None:
     """A user's function -> an internal module's -> an allocator as Python, which passes its own frame over
-    (``skip=1``, the allocator's ``_OWN_FRAME``): both name the user's line."""
+    (``skip=1``: the frame of ``GpuBackend.alloc`` the allocator passes over): both name the user's line."""
     internal = frozenset({"metrale_core", "metrale_fake"})
     allocator = _level("module", "metrale_core._memory.allocator", None)
     backend = _level("module", "metrale_core._backend", allocator)

@@ -42,6 +42,10 @@ from metrale_core import (
 from metrale_core.dask import PLUGIN_NAME, MetraleSetup, gather_reports, worker_backend
 from metrale_fake._visible import fake_uuid
 
+#: Under pytest-xdist (``dev.py test``, ``--dist loadgroup``) the tests that start clusters of processes (torchrun,
+#: Dask, Ray) run on one worker, one after another: never two clusters at once on a 2-core machine.
+pytestmark = pytest.mark.xdist_group("clusters")
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "dask" / "report.py"
 #: What LocalCUDACluster gives two workers on a host of two GPUs: each sees both, its own first.

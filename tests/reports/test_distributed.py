@@ -36,6 +36,10 @@ from metrale_core._reports.merge import merge_snapshots
 from metrale_core._reports.timeline import load_snapshot
 from tests._support import SETTINGS, read_bytes
 
+#: Under pytest-xdist (``dev.py test``, ``--dist loadgroup``) the tests that start clusters of processes (torchrun,
+#: Dask, Ray) run on one worker, one after another: never two clusters at once on a 2-core machine.
+pytestmark = pytest.mark.xdist_group("clusters")
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "distributed" / "ranks.py"
 LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")

@@ -36,6 +36,10 @@ from metrale_core import (
 from metrale_core.ray import open_for_actor
 from metrale_fake._visible import fake_uuid
 
+#: Under pytest-xdist (``dev.py test``, ``--dist loadgroup``) the tests that start clusters of processes (torchrun,
+#: Dask, Ray) run on one worker, one after another: never two clusters at once on a 2-core machine.
+pytestmark = pytest.mark.xdist_group("clusters")
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ray" / "report.py"
 #: What the workers of the module's Ray see: the fake, with two devices (Ray's two logical GPUs).

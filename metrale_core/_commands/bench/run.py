@@ -6,11 +6,9 @@ import dataclasses
 import datetime
 import gc
 import platform
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Final
 
 from ... import Baseline, GpuBackend, MetraleSettings, open_backend
@@ -84,39 +82,11 @@ def _baseline(gpu: GpuBackend) -> Iterator[tuple[Baseline | None, str]]:
         baseline.close()
 
 
-#: The packages whose modules ``dev.py accelerate`` may compile.
-_PACKAGES: Final = frozenset({"metrale_core", "metrale_cuda", "metrale_fake"})
-
-
-def compiled_modules() -> list[str]:
-    """The loaded modules of metrale's packages that run compiled (``dev.py accelerate``), not from their ``.py``
-    (beside them: a compiled module with no ``.py`` of its name is a twin built from a ``.pyx``, said elsewhere)."""
-    names = []
-    for name, module in list(sys.modules.items()):
-        if name.partition(".")[0] not in _PACKAGES:
-            continue
-        path = getattr(module, "__file__", None) or ""
-        source = Path(path).with_name(f"{name.rpartition('.')[2]}.py")
-        if path and not path.endswith((".py", ".pyc")) and source.exists():
-            names.append(name)
-    return sorted(names)
-
-
-def _code(names: list[str], pure: bool) -> str:
-    """The compiled twins the bench's backend runs (or why pure), and the modules ``dev.py accelerate`` compiled."""
-    from ..._twins import describe, older_than_source
-
-    if not names:  # (`compiled_modules` leaves the twins out: they have no .py of their own name)
-        return describe(pure)
-    stale = [name for name in names if older_than_source(name)]
-    note = f"; STALE, older than their source: {', '.join(stale)} (run dev.py accelerate again)" if stale else ""
-    return f"{describe(pure)}; {len(names)} modules compiled (dev.py accelerate){note}"
-
-
 def _versions(baseline: Baseline | None, pure: bool) -> dict[str, str]:
     from ... import __version__
+    from ..._twins import describe  # the compiled twins the bench's backend runs, or why it runs pure Python
 
-    versions = {"metrale": __version__, "code": _code(compiled_modules(), pure), "python": platform.python_version()}
+    versions = {"metrale": __version__, "code": describe(pure), "python": platform.python_version()}
     if baseline is not None:
         versions.update(baseline.versions)
     for module, name in (("numpy", "numpy"), ("cupy", "cupy"), ("torch", "torch")):
