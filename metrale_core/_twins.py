@@ -34,7 +34,7 @@ TWINS: Final = {
     "launch_lane": ("metrale_core._launch._lane", "LaunchLane"),
     "pack": ("metrale_core._launch._pack", "pack_args"),
     "handle": ("metrale_core._device._handle", "make"),  # DeviceBuffer._make's; other twins cimport make_buffer
-    "arena": ("metrale_core._memory._arena", "Arena"),
+    "arena": ("metrale_core._memory._bump", "Arena"),  # (the public Arena is arena.py's: bump.py as Python)
     "pool": ("metrale_core._memory._pool", "MemoryPool"),
     "pool_front": ("metrale_core._memory._pools", "PoolFront"),
     "zones": ("metrale_core._redzones._layout", "RedZones"),

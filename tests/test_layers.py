@@ -46,9 +46,9 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     ),
     "_redzones": (("zone",), ("layout",), ("scanner",), ("ingraph", "queued", "report"), ("guard",)),
     "_memory": (
-        ("meminfo", "records", "sites", "poolstats"),
-        ("ledger", "arena", "watch", "pool"),
-        ("pressure", "_arena"),
+        ("meminfo", "records", "sites", "poolstats", "arena_zones"),
+        ("ledger", "bump", "watch", "pool"),
+        ("pressure", "arena"),
         ("snapshot", "holdings"),
         ("monitor", "exports", "quarantine"),
         ("rawmem", "_hot"),

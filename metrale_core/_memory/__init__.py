@@ -7,7 +7,9 @@
 - `poolstats`: `PoolStats`, what a pool reports (one class for both builds);
 - `pool`: `MemoryPool`, device memory carved from segments and cached after free; it grows itself on a miss
   through the callable it is given (one source, compiled as ``_pool``);
-- `arena`: the bump sub-allocator over one ``alloc_arena`` block;
+- `arena_zones`: the red zones of an arena's pieces;
+- `bump`: the bump sub-allocator over one ``alloc_arena`` block (one source, compiled as ``_bump``);
+- `arena`: the public `Arena`, the bump allocation as it runs as Python;
 - `watch`: who watches a release: the allocator's release observers that have something to watch now;
 - `pressure`: the OOM watchdog and the memory summary table;
 - `snapshot`: the snapshot file format, written and read in one module;
@@ -15,7 +17,6 @@
 - `monitor`: free memory, stats, watchdogs and snapshots, as a backend answers them;
 - `exports`: memory handed to other libraries, and theirs taken in;
 - `quarantine`: freed zoned blocks, checked, reused and released; the allocator owns it;
-- `_arena`, `_quarantine`: the compiled twins of `arena` and `quarantine`, each a floor above what it repeats;
 - `rawmem`: raw memory with reclaim-and-retry and the out-of-memory report; pools register their trimmers;
 - `_hot`: the hot paths' calls into the other parts by name, as Python (``_hot.pxd``'s C doors where compiled);
 - `pools`: the pool front, the ledger's side of each pool's pieces (one source, compiled as ``_pools``);

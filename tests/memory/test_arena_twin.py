@@ -1,6 +1,7 @@
-"""The arena twin (``_memory/_arena.pyx``) against the pure `Arena`: the same answers to the same random programs
-over the same block (addresses, errors with their types and messages, state), across threads, and the same typed
-errors for numpy integers and bad arguments. Where the twin was not built, these tests skip, saying so."""
+"""The compiled arena (``_memory/bump.py`` compiled as ``_bump``) against the pure `Arena` (the same file as Python):
+the same answers to the same random programs over the same block (addresses, errors with their types and messages,
+state), across threads, and the same typed errors for numpy integers and bad arguments. Where the twin was not built,
+these tests skip, saying so."""
 
 from __future__ import annotations
 
