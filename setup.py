@@ -22,7 +22,6 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, ExecError, PlatformError
-from setuptools.modified import newer_group
 
 #: binding and embedsignature give each function a signature that inspect, help() and stubtest read. Bounds and
 #: negative-index checks keep Cython's defaults (on): a twin fails as its pure module does; a measured hot loop
@@ -106,6 +105,8 @@ class BuildTwins(build_ext):
         # A module older than its source or any .pxd or header has its C made again: Cython's own check reads the
         # source's cimports only, and a one-source module's are in its .pxd (a lane kept C made against an old
         # zone table's declarations, and failed to load)
+        from setuptools.modified import newer_group  # (setuptools 69; the build requires 77: a test imports this file)
+
         force = self.force
         self.force = force or newer_group([*ext.sources, *ext.depends], self.get_ext_fullpath(ext.name))
         try:  # each twin is tried: one that fails to compile leaves the others built
