@@ -1,18 +1,19 @@
 """``GpuBackend``: the front every host application talks to, a thin facade.
 
 - Each method enters the context's gate (refused once closed; ``close()`` waits for calls in flight).
-- It delegates in a line to the part that owns the state: `DeviceContext` (settings, guarded raw layer,
+- It delegates in a line to the part that owns the state (`BackendParts`, ``_parts.py``, makes them in order):
+  `DeviceContext` (settings, guarded raw layer,
   fault latch, gate, origin), `Holdings` (what is live), `StatsCounter`, `StreamFront` (streams, graphs,
   copies, captures), `ZoneGuard` (red zones), `MemoryMonitor` (free memory, stats, watchdogs, snapshots),
   `Allocator` (alloc, free, reclaim-and-retry, arenas, the sweep), `ExportTable` (exports, wrapped
   memory), `KernelFront` (modules, launches, run metrics), `TensorMapFront` (tensor maps, the N tile).
-- ``close()`` quiesces (gate, watchdogs, captures, the device, the final scan), then releases the parts.
+- ``close()`` is `BackendParts.close`: quiesce (gate, watchdogs, captures, the device, the final scan), then
+  release the parts.
 - `parts` hands ``metrale bench`` the context and the release observers, to time each step alone.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,27 +27,16 @@ from ._device.capture import forbid_during_capture
 from ._device.context import DeviceContext, gated, gated_read
 from ._device.handles import Event, Graph, HostBuffer, Stream
 from ._device.raw import RawDevice
-from ._device.stats import MemoryStats, StatsCounter
-from ._errors import MetraleError
-from ._launch.front import KernelFront
-from ._launch.lane import LaunchLane
+from ._device.stats import MemoryStats
 from ._launch.registry import Kernel, KernelRegistry, RunMetrics
-from ._launch.tensormaps import TensorMap, TensorMapFront
-from ._memory.allocator import Allocator
+from ._launch.tensormaps import TensorMap
 from ._memory.arena import Arena
-from ._memory.exports import ExportTable
-from ._memory.holdings import Holdings
 from ._memory.ledger import LedgerProbe
-from ._memory.monitor import MemoryMonitor
 from ._memory.pool import MemoryPool
 from ._memory.pressure import OomWatchdog
-from ._memory.records import origin_of
-from ._redzones.guard import ZoneGuard
+from ._parts import BackendParts
 from ._reports.merge import LedgerReport, ledger_report
 from ._settings.model import MetraleSettings
-from ._streams.front import StreamFront
-from ._streams.lane import StreamLane
-from ._twins import pick
 from ._types import AllocKind, KernelImplementation, MemoryInfo, Origin, RedZoneChecks, RedZoneViolation
 from .kernels._ntile import NTile
 from .kernels._tensormap import TensorMapSpec
@@ -73,23 +63,11 @@ class GpuBackend:
         self.name: Final = name
         self.ordinal: Final = ordinal
         self.settings: Final = settings
-        self._raw_device = raw  # what `raw` answers, after close() too
-        ctx = self._ctx = DeviceContext(name, ordinal, settings, raw, frozenset(internal_packages))
-        self._holdings = Holdings(ctx)
-        self._stats = pick("stats", StatsCounter, settings.pure)()
-        self._streams = StreamFront(ctx, self._holdings, self._stats, functools.partial(ZoneGuard, ctx, self._stats))
-        self._guard = self._streams.guard
-        self._monitor = MemoryMonitor(ctx, self._holdings, self._stats)
-        # caller_frames: GpuBackend.alloc's frame, which a call site passes over
-        self._memory = Allocator(ctx, self._holdings, self._stats, self._guard, self._monitor, caller_frames=1)
-        self._lane = self._memory.lane
-        self._stream_lane = pick("stream_lane", StreamLane, settings.pure)(self._streams, self._holdings.ledger)
-        self._exports = ExportTable(ctx, self._holdings, self._guard)
-        self._kernels = KernelFront(ctx, self._holdings, self._streams)
-        self._launch_lane = pick("launch_lane", LaunchLane, settings.pure)(self._kernels, self._kernels.lane_parts())
-        self._maps = TensorMapFront(ctx, self._holdings)
-        origin = self._holdings.ledger.origin = origin_of(ctx)
-        ctx.bind(self, origin, self._exports)
+        parts = self._parts = BackendParts(self, name, ordinal, settings, raw, internal_packages)
+        # what the hot paths call: one attribute each
+        self._ctx, self._lane, self._stream_lane, self._launch_lane = (
+            parts.ctx, parts.lane, parts.stream_lane, parts.launch_lane
+        )
 
     @property
     def origin(self) -> Origin:
@@ -111,13 +89,13 @@ class GpuBackend:
     @property
     def raw(self) -> RawDevice:
         """The backend's raw layer (for backend subclasses and diagnostics)."""
-        return self._raw_device
+        return self._parts.raw
 
     @property
     def default_stream(self) -> Stream:
         """This backend's own non-blocking stream, used wherever ``stream=None``."""
         self._check_open()
-        return self._streams.default
+        return self._parts.streams.default
 
     @property
     @gated
@@ -137,7 +115,7 @@ class GpuBackend:
     @gated
     def memory_info(self) -> MemoryInfo:
         """Free and total device memory, and what an allocation can really have."""
-        return self._monitor.memory_info()
+        return self._parts.monitor.memory_info()
 
     @gated
     def bind_to_thread(self) -> None:
@@ -163,13 +141,13 @@ class GpuBackend:
     @gated
     def _alloc_at(self, nbytes: int, kind: AllocKind, what: str, stacklevel: object) -> DeviceBuffer:
         """An allocating call with a ``stacklevel`` other than 1 (off the hot path: the allocator's whole work)."""
-        return self._memory.alloc(nbytes, kind, what, self._memory.site_at(stacklevel, what))
+        return self._parts.memory.alloc(nbytes, kind, what, self._parts.memory.site_at(stacklevel, what))
 
     @gated
     def alloc_managed(self, nbytes: int, *, stacklevel: int = 1) -> DeviceBuffer:
         """Managed (unified) memory, on the ledger likewise (``stacklevel`` as ``alloc``'s)."""
         if stacklevel == 1 and type(stacklevel) is int:
-            return self._memory.alloc(nbytes, "managed", "alloc_managed")
+            return self._parts.memory.alloc(nbytes, "managed", "alloc_managed")
         return self._alloc_at(nbytes, "managed", "alloc_managed", stacklevel)
 
     @gated
@@ -177,13 +155,13 @@ class GpuBackend:
         """Device memory never on the ledger; released only by [`free_arena`][metrale_core.GpuBackend.free_arena]
         (``stacklevel`` as ``alloc``'s)."""
         if stacklevel == 1 and type(stacklevel) is int:
-            return self._memory.alloc(nbytes, "arena", "alloc_arena")
+            return self._parts.memory.alloc(nbytes, "arena", "alloc_arena")
         return self._alloc_at(nbytes, "arena", "alloc_arena", stacklevel)
 
     @gated
     def alloc_host(self, nbytes: int) -> HostBuffer:
         """Pinned host memory, in a table of its own (not on the ledger)."""
-        return self._memory.alloc_host(nbytes)
+        return self._parts.memory.alloc_host(nbytes)
 
     def free(self, buf: DeviceBuffer | HostBuffer) -> None:
         """Free a ``DeviceBuffer`` on the ledger (its record off first, whatever the release returns), or a
@@ -193,35 +171,35 @@ class GpuBackend:
     @gated
     def free_arena(self, buf: DeviceBuffer) -> None:
         """Release an ``alloc_arena`` buffer."""
-        self._memory.free_arena(buf)
+        self._parts.memory.free_arena(buf)
 
     @gated
     def create_pool(self, *, release_threshold: int = 0) -> MemoryPool:
         """A caching [`MemoryPool`][metrale_core.MemoryPool]: device memory carved from segments and cached after
         free, each piece a ledger record of its own (kind ``"pool"``); a device-wide
         [`synchronize`][metrale_core.GpuBackend.synchronize] leaves at most ``release_threshold`` bytes cached."""
-        return self._memory.pools.create(release_threshold, self._streams.resolve)
+        return self._parts.memory.pools.create(release_threshold, self._parts.streams.resolve)
 
     @gated
     def create_arena(self, capacity: int) -> Arena:
         """An [`Arena`][metrale_core.Arena] over one new ``alloc_arena`` block of ``capacity`` bytes."""
-        return self._memory.create_arena(capacity)
+        return self._parts.memory.create_arena(capacity)
 
     @gated
     def on_out_of_memory(self, callback: Callable[[int], object]) -> None:
         """When an allocation runs out of memory, call ``callback(nbytes)``. A true result (it freed
         memory) earns the allocation another try, at most ``oom_retries`` times."""
-        self._memory.raw.on_out_of_memory(callback)
+        self._parts.memory.raw.on_out_of_memory(callback)
 
     @gated_read
     def live_alloc_len(self) -> int:
         """How many allocations are on the ledger."""
-        return len(self._holdings.ledger)
+        return len(self._parts.holdings.ledger)
 
     @gated_read
     def ledger_probe(self) -> LedgerProbe:
         """A reader of this backend's ledger that outlives the backend."""
-        return LedgerProbe(self._holdings.ledger)
+        return LedgerProbe(self._parts.holdings.ledger)
 
     @gated
     def sweep_unreleased(self) -> int:
@@ -231,7 +209,7 @@ class GpuBackend:
         the memory goes; what it raises (a [`RedZoneError`][metrale_core.RedZoneError], a failed read) is
         raised after the sweep."""
         forbid_during_capture("sweep_unreleased")
-        return self._memory.sweep()
+        return self._parts.memory.sweep()
 
     def memset(
         self, dst: DeviceBuffer | int, value: int, *, offset: int = 0, nbytes: int | None = None,
@@ -254,7 +232,7 @@ class GpuBackend:
         :raises InvalidBufferError: ``dst`` is not live, or ``src`` does not fit from ``offset``.
         :raises InvalidArgumentError: ``src`` is not C-contiguous host memory.
         """
-        self._streams.copy_to_device(dst, src, offset, stream)
+        self._parts.streams.copy_to_device(dst, src, offset, stream)
 
     @gated
     def copy_to_host(self, dst: Any, src: DeviceBuffer | int, *, offset: int = 0, stream: Stream | None = None) -> None:
@@ -264,7 +242,7 @@ class GpuBackend:
         :raises InvalidBufferError: ``src`` is not live, or ``dst``'s size overruns it from ``offset``.
         :raises InvalidArgumentError: ``dst`` is not writable, C-contiguous host memory.
         """
-        self._streams.copy_to_host(dst, src, offset, stream)
+        self._parts.streams.copy_to_host(dst, src, offset, stream)
 
     @gated
     def copy_device(
@@ -273,7 +251,7 @@ class GpuBackend:
     ) -> None:
         """Copy ``nbytes`` (``None``: the rest of ``src``) from ``src`` at ``src_offset`` to ``dst`` at
         ``dst_offset``, device to device. A buffer not live, or a range past its end: ``InvalidBufferError``."""
-        self._streams.copy_device(dst, src, nbytes, dst_offset, src_offset, stream)
+        self._parts.streams.copy_device(dst, src, nbytes, dst_offset, src_offset, stream)
 
     @gated
     def copy_peer(
@@ -289,7 +267,7 @@ class GpuBackend:
         :raises InvalidBufferError: a buffer is not live (or ``src``'s backend is closed), or a range overruns.
         :raises InvalidArgumentError: the backends are of different plugins, or an argument is malformed.
         """
-        self._streams.copy_peer(dst, src, nbytes, dst_offset, src_offset, stream)
+        self._parts.streams.copy_peer(dst, src, nbytes, dst_offset, src_offset, stream)
 
     @gated
     def enable_peer_access(self, peer: GpuBackend) -> None:
@@ -302,59 +280,59 @@ class GpuBackend:
         """
         if not isinstance(peer, GpuBackend):
             raise invalid_argument("enable_peer_access", "another GpuBackend of this process", peer)
-        self._streams.enable_peer_access(peer._ctx)
+        self._parts.streams.enable_peer_access(peer._ctx)
 
     @gated
     def create_stream(self) -> Stream:
         """A new non-blocking stream, owned by this backend."""
-        return self._streams.create_stream()
+        return self._parts.streams.create_stream()
 
     @gated
     def create_event(self) -> Event:
         """A new event, owned by this backend."""
-        return self._streams.create_event()
+        return self._parts.streams.create_event()
 
     @gated
     def synchronize(self) -> None:
         """Wait for all work of this backend; then each memory pool keeps at most its ``release_threshold`` bytes
         cached."""
-        marks = self._memory.pools.mark()
-        self._streams.synchronize()
-        self._memory.pools.synchronized(marks)
+        marks = self._parts.memory.pools.mark()
+        self._parts.streams.synchronize()
+        self._parts.memory.pools.synchronized(marks)
 
     @gated
     def begin_capture(self, stream: Stream | None = None) -> None:
         """Begin capturing ``stream`` in CUDA's global mode: its work is recorded, not run."""
-        self._streams.begin_capture(stream)
+        self._parts.streams.begin_capture(stream)
 
     @gated
     def end_capture(self, stream: Stream | None = None) -> Graph:
         """End the capture of ``stream``; returns the recorded [`Graph`][metrale_core.Graph]. An invalidated
         capture is ended and discarded, raising ``CaptureError``."""
-        return self._streams.end_capture(stream)
+        return self._parts.streams.end_capture(stream)
 
     @gated
     def stream_is_capturing(self, stream: Stream | None = None) -> bool:
         """Whether ``stream`` is capturing, invalidated or not. The driver answers (it sees captures begun
         outside metrale too); under the scale variant metrale's own record does."""
-        return self._streams.is_capturing(stream)
+        return self._parts.streams.is_capturing(stream)
 
     @gated
     def load_modules(self, images: Mapping[str, bytes | str]) -> KernelRegistry:
         """Load named PTX images; returns the registry that hands out their kernels. Images the device
         cannot run are refused together, in one [`ArchitectureError`][metrale_core.ArchitectureError], loading none."""
-        return self._kernels.load_modules(images)
+        return self._parts.kernels.load_modules(images)
 
     @gated
     def preflight(self, images: Mapping[str, bytes | str]) -> None:
         """Check PTX images (names to ``bytes``, ``bytearray`` or ``str``; else ``InvalidArgumentError``) against
         the device without loading them; raises like [`load_modules`][metrale_core.GpuBackend.load_modules]."""
-        self._kernels.preflight(images)
+        self._parts.kernels.preflight(images)
 
     @gated
     def add_kernel_implementations(self, *implementations: KernelImplementation) -> None:
         """Python implementations of kernels, for a backend that runs them on the CPU (the fake; others ignore them)."""
-        self._kernels.add_kernel_implementations(implementations)
+        self._parts.kernels.add_kernel_implementations(implementations)
 
     def launch(
         self, kernel: Kernel, grid: int | Sequence[int], block: int | Sequence[int], args: Sequence[object], *,
@@ -378,18 +356,18 @@ class GpuBackend:
         tensor-map parameter. [`check_tensor_map`][metrale_core.check_tensor_map] checks it with this device's
         figures (a [`TensorMapError`][metrale_core.TensorMapError] names the driver's rule). ``buffer`` must be
         live here, with ``offset + spec.extent <= buffer.nbytes`` (else ``InvalidBufferError``)."""
-        return self._maps.make(buffer, spec, offset)
+        return self._parts.maps.make(buffer, spec, offset)
 
     @gated
     def n_tile(self, /, m: int, n: int, **options: Any) -> NTile:
         """[`metrale_core.n_tile`][metrale_core.n_tile] with this device's multiprocessor count and ``options``."""
-        return self._maps.n_tile(m, n, options)
+        return self._parts.maps.n_tile(m, n, options)
 
     @gated
     def run_metrics(self) -> RunMetrics:
         """Kernels looked up, launches per kernel and (with ``kernel_timing``) GPU time, since this backend opened.
         Resolving the timings waits for their events, so this is refused during a capture."""
-        return self._kernels.run_metrics()
+        return self._parts.kernels.run_metrics()
 
     @gated
     def scan_redzones(self) -> list[RedZoneViolation]:
@@ -398,7 +376,7 @@ class GpuBackend:
         release the quarantine. Each violation goes to the observers, then is logged (``redzone_action="warn"``)
         or raised: [`RedZoneError`][metrale_core.RedZoneError]."""
         forbid_during_capture("scan_redzones()")
-        return self._guard.scan()
+        return self._parts.guard.scan()
 
     @property
     @gated
@@ -407,31 +385,31 @@ class GpuBackend:
 
         - ``mode``: ``"inside"`` every captured graph, ``"queued"`` or ``"waited"`` (a scan after each
           launch), ``"off"``, or ``"unknown"`` while a capture runs; ``reason``: why not inside."""
-        return self._guard.checks
+        return self._parts.guard.checks
 
     @gated
     def on_redzone_violation(self, observer: Callable[[str, RedZoneViolation], object]) -> None:
         """Call ``observer(backend_name, violation)`` for every violation this backend finds."""
         if not callable(observer):
             raise invalid_argument("on_redzone_violation", "a callable", observer)
-        self._guard.on_violation(observer)
+        self._parts.guard.on_violation(observer)
 
     @gated
     def wrap(self, obj: object) -> DeviceBuffer:
         """Another library's memory (CUDA array interface or DLPack; on the fake, writable C-contiguous memory) as
         a ``DeviceBuffer`` of kind ``"external"``, without a copy, after the device's work. Never on the ledger, never
         freed by metrale: [`unwrap`][metrale_core.GpuBackend.unwrap] lets go of it and of ``obj``."""
-        return self._exports.wrap(obj)
+        return self._parts.exports.wrap(obj)
 
     @gated
     def unwrap(self, buf: DeviceBuffer) -> None:
         """Let go of memory of [`wrap`][metrale_core.GpuBackend.wrap]: no longer live here; its owner frees it."""
-        self._exports.unwrap(buf, self._streams.warn_if_graphed)
+        self._parts.exports.unwrap(buf, self._parts.streams.warn_if_graphed)
 
     @gated_read
     def stats(self) -> MemoryStats:
         """Counts and bytes since it opened (peaks since [`reset_peak`][metrale_core.GpuBackend.reset_peak])."""
-        return self._monitor.stats()
+        return self._parts.monitor.stats()
 
     @gated_read
     def ledger_report(self) -> LedgerReport:
@@ -439,20 +417,21 @@ class GpuBackend:
         found (each zone once) and its [`origin`][metrale_core.GpuBackend.origin]: picklable values another
         process merges ([`merge_reports`][metrale_core.merge_reports], ``gather_object``). Answers after a device
         fault too."""
-        return ledger_report(self.origin, self._holdings.ledger, self._memory.swept, self._monitor.stats(),
-                             self._guard.found())
+        parts = self._parts
+        return ledger_report(self.origin, parts.holdings.ledger, parts.memory.swept, parts.monitor.stats(),
+                             parts.guard.found())
 
     @gated_read
     def memory_summary(self, top: int = 5) -> str:
         """A table of this backend's memory, as ``torch.cuda.memory_summary()`` gives: bytes by kind, counts,
         out-of-memory failures, arenas, red zones, free memory, the ``top`` call sites. Answers after a fault too,
         without the device's free memory (the device is not asked then)."""
-        return self._monitor.summary(top)
+        return self._parts.monitor.summary(top)
 
     @gated_read
     def reset_peak(self) -> None:
         """Start the peaks of [`stats`][metrale_core.GpuBackend.stats] again from the bytes live now."""
-        self._monitor.reset_peak()
+        self._parts.monitor.reset_peak()
 
     @gated
     def spawn_oom_watchdog(
@@ -460,7 +439,7 @@ class GpuBackend:
     ) -> OomWatchdog:
         """Start an [`OomWatchdog`][metrale_core.OomWatchdog]: a daemon thread that polls ``memory_info()`` every
         ``interval_s`` seconds and warns, once, when ``effective_free`` falls under ``min_free_bytes``."""
-        return self._monitor.spawn_oom_watchdog(interval_s, min_free_bytes, on_low)
+        return self._parts.monitor.spawn_oom_watchdog(interval_s, min_free_bytes, on_low)
 
     @gated_read
     def save_snapshot(self, path: str | os.PathLike[str]) -> Path:
@@ -468,7 +447,7 @@ class GpuBackend:
         to ``path`` as JSON, atomically, for ``metrale report``; returns the path (after a fault, with the device's
         memory left out: ``total`` 0). A ``path`` that is no path raises ``InvalidArgumentError``; one not writable,
         [`SnapshotError`][metrale_core.SnapshotError] (no file left)."""
-        return self._monitor.save_snapshot(path)
+        return self._parts.monitor.save_snapshot(path)
 
     def close(self) -> None:
         """Abort a capture, sweep the ledger, release everything; idempotent, never raises. Safe from any
@@ -476,35 +455,7 @@ class GpuBackend:
         later ones raise [`BackendClosedError`][metrale_core.BackendClosedError]. Afterwards nothing of it holds
         memory or waits for the garbage collector; only [`raw`][metrale_core.GpuBackend.raw] keeps the raw device.
         """
-        ctx = self._ctx
-        gate = ctx.gate
-        if not gate.closed and not gate.interrupted():
-            try:
-                ctx.enter()  # its outermost call runs the frees deferred from finalizers: done, not swept as leaks
-            except MetraleError:  # faulted: the sweep takes them
-                pass
-            else:
-                ctx.leave()
-        if not ctx.shut():
-            return
-        # quiesce: nothing new starts; what runs is stopped or waited for. Then release: the handles first
-        # (graphs use modules and memory), the parts in reverse order, the default stream and raw device last
-        self._monitor.stop()
-        self._streams.abort_captures()
-        ctx.quietly("synchronize", self._guard.sync_device)  # nothing is released while the device may use it
-        self._guard.final_scan()
-        self._streams.release_handles()
-        self._kernels.release()
-        self._exports.release()
-        self._memory.release()
-        self._guard.release()
-        self._streams.release_default()
-        target = self._raw_device
-        try:
-            target.close()
-        except Exception as exc:  # close never raises, whatever a plugin does
-            _log.warning("close of %s:%d: the backend's raw close failed: %s", self.name, self.ordinal, exc)
-        ctx.release()  # the context's cycles dropped: nothing waits for the collector; `raw` keeps the device
+        self._parts.close()
 
     def __enter__(self) -> GpuBackend:
         return self
@@ -529,4 +480,4 @@ class Parts(NamedTuple):
 def parts(backend: GpuBackend) -> Parts:
     """The one door into ``backend``'s parts from outside it (``_commands/bench/breakdown.py``): the release
     observers are those a free calls now (switched on by their fronts: none while no graph, export or map lives)."""
-    return Parts(backend._ctx, backend._holdings.releases.active)
+    return Parts(backend._ctx, backend._parts.holdings.releases.active)

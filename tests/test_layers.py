@@ -28,6 +28,7 @@ WINGS: tuple[tuple[str, ...], ...] = (
     ("_memory",),  # the ledger, arenas, holdings, the quarantine, the allocator
     ("_streams", "_reports"),  # issuing work; reports of snapshots
     ("_launch",),  # kernels, their registry and tensor maps
+    ("_parts",),  # the parts of one backend, in order
     ("_backend",),  # the facade
     ("_registration", "hookspec", "_discovery", "_placement"),  # finding and opening backends
     ("__init__", "plugin"),  # the public API

@@ -16,7 +16,7 @@ from metrale_core._memory.watch import ReleaseWatch
 
 
 def _active(gpu: GpuBackend) -> list[str]:
-    return [observer.__name__ for observer in gpu._holdings.releases.active]
+    return [observer.__name__ for observer in gpu._parts.holdings.releases.active]
 
 
 def test_the_switch_keeps_each_observer_once_and_in_order() -> None:

@@ -58,7 +58,8 @@ _BLOCK = DeviceBuffer._make(0x10000, 1 << 20, "arena", 0, "app.py:1", None)
 #: An allocator for the lane's parity test to make lanes of (its backend stays open for the module). Compiled, as
 #: a backend that runs the compiled lane is: its gate is the compiled one too (one ``pure`` picks both).
 _BACKEND = open_backend("fake", settings=SETTINGS.updated(pure=False))
-_ALLOCATOR = _BACKEND._memory
+_PARTS = _BACKEND._parts
+_ALLOCATOR = _PARTS.memory
 #: The same with red zones on (the zone table's and the quarantine's twins are made of its parts).
 _ZONED = open_backend("fake", settings=SETTINGS.updated(pure=False, redzone=64, redzone_lead=True))
 
@@ -70,23 +71,24 @@ _MAKE: dict[str, Callable[[type], object]] = {
     "gate": lambda cls: cls(lambda: BackendClosedError("closed")),
     "lane": lambda cls: _lane(cls, _BACKEND),
     "pool_front": lambda cls: cls(
-        _ALLOCATOR.ctx, _BACKEND._holdings, _BACKEND._stats, _BACKEND._guard, _ALLOCATOR._quarantine, _ALLOCATOR.raw,
+        _ALLOCATOR.ctx, _PARTS.holdings, _PARTS.stats, _PARTS.guard, _ALLOCATOR._quarantine, _ALLOCATOR.raw,
         _ALLOCATOR.swept, _ALLOCATOR.site_at,
     ),
     "pool": lambda cls: cls(_ALLOCATOR.pools, 0, _ALLOCATOR.pools.grow),
     "door": lambda cls: cls(_BACKEND, "probe"),
-    "stream_lane": lambda cls: cls(_BACKEND._streams, _BACKEND._holdings.ledger),
-    "graph_lane": lambda cls: cls(_BACKEND._streams.graphs, _BACKEND._streams.graphs.lane_parts()),
-    "launch_lane": lambda cls: cls(_BACKEND._kernels, _BACKEND._kernels.lane_parts()),
+    "stream_lane": lambda cls: cls(_BACKEND._parts.streams, _BACKEND._parts.holdings.ledger),
+    "graph_lane": lambda cls: cls(_BACKEND._parts.streams.graphs, _BACKEND._parts.streams.graphs.lane_parts()),
+    "launch_lane": lambda cls: cls(_BACKEND._parts.kernels, _BACKEND._parts.kernels.lane_parts()),
     "zones": lambda cls: cls(_ZONED.settings),
-    "quarantine": lambda cls: cls(_ZONED._memory.ctx, _ZONED._stats, _ZONED._guard),
+    "quarantine": lambda cls: cls(_ZONED._parts.memory.ctx, _ZONED._parts.stats, _ZONED._parts.guard),
 }
 
 
 def _lane(cls: Any, gpu: Any, caller_frames: int = 0) -> Any:
     """A lane of ``cls`` over the parts of backend ``gpu`` (as its allocator makes its own)."""
-    memory = gpu._memory
-    return cls(gpu._ctx, gpu._holdings, gpu._stats, gpu._guard, memory._quarantine, memory.raw, memory.pools,
+    parts = gpu._parts
+    memory = parts.memory
+    return cls(gpu._ctx, parts.holdings, parts.stats, parts.guard, memory._quarantine, memory.raw, memory.pools,
                memory.free_host, caller_frames)
 
 
@@ -700,7 +702,7 @@ import gc, logging, sys
 from metrale_core import MetraleSettings, open_backend
 logging.disable(logging.CRITICAL)
 gpu = open_backend("fake", settings=MetraleSettings(redzone=64, pure=False, redzone_quarantine_bytes=1 << 20))
-zones = gpu._guard.zones
+zones = gpu._parts.guard.zones
 class Owner:  # in a cycle: only a collection frees it, and its finalizer frees a zoned buffer
     def __init__(self, buf):
         self.buf, self.me = buf, self

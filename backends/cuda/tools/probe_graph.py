@@ -47,7 +47,7 @@ def main() -> None:
         graph = gpu.end_capture(stream)
         exe = graph.instantiate()
         graph.close()
-        lane = gpu._streams.graphs.launch_graph  # (a measurement: the private parts by name)
+        lane = gpu._parts.streams.graphs.launch_graph  # (a measurement: the private parts by name)
         e, s = exe.raw, stream.raw
         cdriver = None if c is None else (lambda: c.graph_launch(e.raw, s.raw))  # type: ignore[attr-defined]
 
