@@ -91,9 +91,17 @@ def run(*cmd: str | Path, cwd: Path = ROOT, env: dict[str, str] | None = None) -
 
 
 def twins() -> dict[str, Path]:
-    """The compiled twins: each ``.pyx`` of `TWIN_PACKAGES` by the module its setup.py builds from it."""
-    return {".".join(p.relative_to(base).with_suffix("").parts): p
-            for package, base in TWIN_PACKAGES.items() for p in sorted((base / package).rglob("*.pyx"))}
+    """Every compiled module of `TWIN_PACKAGES` and its source, as each setup.py finds them (``compiled_sources``:
+    ``_X`` from ``X.py`` where ``_X.pxd`` is beside it and no ``_X.pyx`` is, else from ``_X.pyx``)."""
+    found = {}
+    for package, base in TWIN_PACKAGES.items():
+        for pxd in sorted((base / package).rglob("_*.pxd")):
+            source = pxd.with_name(pxd.stem[1:] + ".py")
+            if source.is_file() and not pxd.with_suffix(".pyx").exists():
+                found[".".join(pxd.relative_to(base).with_suffix("").parts)] = source
+        for pyx in sorted((base / package).rglob("*.pyx")):
+            found[".".join(pyx.relative_to(base).with_suffix("").parts)] = pyx
+    return dict(sorted(found.items()))
 
 
 def cuda_include(python: Path | str = PY) -> str | None:
@@ -108,14 +116,15 @@ def cuda_include(python: Path | str = PY) -> str | None:
 
 
 def compiled_twins() -> list[str]:
-    """The twins built in place for this Python (the editable install builds them beside their ``.pyx``)."""
-    return [name for name, pyx in twins().items()
-            if any(pyx.with_name(pyx.stem + s).exists() for s in importlib.machinery.EXTENSION_SUFFIXES)]
+    """The twins built in place for this Python (the editable install builds each beside its source)."""
+    return [name for name, source in twins().items() if any(
+        source.with_name(name.rpartition(".")[2] + s).exists() for s in importlib.machinery.EXTENSION_SUFFIXES)]
 
 
 def _digest() -> str:
     digest = hashlib.sha256(sys.version.encode())
-    # a changed .pyx (or .pxd, which other twins cimport) reinstalls too: the editable install compiles the twins
+    # a changed compiled source (a .pyx, a one-source .py, or a .pxd, which others cimport) reinstalls too: the
+    # editable install compiles the twins, and a compiled module older than its source would run old code
     for path in [*map(ROOT.joinpath, PROJECT_FILES), *twins().values(), *sorted(ROOT.glob("metrale_core/**/*.pxd"))]:
         digest.update(path.read_bytes() if path.exists() else b"")
     for name in VERSION_FILES:
@@ -188,9 +197,10 @@ def lint() -> int:
                "backends/fake/tests", "backends/cuda/tests", "backends/cuda/setup.py", "tools/gpu_plan.py")
     if ruff or run(PY, "-m", "mypy", *LINTED):
         return 1
-    compiled = compiled_twins()
+    # stubtest for the hand-written .pyx (C ABIs) against their .pyi; a one-source module is its own stub
+    compiled = [name for name in compiled_twins() if twins()[name].suffix == ".pyx"]
     if not compiled:
-        print(f"lint: no compiled twin here ({len(twins())} .pyx): stubtest skipped", flush=True)
+        print("lint: no compiled .pyx here: stubtest skipped", flush=True)
         return 0
     allowlist = ROOT / "tools" / "stubtest-allowlist.txt"  # what Cython adds to each; not every twin has all
     # mypy finds each twin's stub by its package's folder (an editable install of setuptools' hides it behind an
