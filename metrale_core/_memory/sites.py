@@ -42,12 +42,12 @@ _INTERNAL_MODULES: dict[frozenset[str], dict[str, bool]] = {}
 #: Per call (code object and instruction): its ``"file:line"`` (compiled: a C table of as many). ``f_lineno``
 #: decodes the line table at each read (a quarter of a microsecond), so a site is formatted once.
 _SITES: dict[tuple[int, int], tuple[object, str]] = {}
-_SITES_MAX: Final = 4096
+_SITES_MAX: Final = 4096  # (compiled: at most half of the C table's 8192 slots, _frames.pxd)
 
 #: (one lookup of ``sys``'s attribute, not one per call)
 _getframe: Final = sys._getframe
 
-if not cython.compiled:  # (compiled: the C functions of ``_sites.pxd``, the frame API and a table of sites)
+if not cython.compiled:  # (compiled: the frame API and a table of sites in C, below)
 
     def _frame_back(frame: FrameType) -> FrameType | None:
         return frame.f_back
@@ -66,12 +66,24 @@ if not cython.compiled:  # (compiled: the C functions of ``_sites.pxd``, the fra
         hit = _SITES.get((id(code), lasti))
         return None if hit is None else hit[1]
 
-    def _cache_site(code: CodeType, lasti: int, site: str) -> None:
-        """Keep ``site`` for (``code``, ``lasti``); at `_SITES_MAX` entries, start again (code made at run time:
-        exec, generated tests). The entry keeps its code alive: the id stays its own."""
-        if len(_SITES) >= _SITES_MAX:
+    def _cache_site(code: CodeType, lasti: int, site: str, most: int) -> None:
+        """Keep ``site`` for (``code``, ``lasti``); at ``most`` entries, start again (code made at run time: exec,
+        generated tests). The entry keeps its code alive: the id stays its own."""
+        if len(_SITES) >= most:
             _SITES.clear()
         _SITES[(id(code), lasti)] = (code, site)
+else:  # the frame API and a table of sites in C: ``_frames.pxd``, cimported by this module alone
+    from cython.cimports.metrale_core._memory._frames import (  # type: ignore[import-not-found,no-redef]
+        _cache_site,
+        _cached_site,
+        _frame_back,
+        _frame_code,
+        _frame_lasti,
+        _frame_module,
+        frames_init,
+    )
+
+    frames_init()
 
 
 def _is_internal(module: str, internal: frozenset[str]) -> bool:
@@ -179,5 +191,5 @@ def _site(frame: FrameType) -> str:
     site = _cached_site(code, lasti)
     if site is None:
         site = f"{code.co_filename}:{frame.f_lineno}"
-        _cache_site(code, lasti, site)
+        _cache_site(code, lasti, site, _SITES_MAX)
     return site
