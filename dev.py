@@ -325,7 +325,7 @@ PARALLEL = ("-n", "auto", "--dist", "loadgroup")
 #: what builds wheels, runs subprocess after subprocess (the docs' examples, torchrun, the pytest plugin's own
 #: sessions) or exists for CI; the whole suite still runs before a commit lands.
 FAST_SELECTION: tuple[str, ...] = (
-    "-x", "-p", "no:cacheprovider",
+    "-x", "-p", "no:cacheprovider", "-m", "not slow",
     "--ignore=tests/commands/test_docs.py", "--ignore=tests/commands/test_release.py",
     "--ignore=tests/commands/test_dev_build.py", "--ignore=tests/commands/test_dev_gpu.py",
     "--ignore=tests/reports/test_distributed.py", "--ignore=tests/plugins/test_plugin_page.py",

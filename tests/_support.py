@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as _hypothesis
 
 from metrale_core import ConfigError, GpuBackend, MetraleSettings, open_backend, testing
 from metrale_core._twins import TWINS, built
@@ -177,3 +178,11 @@ def device_calls_table(capsule: object) -> DeviceCallsTable:
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, (ctypes.py_object, ctypes.c_char_p)
     return DeviceCallsTable.from_address(get_pointer(capsule, DEVICE_CALLS.encode()))
+
+
+def examples(count: int) -> int:
+    """A test's own Hypothesis example count (or a count of its own making), scaled down to the loaded profile:
+    ``count`` under "ci" (40 examples a test) and "thorough", a fifth under "fast" (8: ``dev.py test --fast``)."""
+    ci = _hypothesis.get_profile("ci").max_examples
+    return max(1, min(count, count * _hypothesis.default.max_examples // ci))
+

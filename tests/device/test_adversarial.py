@@ -24,7 +24,7 @@ from metrale_core import (
     OutOfMemoryError,
     open_backend,
 )
-from tests._support import SETTINGS
+from tests._support import SETTINGS, examples
 
 
 class _Producer:
@@ -197,7 +197,7 @@ def _fuzz_wrap(gpu: GpuBackend) -> None:
     keep = gpu.alloc(1024)
     gpu.memset(keep, 0x5A)
 
-    @settings(suppress_health_check=list(HealthCheck), deadline=None, max_examples=150)
+    @settings(suppress_health_check=list(HealthCheck), deadline=None, max_examples=examples(150))
     @given(producer=_PRODUCERS)
     def run(producer: object) -> None:
         before = _state(gpu)

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale_core import DeviceBuffer
-from tests._support import compiled_twin, in_threads
+from tests._support import compiled_twin, examples, in_threads
 
 Make = Callable[..., DeviceBuffer]
 
@@ -50,7 +50,7 @@ def test_the_handle_twin_stores_into_the_slots() -> None:
     assert _handle.DIRECT is (getattr(sys, "_is_gil_enabled", lambda: True)())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(fields=_FIELDS, owned=st.booleans())
 def test_a_buffer_made_by_the_twin_is_the_one_the_class_makes(
     fields: tuple[int, int, str, int, str], owned: bool

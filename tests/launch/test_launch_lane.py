@@ -20,7 +20,7 @@ from metrale_core import DeviceBuffer, GpuBackend, MetraleError, open_backend
 from metrale_core._launch.pack import pack_args
 from metrale_core._types import LaunchArg
 from metrale_core.kernels import shipped_modules
-from tests._support import SETTINGS, compiled_twin
+from tests._support import SETTINGS, compiled_twin, examples
 
 BUILDS = ["pure", "compiled"]
 
@@ -152,7 +152,7 @@ def _run_launches(build: str, launches: list[tuple[Any, ...]]) -> list[object]:
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(launches=_LAUNCHES)
 def test_the_launch_lane_twin_answers_as_the_pure_lane(launches: list[tuple[Any, ...]]) -> None:
     compiled_twin("launch_lane")

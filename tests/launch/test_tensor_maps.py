@@ -32,7 +32,7 @@ from metrale_core import (
 )
 from metrale_core.kernels import shipped_modules
 from metrale_fake import FakeLaunch
-from tests._support import SETTINGS
+from tests._support import SETTINGS, examples
 
 pytestmark = pytest.mark.needs("kernels", "tensor_maps")
 
@@ -322,7 +322,7 @@ def test_the_checker_agrees_with_the_backends_encoder(gpu: GpuBackend, capsys: p
     counts: collections.Counter[str] = collections.Counter()
     rules: collections.Counter[str] = collections.Counter()
 
-    @settings(max_examples=_examples(gpu.name), derandomize=True, deadline=None, database=None,
+    @settings(max_examples=examples(_examples(gpu.name)), derandomize=True, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     @given(random_specs())
     def agree(case: tuple[TensorMapSpec, int]) -> None:
@@ -348,7 +348,7 @@ def test_the_checker_agrees_with_the_backends_encoder(gpu: GpuBackend, capsys: p
     with capsys.disabled():
         print(f"\ntensor-map agreement on {gpu.name}: {total} specs, {counts['accepted by both']} accepted by both, "
               f"{counts['refused by both']} refused by both, 0 disagreements; refused by rule: {dict(rules)}")
-    assert total >= _examples(gpu.name) // 2
+    assert total >= examples(_examples(gpu.name)) // 2
     assert counts["accepted by both"] >= total // 10 and counts["refused by both"] >= total // 10
 
 

@@ -30,7 +30,7 @@ from metrale_core import ArenaFullError, DeviceBuffer, InvalidBufferError
 from metrale_core._memory.arena import MAX_ALIGN
 from metrale_core._memory.arena import Arena as PureArena
 from metrale_core._twins import pick
-from tests._support import SETTINGS, compiled_twin, in_threads
+from tests._support import SETTINGS, compiled_twin, examples, in_threads
 
 
 def _twin() -> type[PureArena]:
@@ -192,10 +192,11 @@ class ArenaTwins(RuleBasedStateMachine):
 
 def test_the_arena_twin_answers_as_the_pure_arena() -> None:
     _twin()
-    run_state_machine_as_test(ArenaTwins, settings=settings(max_examples=150, stateful_step_count=40, deadline=None))
+    chosen = settings(max_examples=examples(150), stateful_step_count=examples(40), deadline=None)
+    run_state_machine_as_test(ArenaTwins, settings=chosen)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(nbytes=st.sampled_from(_GOOD_SIZES + _BAD_SIZES), align=st.sampled_from(_GOOD_ALIGNS + _BAD_ALIGNS),
        closed=st.booleans())
 def test_numpy_integers_and_bad_arguments_give_the_same_errors(nbytes: object, align: object, closed: bool) -> None:

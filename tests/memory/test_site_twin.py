@@ -29,7 +29,7 @@ from metrale_core._device.buffer import DeviceBuffer
 from metrale_core._memory import ledger
 from metrale_core._memory.sites import _SITES, _SITES_MAX, CallSite, call_site, call_site_for
 from metrale_core._twins import built, pick
-from tests._support import SETTINGS
+from tests._support import SETTINGS, examples
 
 Fn = Callable[..., Any]
 
@@ -120,7 +120,7 @@ _INTERNAL = st.frozensets(
 _SKIPS = st.sampled_from([-2, -1, 0, 1, 2, 3, 4, 6, 9, 10_000])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(levels=_LEVELS, internal=_INTERNAL, skip=_SKIPS)
 @example(levels=[("module", "app", False)], internal=frozenset(), skip=-1)  # never the pure function's own frame
 @example(levels=[("missing", None, True)], internal=frozenset({""}), skip=10_000)

@@ -41,7 +41,7 @@ from metrale_core._streams.lane import StreamLane as PureStreamLane
 from metrale_core._twins import TWINS, built, describe, pick
 from metrale_core.allocators.door import Door as PureDoor
 from metrale_core.allocators.doorfuncs import c_functions
-from tests._support import SETTINGS, compiled_twin, in_threads
+from tests._support import SETTINGS, compiled_twin, examples, in_threads
 
 #: Each twin's pure reference: a class, or a function (the handle's ``DeviceBuffer._make``; the call site,
 #: ``tests/memory/test_site_twin.py``).
@@ -198,7 +198,7 @@ def _run(ledger: object, ops: list[tuple[str, int, int]]) -> list[object]:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(ops=_OPS, history=st.integers(0, 5))
 def test_the_ledger_twin_answers_as_the_pure_ledger(ops: list[tuple[str, int, int]], history: int) -> None:
     twin = _twin("ledger")
@@ -266,7 +266,7 @@ def _run_stats(stats: object, ops: list[tuple[str, object, int]]) -> list[object
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(ops=_STATS_OPS)
 def test_the_stats_twin_counts_as_the_pure_counter(ops: list[tuple[str, object, int]]) -> None:
     twin = _twin("stats")
@@ -308,7 +308,7 @@ def _run_gate(gate: object, ops: list[str]) -> list[object]:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(ops=_GATE_OPS)
 def test_the_gate_twin_answers_as_the_pure_gate(ops: list[str]) -> None:
     twin = _twin("gate")
@@ -455,7 +455,7 @@ def _run_lane(pure: bool, ops: list[tuple[str, object]], zones: tuple[bool, int,
     return out
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(ops=_LANE_OPS, zones=_ZONES)
 def test_the_lane_twin_runs_a_backend_as_the_pure_lane(
     ops: list[tuple[str, object]], zones: tuple[bool, int, int] | None
@@ -625,7 +625,7 @@ def test_the_capture_twin_reads_the_flag_in_place_where_the_gil_is_on() -> None:
     assert twin.SLOTS is getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(calls=st.integers(-2, 4), inside=st.booleans(), leaves=st.integers(1, 4))
 def test_the_capture_twin_leaves_a_call_as_the_pure_rule(calls: int, inside: bool, leaves: int) -> None:
     """``leave_call``'s twin (which the compiled gate calls) leaves a thread's flag as the pure one does."""
@@ -666,7 +666,7 @@ _ZONE_OPS = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(ops=_ZONE_OPS, lead=st.booleans())
 def test_the_zone_table_twin_keeps_the_pure_table_s_slots(ops: list[tuple[str, int]], lead: bool) -> None:
     """Zones added and removed in any order: the same zones, in the same slots, the same table bytes, versions and

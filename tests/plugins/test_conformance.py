@@ -88,6 +88,7 @@ def _caught_short_memset(error: str | None) -> bool:
                                                                       and "expected {}" in error))
 
 
+@pytest.mark.slow
 def test_broken_backend_gets_an_actionable_verdict(short: str) -> None:
     report = run_conformance(short, WARN, examples=100, steps=20)
     text = report.render()
@@ -97,6 +98,7 @@ def test_broken_backend_gets_an_actionable_verdict(short: str) -> None:
     assert any(line.startswith("state.") for line in report.program), text
 
 
+@pytest.mark.slow
 def test_a_one_byte_short_memset_fails_with_a_verdict_naming_its_budget(short: str) -> None:
     """The defaults: the failure, shrunk within the default budget (the run prints its verdict; how long it
     took is measured outside the tests: see docs/plugin-authors.md)."""
@@ -171,6 +173,7 @@ def test_cli_unknown_backend() -> None:
     assert out.returncode == 1 and "BackendNotFoundError" in out.stderr
 
 
+@pytest.mark.slow
 def test_cli_takes_a_budget_and_shows_it() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
     args = [sys.executable, "-m", "metrale_core", "conformance", "fake", "--examples", "3", "--steps", "5"]

@@ -27,6 +27,7 @@ from metrale_core import (
     open_backend,
 )
 from metrale_core.kernels import shipped_modules
+from tests._support import examples
 from tests.redzones.test_quarantine import LEAD, ZONE, ZONED, _edge, _found, _graph, _launch_expecting
 
 BUILDS = pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure"])
@@ -207,7 +208,7 @@ def test_a_full_arena_counts_the_zones(backend_name: str, pure: bool) -> None:
 
 
 @BUILDS
-@hyp_settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hyp_settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shapes=st.lists(st.tuples(st.integers(0, 3000), st.sampled_from([1, 2, 16, 256, 4096])), max_size=12))
 def test_pieces_stay_aligned_and_their_zones_apart(
     backend_name: str, pure: bool, shapes: list[tuple[int, int]]

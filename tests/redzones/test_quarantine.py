@@ -34,7 +34,7 @@ from metrale_core import (
 from metrale_core._memory.quarantine import QUARANTINE_MAX_BUFFERS
 from metrale_core.kernels import shipped_modules
 from metrale_core.testing import FaultInjecting
-from tests._support import MIB, SETTINGS, checked_inside, step
+from tests._support import MIB, SETTINGS, checked_inside, examples, step
 
 FILL = 0xA5
 ZONE = 64  # the trailing zone
@@ -781,7 +781,7 @@ def test_a_launch_s_find_is_reported_by_the_next_wait_though_its_graph_was_close
 
 
 @given(data=st.data())
-@hyp_settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hyp_settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_exactly_the_planted_overruns_are_reported_once(backend_name: str, data: st.DataObject) -> None:
     """Random allocations, frees and one-byte overruns into live and quarantined buffers' zones, with a
     quarantine small enough that frees drain it in between: every planted zone is reported exactly once,

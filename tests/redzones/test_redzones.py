@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from metrale_core import GpuBackend, RedZoneError, RedZoneViolation, open_backend
 from metrale_core.kernels import shipped_modules
-from tests._support import SETTINGS, checked_inside, install_distribution
+from tests._support import SETTINGS, checked_inside, examples, install_distribution
 
 
 def _planted(gpu: GpuBackend) -> object:
@@ -278,7 +278,7 @@ PLANTS = st.lists(
 
 @pytest.mark.needs("kernels")
 @given(plants=PLANTS)
-@hyp_settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hyp_settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_planted_overruns_and_underruns_are_found(backend_name: str, plants: list[tuple[str, int, int, int]]) -> None:
     """Every backend finds exactly the planted violations: the same answers on fake and cuda."""
     settings = SETTINGS.updated(redzone=64, redzone_lead=True, redzone_action="warn", redzone_fill=0xA5)
@@ -310,7 +310,7 @@ def test_planted_overruns_and_underruns_are_found(backend_name: str, plants: lis
     n=st.integers(8, 40),
     data=st.data(),
 )
-@hyp_settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hyp_settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_scans_follow_allocations_as_they_come_and_go(backend_name: str, n: int, data: st.DataObject) -> None:
     """The scan's zone table is kept as allocations come and go (a freed zone's slot takes
     the last one): scans between frees and allocations find exactly the planted zones still live."""

@@ -95,6 +95,7 @@ def test_memory_summary_and_snapshot_leave_the_free_memory_out_after_a_fault(
     assert report["totals"][1] == 0
 
 
+@pytest.mark.slow
 def test_stats_of_the_backend_and_of_a_snapshot(tmp_path: Path) -> None:
     out = metrale("stats", METRALE_BACKEND="fake")  # no snapshot: a usage problem, said in one line
     assert out.returncode == 2 and "save_snapshot" in out.stderr and out.stderr.count("\n") == 1, out.stderr
@@ -114,6 +115,7 @@ def test_stats_of_the_backend_and_of_a_snapshot(tmp_path: Path) -> None:
     assert out.returncode == 1 and "cannot read the memory snapshot" in out.stderr
 
 
+@pytest.mark.slow
 def test_json_of_backends_info_and_conformance() -> None:
     backends = json.loads(metrale("backends", "--json").stdout)
     assert {"name": "fake", "available": True, "distribution": "metrale-fake", "reason": None} in backends
