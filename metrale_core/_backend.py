@@ -199,7 +199,7 @@ class GpuBackend:
     @gated_read
     def ledger_probe(self) -> LedgerProbe:
         """A reader of this backend's ledger that outlives the backend."""
-        return LedgerProbe(self._parts.holdings.ledger)
+        return LedgerProbe(self._parts.holdings.ledger, self._ctx.gate)
 
     @gated
     def sweep_unreleased(self) -> int:

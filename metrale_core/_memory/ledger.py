@@ -20,9 +20,10 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from .._device.buffer import DeviceBuffer
+from .._errors import MetraleError
 from .._types import AllocRecord, Origin
 from .records import LedgerEvent, record_of
 
@@ -39,6 +40,8 @@ if TYPE_CHECKING:  # (as a module: compiled, ``Gate`` is the one _ledger.pxd cim
 
 
 __all__ = ["Ledger", "LedgerProbe"]
+
+_T = TypeVar("_T")
 
 
 class Ledger:
@@ -202,13 +205,30 @@ def _by_index(buf: DeviceBuffer) -> int:
 class LedgerProbe:
     """A reader of one backend's ledger that stays usable after the backend closes.
 
-    Closing the backend sweeps the ledger, so a probe then reads an empty one.
+    Closing the backend sweeps the ledger, so a probe then reads an empty one. While the backend is open, each read
+    is counted in its gate: a finalizer that a collection runs during the read, and that frees a buffer of this
+    backend, has its free deferred (the ledger's lock is not re-entrant: that free would wait for the read forever).
     """
 
-    __slots__ = ("_ledger",)
+    __slots__ = ("_gate", "_ledger")
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, gate: gates.Gate | None = None) -> None:
         self._ledger = ledger
+        self._gate = gate
+
+    def _read(self, read: Callable[[], _T]) -> _T:
+        """``read()``, inside the backend's gate while it is open (closed, nothing frees onto the ledger)."""
+        gate = self._gate
+        if gate is None:
+            return read()
+        try:
+            gate.enter(True)
+        except MetraleError:  # closed (or a finalizer's own read): no free of this backend can come meanwhile
+            return read()
+        try:
+            return read()
+        finally:
+            gate.leave()
 
     def live_count(self) -> int:
         """How many allocations are on the ledger."""
@@ -216,8 +236,8 @@ class LedgerProbe:
 
     def live_bytes(self) -> int:
         """The bytes asked for by the allocations on the ledger."""
-        return self._ledger.live_bytes()
+        return self._read(self._ledger.live_bytes)
 
     def records(self) -> list[AllocRecord]:
         """The records on the ledger, in creation order."""
-        return self._ledger.snapshot()
+        return self._read(self._ledger.snapshot)

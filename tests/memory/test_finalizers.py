@@ -35,8 +35,9 @@ class Owner:  # in a cycle: only a collection frees it; its finalizer frees its 
         freed.append(self.buf.index)
         hold.append([(i, i, i) for i in range(3000)])  # no free list: the next tuple anywhere is a collection
 keep = [gpu.alloc(100) for _ in range(4)]
+probe = gpu.ledger_probe()  # (its reads take the ledger's lock outside any call of the backend's own)
 calls = (gpu.scan_redzones, lambda: gpu.alloc(100), gpu.ledger_report, gpu.stats, gpu.memory_summary,
-         lambda: gpu.free(gpu.alloc(300)))
+         lambda: gpu.free(gpu.alloc(300)), probe.records, probe.live_bytes)
 for call in calls:
     gc.collect(); gc.disable()
     Owner(gpu.alloc(100), 3)
