@@ -52,7 +52,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("pressure", "arena"),
         ("snapshot", "holdings"),
         ("monitor", "exports", "quarantine"),
-        ("rawmem", "_hot"),
+        ("rawmem",),
         ("pools",),
         ("lane",),
         ("allocator",),

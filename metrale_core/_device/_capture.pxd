@@ -1,6 +1,7 @@
 # capture.py compiled as ``_capture``: the record's flags read and written in place, and the capture rule's C-level
-# door for the compiled parts (``from metrale_core._device._capture cimport _Flag, forbid_c, leave_call``):
-# `forbid_c` is `forbid_during_capture` with the calling thread's flag at hand; `leave_call` ends a call (the gate's).
+# door for the compiled parts (``from metrale_core._device._capture cimport _Flag, forbid_during_capture, leave_call``):
+# `forbid_during_capture` takes the calling thread's flag where the caller has it at hand; `leave_call` ends a call
+# (the gate's).
 
 from metrale_core._device._slots cimport slot_named
 
@@ -38,9 +39,3 @@ cdef inline bint flags_in_place(object flag, object starting) except -1:
     """Whether the slots this module reads in place are those of ``flag`` and ``starting`` (the record's classes)."""
     return (slot_named(flag, "calls") == FLAG_CALLS and slot_named(flag, "inside") == FLAG_INSIDE
             and slot_named(starting, "count") == STARTING_COUNT)
-
-
-cdef inline int forbid_c(_Flag flag, str what) except -1:
-    """`forbid_during_capture` with the calling thread's ``flag`` at hand."""
-    forbid_during_capture(what, flag)
-    return 0

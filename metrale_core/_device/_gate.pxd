@@ -1,6 +1,6 @@
 # gate.py compiled as ``_gate``: the gate's flags and counts as C fields, and its C-level door for the compiled parts
 # that pass it (``from metrale_core._device._gate cimport Gate, _Cell``): `enter_c` counts the calling thread in and
-# gives its cell, `leave_c` counts that cell out; `closed` (and `closed_c`) and `interrupted_c` are C reads.
+# gives its cell, `leave_c` counts that cell out; `closed` is a C read, `interrupted` a C call.
 
 cimport cython
 
@@ -51,9 +51,3 @@ cdef class Gate:
     cpdef void leave_c(self, _Cell cell) except *
     cdef int _count_out(self, _Cell cell) except -1
     cpdef bint interrupted(self) except -1
-
-    cdef inline bint closed_c(self):
-        return self.closed
-
-    cdef inline bint interrupted_c(self) except -1:
-        return self.interrupted()

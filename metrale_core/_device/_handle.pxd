@@ -1,6 +1,5 @@
 # handle.py compiled as ``_handle``: a DeviceBuffer built by storing its slots in place, and the C-level door other
-# compiled modules cimport (``from metrale_core._device._handle cimport make_buffer``): `make_buffer` (`make`) and
-# `buffer_field` (a field read from its slot; the caller checks ``type(buf) is DeviceBuffer``).
+# compiled modules cimport (``from metrale_core._device._handle cimport make_buffer``): `make_buffer` (`make`).
 
 from metrale_core._device._slots cimport slot_named
 
@@ -10,7 +9,6 @@ cdef extern from *:
        offset found by metrale_slot_offset (_slots.pxd). Only _handle's own functions read them. */
     static CYTHON_UNUSED PyTypeObject *metrale_buffer_type = NULL;
     static CYTHON_UNUSED Py_ssize_t metrale_buffer_slot[6];
-    static CYTHON_UNUSED const char *metrale_buffer_names[6] = {"ptr", "nbytes", "kind", "index", "site", "_owner"};
 
     /* Whether this is a free-threaded build: there the pure path runs (as DeviceBuffer._make's own rule has it). */
     #ifdef Py_GIL_DISABLED
@@ -26,14 +24,6 @@ cdef extern from *:
         for (i = 0; i < 6; i++) metrale_buffer_slot[i] = offsets[i];
         metrale_buffer_type = type;
         return 0;
-    }
-
-    /* Field ``i`` of DeviceBuffer ``buf`` (a new reference; an unset slot: the attribute's error). */
-    static CYTHON_UNUSED PyObject *metrale_buffer_field(PyObject *buf, int i) {
-        PyObject *value = *(PyObject **)((char *)buf + metrale_buffer_slot[i]);
-        if (value == NULL) return PyObject_GetAttrString(buf, metrale_buffer_names[i]);
-        Py_INCREF(value);
-        return value;
     }
 
     /* A new DeviceBuffer of these fields (new references in its slots), or NULL with an exception set. */
@@ -57,21 +47,10 @@ cdef extern from *:
     int use_layout "metrale_use_layout"(object type, Py_ssize_t *offsets)
     object build_buffer "metrale_build_buffer"(object ptr, object nbytes, object kind, object index, object site,
                                                object owner)
-    object field_in_place "metrale_buffer_field"(object buf, int i)
-
-# A DeviceBuffer's fields, in its slots' order, for `buffer_field`.
-cdef enum:
-    FIELD_PTR = 0
-    FIELD_NBYTES = 1
-    FIELD_KIND = 2
-    FIELD_INDEX = 3
-    FIELD_SITE = 4
-    FIELD_OWNER = 5
 
 cdef bint _direct
 
 cdef object make_buffer(object ptr, object nbytes, object kind, object index, object site, object owner)
-cdef object buffer_field(object buf, int i)
 
 
 cdef inline str keep_layout(object cls, tuple names):

@@ -1,7 +1,7 @@
 # stats.py compiled as ``_stats``: the counter's fields as C integers under the C lock of ``_lock.pxd``, and its
-# C-level door for the compiled parts (``from metrale_core._device._stats cimport KIND_DEVICE, StatsCounter``):
-# `allocated_c` and `released_c` are `allocated` and `released` with the kind's index at hand (``KIND_DEVICE``:
-# ``"device"``); `quarantined_c` and `reusable_c` are `quarantined` and `reusable` (the compiled quarantine's).
+# methods the compiled parts call at C level (``from metrale_core._device._stats cimport KIND_DEVICE, StatsCounter``):
+# `allocated_c` and `released_c` (the kind's index at hand: ``KIND_DEVICE`` is ``"device"``), `quarantined`,
+# `reusable`.
 
 cimport cython
 
@@ -43,19 +43,8 @@ cdef class StatsCounter:
     cpdef void allocated(self, object kind, long long nbytes) except *
     cpdef void released(self, object kind, long long nbytes) except *
     @cython.locals(now=cython.longlong)
-    cdef void _allocated_at(self, int k, long long nbytes) noexcept
-    cdef void _released_at(self, int k, long long nbytes) noexcept
+    cpdef void allocated_c(self, int k, long long nbytes) noexcept
+    cpdef void released_c(self, int k, long long nbytes) noexcept
     @cython.locals(total=cython.longlong, k=cython.int)
     cpdef void reset_peak(self) noexcept
 
-    cdef inline void allocated_c(self, int k, long long nbytes) noexcept:
-        self._allocated_at(k, nbytes)
-
-    cdef inline void released_c(self, int k, long long nbytes) noexcept:
-        self._released_at(k, nbytes)
-
-    cdef inline void quarantined_c(self, long long count, long long nbytes) noexcept:
-        self.quarantined(count, nbytes)
-
-    cdef inline void reusable_c(self, long long count, long long nbytes) noexcept:
-        self.reusable(count, nbytes)

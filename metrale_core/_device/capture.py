@@ -4,12 +4,12 @@ The rules, the record of the captures in progress and every thread's flag are ``
 process, never compiled), and this module gives its names too. These checks are written once, here, and compiled as
 well as run as Python (``_capture``, with ``_capture.pxd`` beside it: docs/building.md):
 
-- `forbid_during_capture`: the barred call's check (``forbid_c`` in ``_capture.pxd``: the flag at hand). Its
+- `forbid_during_capture`: the barred call's check (the caller's flag at hand where it has it). Its
   common case takes no lock: the thread's flag set first, then the record read; anything else is the rule's locked
   half, `judge_under_capture`, with the flag still set (a capture starting meanwhile waits for this call).
 - `leave_call`: the end of a metrale call; the outermost one ends the thread's barred call.
 - Compiled, they read and write the flag's slots in place; the gate's compiled twin counts its calls on the same
-  flag (``_gate.pxd``), and the compiled lane checks the rule at C level (``forbid_c``).
+  flag (``_gate.pxd``), and the compiled lanes check the rule at C level (``_capture.pxd``).
 - A free-threaded build takes the record's lock where the GIL would order a flag's store and the record's load.
 """
 
@@ -88,7 +88,7 @@ def forbid_during_capture(what: str, flag: _Flag | None = None) -> None:
     returns (`call_left`, which the device context's gate calls): a capture that begins
     meanwhile on another thread waits for it (`Capture.start`), so the check and the
     driver call it guards are one step, as CUDA's own rule is. ``flag``: the calling thread's,
-    where the caller has it at hand (the compiled lane's ``forbid_c``).
+    where the caller has it at hand (the lanes': their gate's cell's).
 
     No lock while no capture runs or starts: the thread's own flag is set first, then the record
     read (a store and a load of the GIL's sequentially consistent kind: whichever order this and a

@@ -225,7 +225,8 @@ def judge_under_capture(flag: _Flag, was: bool, what: str) -> None:
     with its thread's ``flag`` already set (``was``: the flag before). The flag stays set throughout: a capture
     that starts meanwhile waits for this call, or this call raises (and puts the flag back).
 
-    The fast half (``capture.py``'s `forbid_c`, compiled or not) calls it: the rule's locked half is written once."""
+    The fast half (``capture.py``'s `forbid_during_capture`, compiled or not) calls it: the rule's locked half is
+    written once."""
     with _LOCK:
         if not _ACTIVE:  # a capture is starting: it waits for this call
             return

@@ -8,10 +8,9 @@ docs/building.md); the class itself stays in ``buffer.py``, never compiled (user
   checked: six object slots in the dataclass's order, inside the object, after its header, and a buffer built so
   equal to ``DeviceBuffer(...)``. Where the layout is not that (a changed class, a free-threaded build), it calls
   ``DeviceBuffer._make``, and the log says why once (at debug).
-- Other compiled modules ``cimport`` `make_buffer` (`make`, at C level) and `buffer_field` (a field read from its
-  slot, by its index: ``FIELD_PTR`` ... ``FIELD_OWNER``).
-- As Python, `make` is ``DeviceBuffer._make`` and `buffer_field` reads the attribute;
-  ``_twins.pick("handle", DeviceBuffer._make, pure)`` chooses.
+- Other compiled modules ``cimport`` `make_buffer` (`make`, at C level); they read a buffer's fields in place
+  through ``_fields.pxd``.
+- As Python, `make` is ``DeviceBuffer._make``; ``_twins.pick("handle", DeviceBuffer._make, pure)`` chooses.
 """
 
 from __future__ import annotations
@@ -27,24 +26,19 @@ try:
 except ImportError:  # (no Cython here: this module runs as Python)
     from .. import _nocython as cython
 
-__all__ = ["DIRECT", "buffer_field", "make", "make_buffer"]
+__all__ = ["DIRECT", "make", "make_buffer"]
 
 _log = logging.getLogger("metrale")
 
 #: DeviceBuffer's fields, in the order `make` takes them and its slots are stored.
 _FIELDS: Final = ("ptr", "nbytes", "kind", "index", "site", "_owner")
 
-if not cython.compiled:  # (compiled: _handle.pxd's C, which finds the slots and stores and reads them in place)
-    FIELD_PTR, FIELD_NBYTES, FIELD_KIND, FIELD_INDEX, FIELD_SITE, FIELD_OWNER = range(len(_FIELDS))
-
+if not cython.compiled:  # (compiled: _handle.pxd's C, which finds the slots and stores into them in place)
     def keep_layout(cls: type, names: tuple[str, ...]) -> str | None:
         """Why the slots of ``cls`` cannot be stored into in place, or ``None`` (their offsets kept)."""
         return "it runs as Python"
 
     build_buffer: Final = DeviceBuffer._make
-
-    def field_in_place(buf: DeviceBuffer, i: int) -> object:
-        return getattr(buf, _FIELDS[i])
 
 
 def _layout_problem() -> str | None:
@@ -92,10 +86,3 @@ def make_buffer(ptr: int, nbytes: int, kind: str, index: int, site: str, owner: 
         return build_buffer(ptr, nbytes, kind, index, site, owner)
     return DeviceBuffer._make(ptr, nbytes, kind, index, site, owner)
 
-
-def buffer_field(buf: DeviceBuffer, i: int) -> object:
-    """Field ``i`` (``FIELD_PTR`` ... ``FIELD_OWNER``) of ``buf``, a `DeviceBuffer` (its exact type: the caller
-    checks)."""
-    if _direct:
-        return field_in_place(buf, i)
-    return getattr(buf, _FIELDS[i])

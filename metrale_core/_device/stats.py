@@ -5,8 +5,8 @@ well as run as Python (``_stats``, with ``_stats.pxd`` beside it: docs/building.
 
 - its counters by kind are kept in `KINDS`'s order (a list as Python, C integers compiled), under its lock (the C
   lock of ``_lock.pxd`` compiled);
-- the compiled parts count at C level with the kind's index at hand (``_stats.pxd``: ``allocated_c(KIND_DEVICE,
-  n)``, ``released_c``, ``quarantined_c``, ``reusable_c``).
+- the hot paths count with the kind's index at hand (`allocated_c`, `released_c`: ``allocated_c(KIND_DEVICE, n)``),
+  the compiled ones at C level (``_stats.pxd``).
 """
 
 from __future__ import annotations
@@ -92,12 +92,12 @@ class StatsCounter:
             release_lock(self._lock)
 
     def allocated(self, kind: str, nbytes: int) -> None:
-        self._allocated_at(_INDEX[kind], nbytes)
+        self.allocated_c(_INDEX[kind], nbytes)
 
     def released(self, kind: str, nbytes: int) -> None:
-        self._released_at(_INDEX[kind], nbytes)
+        self.released_c(_INDEX[kind], nbytes)
 
-    def _allocated_at(self, k: int, nbytes: int) -> None:
+    def allocated_c(self, k: int, nbytes: int) -> None:
         """`allocated`, the kind by its index in `KINDS`."""
         acquire_lock(self._lock)
         try:
@@ -111,7 +111,7 @@ class StatsCounter:
         finally:
             release_lock(self._lock)
 
-    def _released_at(self, k: int, nbytes: int) -> None:
+    def released_c(self, k: int, nbytes: int) -> None:
         """`released`, the kind by its index in `KINDS`."""
         acquire_lock(self._lock)
         try:

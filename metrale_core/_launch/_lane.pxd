@@ -1,5 +1,5 @@
 # lane.py compiled as ``_lane``: the launch lane's fields as C types, the gate passed at C level (``_gate.pxd``), the
-# arguments packed at C level (``_pack.pxd``), a stream's fields read in place (``_streams/_fields.pxd``), and the
+# arguments packed at C level (``_pack.pxd``), a stream's fields read in place (``_device/_fields.pxd``), and the
 # plugin's C ``launch`` (``_device/_calls.pxd``) called by `call_launch`, which lane.py names only where it is
 # compiled.
 
@@ -7,10 +7,10 @@ cimport cython
 from cpython.object cimport PyObject
 
 from metrale_core._device._calls cimport DEVICE_CALLS_LAUNCH, device_calls_with, metrale_device_calls_v1, table_of
+from metrale_core._device._fields cimport Stream, check_fields
 from metrale_core._device._gate cimport Gate, _Cell
 from metrale_core._launch._pack cimport pack_plain
 from metrale_core._memory._ledger cimport Ledger
-from metrale_core._streams._fields cimport Stream, check_fields
 
 
 @cython.final

@@ -1,14 +1,14 @@
 # pack.py compiled as ``_pack``: the packer's loops over C-typed locals, a buffer's fields read in place
-# (``_streams/_fields.pxd``), each LaunchArg built in place where its layout allows (`new_arg`, `args_in_place`,
+# (``_device/_fields.pxd``), each LaunchArg built in place where its layout allows (`new_arg`, `args_in_place`,
 # which pack.py names only where it is compiled), and `pack_plain` at C level for the launch lane
 # (``from metrale_core._launch._pack cimport pack_plain``).
 
 cimport cython
 from cpython.object cimport PyTypeObject
 
+from metrale_core._device._fields cimport DeviceBuffer, check_fields
 from metrale_core._device._slots cimport slot_set, slots_to_build
 from metrale_core._memory._ledger cimport Ledger
-from metrale_core._streams._fields cimport DeviceBuffer, check_fields
 
 cdef extern from "Python.h":
     object PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t nitems)  # (a new reference, taken as one)

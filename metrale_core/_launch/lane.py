@@ -11,7 +11,7 @@ docs/building.md). It is the kernel front's launch where the launch is the commo
 - Then, as the front does it: the launch kept among the recent ones (a fault report names it), the zones' fills
   settled, the plugin called, the launch counted; a failure names the launch (`launch_failed`).
 - Compiled, the gate is passed at C level, the arguments packed at C level (``_pack.pxd``), a stream's fields read in
-  place (``_streams/_fields.pxd``), and the plugin called through its C ``launch`` where it offers one
+  place (``_device/_fields.pxd``), and the plugin called through its C ``launch`` where it offers one
   (``RawDevice.device_calls``; a call it declines is made through the method).
 - Everything else goes to the kernel front (`KernelFront.launch`), which checks it in full and does the work or
   raises.
@@ -198,4 +198,4 @@ class LaunchLane:  # (final: _lane.pxd says so to Cython)
 
     def _closed(self) -> bool:
         """Whether the backend's close has begun (compiled: read at C level)."""
-        return self._gate.closed_c() if cython.compiled else self._gate.closed  # type: ignore[no-any-return]
+        return self._gate.closed  # type: ignore[no-any-return]  # (compiled: a C read, the gate typed in the .pxd)

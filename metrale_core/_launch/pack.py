@@ -9,7 +9,7 @@ docs/building.md); the kernel front picks one with ``_twins.pick("pack", ...)``.
 - `pack_plain`, for the launch lane: the common cases only (a live buffer of the ledger's for a pointer, a scalar of
   a type met before), the liveness asked of the ledger; ``None`` where any argument is not one of them (the lane then
   hands the launch to the front, whose `pack_args` checks it in full and raises).
-- Compiled, a buffer's fields are read in place (``_streams/_fields.pxd``) and each `LaunchArg` is built in place
+- Compiled, a buffer's fields are read in place (``_device/_fields.pxd``) and each `LaunchArg` is built in place
   where its layout allows (`C_ARGS`), as ``LaunchArg._make`` builds it.
 """
 

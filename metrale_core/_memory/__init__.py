@@ -18,7 +18,6 @@
 - `exports`: memory handed to other libraries, and theirs taken in;
 - `quarantine`: freed zoned blocks, checked, reused and released; the allocator owns it;
 - `rawmem`: raw memory with reclaim-and-retry and the out-of-memory report; pools register their trimmers;
-- `_hot`: the hot paths' calls into the other parts by name, as Python (``_hot.pxd``'s C doors where compiled);
 - `pools`: the pool front, the ledger's side of each pool's pieces (one source, compiled as ``_pools``);
 - `lane`: ``GpuBackend.alloc`` and ``free``, every allocation of device, managed and arena memory and the commit
   rule, through the gate (one source, compiled as ``_lane``);

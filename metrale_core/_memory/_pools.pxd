@@ -1,15 +1,15 @@
-# pools.py compiled as ``_pools``: the pool front's fields as C types, the pool and the other twins called through
-# their C-level doors (``_hot.pxd``, ``_pool.pxd``, ``_ledger.pxd``), and the methods the compiled lane calls at C
-# level (``from metrale_core._memory._pools cimport PoolFront``): `free_piece`, `piece_taken`.
+# pools.py compiled as ``_pools``: the pool front's fields as C types, the pool and the other twins called at C level
+# through their own .pxd (the gate, the capture rule, the handle, the stats, the ledger, the pool, the call site), a
+# piece's fields read in place (``_device/_fields.pxd``), and the methods the compiled lane calls at C level
+# (``from metrale_core._memory._pools cimport PoolFront``): `free_piece`, `piece_taken`.
 
 cimport cython
 
+from metrale_core._device._capture cimport forbid_during_capture
+from metrale_core._device._fields cimport DeviceBuffer, check_fields
 from metrale_core._device._gate cimport Gate, _Cell
-from metrale_core._device._stats cimport StatsCounter
-from metrale_core._memory._hot cimport (
-    buf_index, buf_kind, buf_nbytes, buf_owner, buf_ptr, forbid, gate_in, gate_out, interrupted, make_buffer,
-    pool_in, pool_out,
-)
+from metrale_core._device._handle cimport make_buffer
+from metrale_core._device._stats cimport KIND_POOL, StatsCounter
 from metrale_core._memory._ledger cimport Ledger
 from metrale_core._memory._pool cimport MemoryPool, Segment, size_class
 from metrale_core._memory._sites cimport call_site
@@ -46,12 +46,13 @@ cdef class PoolFront:
     @cython.locals(segment=Segment, zoned=bint)
     cdef object _piece(self, MemoryPool pool, object n, object target, bint foreign, object index, str what,
                        object site)
-    cdef int _commit(self, MemoryPool pool, object buf, object index, object ptr, object size, Segment segment,
+    cdef int _commit(self, MemoryPool pool, DeviceBuffer buf, object index, object ptr, object size, Segment segment,
                      object target, bint zoned, str what) except -1
     cdef int _untaken(self, MemoryPool pool, object index, object ptr, object size, Segment segment,
                       bint zoned) except -1
     @cython.locals(cell=_Cell, gate=Gate)
     cpdef pool_free(self, MemoryPool pool, object buf, object stream, str what)
+    @cython.locals(handle=DeviceBuffer, record=DeviceBuffer)
     cpdef free_piece(self, MemoryPool pool, object buf, object stream, str what)
     @cython.locals(pool=MemoryPool, observers=tuple)
-    cpdef piece_taken(self, object buf, object record, object stream)
+    cpdef piece_taken(self, object buf, DeviceBuffer record, object stream)

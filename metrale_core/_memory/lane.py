@@ -2,9 +2,10 @@
 
 Written once, here, and compiled as well as run as Python (``_lane``, with ``_lane.pxd`` beside it:
 docs/building.md); compiled, ``GpuBackend.alloc`` and ``free`` run at C level, red zones included: the gate, the
-capture rule, the handle, the ledger, the stats, the zone table and the quarantine through their C-level doors
-(``_hot.pxd``), the plugin through its C device calls where it offers them (``RawDevice.device_calls``), else
-through its methods. A C call that declined is made through the method, which does it or raises.
+capture rule, the handle, the ledger, the stats, the zone table and the quarantine called at C level (their twins'
+``.pxd``), a buffer's fields read in place (``_device/_fields.pxd``), the plugin through its C device calls where it
+offers them (``RawDevice.device_calls``; ``_lane.pxd``), else through its methods. A C call that declined is made
+through the method, which does it or raises.
 
 - `DeviceLane.alloc` and `DeviceLane.free` are ``GpuBackend.alloc`` and ``GpuBackend.free``: they pass the gate.
   `DeviceLane.allocate` is every other allocation of the allocator (managed memory, arena blocks, a
@@ -28,8 +29,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from .._device.args import positive_size
-from .._device.buffer import DeviceBuffer
-from .._device.capture import forbid_during_capture
 from .._device.context import DeviceContext
 from .._device.guarded import raise_raw
 from .._device.handles import HostBuffer
@@ -46,34 +45,36 @@ try:
 except ImportError:  # (no Cython here: this module runs as Python)
     from .. import _nocython as cython
 
-if not cython.compiled:  # (compiled: the C-level doors that _lane.pxd cimports)
-    from ._hot import (
-        add_zones,
-        ask_device_calls,
-        buf_index,
-        buf_kind,
-        buf_nbytes,
-        buf_owner,
-        buf_ptr,
-        calls_alloc,
-        calls_free,
-        calls_have_memset,
-        calls_memset,
-        check_parts,
-        device_calls_of,
-        device_in,
-        device_out,
-        forbid,
-        gate_closed,
-        gate_in,
-        gate_out,
-        interrupted,
-        make_buffer,
-        quarantine_free,
-        reuse,
-        zone_lead,
-    )
+if not cython.compiled:  # (compiled: what _lane.pxd cimports, a buffer as _fields.pxd lays it out, the C calls)
+    from .._device.buffer import DeviceBuffer
+    from .._device.capture import forbid_during_capture
+    from .._device.gate import Gate
+    from .._device.stats import KIND_DEVICE, StatsCounter
+    from .._redzones.layout import RedZones
+    from .ledger import Ledger
+    from .quarantine import Quarantine
     from .sites import call_site
+
+    make_buffer = DeviceBuffer._make
+
+    def check_fields(lane: str) -> None:
+        """(Compiled: refuse to load where the handles' fields are not where the lane reads them in place.)"""
+
+    def lane_calls(lane: DeviceLane, plugin: object, name: bytes, log: logging.Logger) -> object:
+        """The plugin's device calls, kept by the lane (compiled only: as Python, none asked for)."""
+        return None
+
+    def call_alloc(lane: DeviceLane, nbytes: int) -> int | None:
+        """The plugin's C ``alloc``: the address, ``None`` where declined (never called as Python)."""
+        return None
+
+    def call_free(lane: DeviceLane, ptr: int) -> bool:
+        """The plugin's C ``free``: whether it freed (never called as Python)."""
+        return False
+
+    def call_memset(lane: DeviceLane, ptr: int, value: int, nbytes: int, stream: object) -> bool:
+        """The plugin's C ``memset``: whether it filled (never called as Python)."""
+        return False
 
 if TYPE_CHECKING:  # (as modules where _lane.pxd cimports the class)
     from .._device import stats as counters
@@ -83,6 +84,8 @@ if TYPE_CHECKING:  # (as modules where _lane.pxd cimports the class)
 
 __all__ = ["DeviceLane"]
 
+check_fields("device lane")
+
 _log = logging.getLogger("metrale")
 
 #: The capsule name of the plugin's device calls.
@@ -90,6 +93,18 @@ _CAPSULE_NAME: Final = DEVICE_CALLS.encode()
 
 #: The frames of this module's own on a call site's walk: as Python, the method that asks (compiled: none).
 _OWN: Final = 0 if cython.compiled else 1
+
+
+def _compiled_parts(gate: object, ledger: object, stats: object, zones: object, quarantine: object) -> None:
+    """Refuse pure parts for the compiled lane, which calls them at C level (one ``pure`` setting picks them all)."""
+    if not isinstance(gate, Gate):
+        raise TypeError(f"the compiled lane needs the compiled gate, got {type(gate)!r}: one `pure` setting picks both")
+    if not isinstance(ledger, Ledger) or not isinstance(stats, StatsCounter):
+        raise TypeError(f"the compiled lane needs the compiled ledger and stats, got {type(ledger)!r} and "
+                        f"{type(stats)!r}: one `pure` setting picks them all")
+    if zones is not None and (not isinstance(zones, RedZones) or not isinstance(quarantine, Quarantine)):
+        raise TypeError(f"the compiled lane needs the compiled zone table and quarantine, got {type(zones)!r} and "
+                        f"{type(quarantine)!r}: one `pure` setting picks them all")
 
 
 class DeviceLane:
@@ -107,7 +122,8 @@ class DeviceLane:
         """``caller_frames``: frames above `alloc` that are the backend's own for certain, passed over by the call
         site's walk without a look (the facade's ``GpuBackend.alloc``, where it runs as Python: it says so)."""
         zones = guard.zones if guard.zones.size > 0 else None
-        check_parts(ctx.gate, holdings.ledger, stats, zones, quarantine)  # (compiled: of the compiled build)
+        if cython.compiled:  # (as Python, parts of either build do)
+            _compiled_parts(ctx.gate, holdings.ledger, stats, zones, quarantine)
         self._ctx = ctx
         self._gate = ctx.gate
         self._holdings = holdings
@@ -131,22 +147,21 @@ class DeviceLane:
         self._zones = zones
         self._fill_stream = guard.fill_stream
         self._zeroes = bool(ctx.raw.fresh_memory_reads_zeros())
-        #: The plugin's C device calls (none as Python): the capsule kept alive as long as the lane calls them.
-        self._capsule = ask_device_calls(ctx.plugin, _log)
-        self._calls = device_calls_of(ctx.plugin, self._capsule, _CAPSULE_NAME, _log)
-        self._calls_memset = calls_have_memset(self._calls)
+        #: The plugin's C device calls (none as Python): the capsule kept alive as long as the lane calls them
+        #: (compiled: their struct in ``_calls``, whether it holds ``memset`` in ``_calls_memset``).
+        self._capsule = lane_calls(self, ctx.plugin, _CAPSULE_NAME, _log)
 
     # -- allocation ---------------------------------------------------------------------------
 
     def alloc(self, nbytes: object) -> DeviceBuffer:
         """``GpuBackend.alloc``."""
         gate = self._gate
-        cell = gate_in(gate)
+        cell = gate.enter_c(False)
         try:
-            forbid(cell, "alloc")
+            forbid_during_capture("alloc", cell.flag)
             return self._alloc(nbytes, "device", "alloc", None, self._frames)
         finally:
-            gate_out(gate, cell)
+            gate.leave_c(cell)
 
     def allocate(self, nbytes: object, kind: AllocKind, what: str, site: str | None = None) -> DeviceBuffer:
         """Device memory of ``kind`` (managed memory, an arena block, a device allocation whose ``stacklevel``
@@ -162,13 +177,11 @@ class DeviceLane:
         if site is None:
             site = call_site(self._internal, frames)
         zones = self._zones
-        if zones is not None and kind == "device":
-            lead = zone_lead(zones, n, index)
-            if lead >= 0:
-                return self._zoned(n, index, site, lead, what)
+        if zones is not None and kind == "device" and index >= zones.min_idx and not index % zones.sample:
+            return self._zoned(n, index, site, zones._lead_bytes, what)  # (as `RedZones.layout` lays it out)
         ctx = self._ctx
         try:  # the raw call straight to the plugin (its C call first), with the guarded layer's rule for its errors
-            raw_ptr = calls_alloc(self._calls, self._gate, n) if kind == "device" else None
+            raw_ptr = call_alloc(self, n) if kind == "device" else None
             if raw_ptr is None:  # no C call, or it declined
                 raw_ptr = ctx.plugin.alloc(n, kind)
         except OutOfMemoryError as exc:
@@ -186,7 +199,7 @@ class DeviceLane:
         raw_bytes = lead + n + zones.size
         if raw_bytes >= WORD_LIMIT:
             raise too_big(raw_bytes, n, what)
-        raw_ptr = reuse(self._quarantine, raw_bytes, lead, zones.size)
+        raw_ptr = self._quarantine.reuse_c(raw_bytes)
         recycled = raw_ptr is not None
         if raw_ptr is None:
             raw_ptr = self._rawmem.alloc(raw_bytes, n, "device", what)
@@ -201,7 +214,7 @@ class DeviceLane:
         except MetraleError:
             self._rawmem.release_quietly(raw_ptr, "device")
             raise
-        add_zones(zones, buf, index, ptr, n, lead)
+        zones.add_c(buf, index, ptr, n)
         return self._commit(buf, index, n, "device", raw_ptr, True, site, what)
 
     def _memset(self, ptr: int, value: int, nbytes: int) -> None:
@@ -209,7 +222,7 @@ class DeviceLane:
         through the guarded layer (as the zone guard fills); a typed error either way."""
         done = False
         try:
-            done = calls_memset(self._calls, self._calls_memset, self._gate, ptr, value, nbytes, self._fill_stream)
+            done = call_memset(self, ptr, value, nbytes, self._fill_stream)
         except Exception as exc:
             ctx = self._ctx
             raise_raw(ctx, ctx.name, "memset", exc)
@@ -225,13 +238,13 @@ class DeviceLane:
         if zoned:
             self._raw_base[index] = raw_ptr
         if kind == "device":
-            device_in(self._stats, n)
+            self._stats.allocated_c(KIND_DEVICE, n)
         else:
             self._stats.allocated(kind, n)
         if kind == "arena":
             holdings = self._holdings
             with holdings.lock:
-                committed = not gate_closed(self._gate)
+                committed = not self._gate.closed
                 if committed:
                     holdings.arena_blocks[index] = buf
         else:
@@ -254,18 +267,19 @@ class DeviceLane:
         piece, or a ``HostBuffer``; from a finalizer that a collection runs in a call of this backend, at the
         thread's next call (`Gate.defer`)."""
         gate = self._gate
-        if interrupted(gate):
+        if gate.interrupted():
             gate.defer(self.free, buf)
             return
-        cell = gate_in(gate)
+        cell = gate.enter_c(False)
         try:
-            forbid(cell, "free")  # first: before anything of ``buf`` is read
-            if type(buf) is DeviceBuffer and buf_kind(buf) == "device":  # (the common case)
-                self._release(buf, buf_ptr(buf), buf_index(buf), buf_nbytes(buf), buf_owner(buf))
+            forbid_during_capture("free", cell.flag)  # first: before anything of ``buf`` is read
+            handle = buf if type(buf) is DeviceBuffer else None  # (compiled: its fields read in place)
+            if handle is not None and handle.kind == "device":  # (the common case)
+                self._release(handle, handle.ptr, handle.index, handle.nbytes, handle._owner)
             else:
                 self._free_other(buf)
         finally:
-            gate_out(gate, cell)
+            gate.leave_c(cell)
 
     def _free_other(self, buf: object) -> None:
         """`free` of anything but a device buffer metrale made: a host buffer, a pool's piece, managed memory, or
@@ -306,13 +320,13 @@ class DeviceLane:
                 f"free: allocation #{index} ({n} bytes at {ptr:#x}, from {buf.site}) is not on this backend's "
                 f"ledger: already freed, swept, or not from this backend. Free each buffer once"
             )
-        kind = buf_kind(record)  # (the record's: ``buf`` may be an equal handle)
+        kind = record.kind  # (the record's: ``buf`` may be an equal handle)
         if kind == "pool":  # an equal handle of a pool's piece: back to its pool
             self._pools.piece_taken(buf, record, None)
             return
         # off the ledger: off the stats, whatever the release says
         if kind == "device":
-            device_out(self._stats, n)
+            self._stats.released_c(KIND_DEVICE, n)
         else:
             self._stats.released(kind, n)
         observers = self._releases.active
@@ -323,11 +337,11 @@ class DeviceLane:
         if self._zones is not None:
             raw_ptr = self._raw_base.pop(index, None)
             if raw_ptr is not None:  # zoned (a racing free of the same buffer found no record above)
-                quarantine_free(self._quarantine, buf, index, n, raw_ptr, memory)
+                self._quarantine.free_c(buf, index, n, raw_ptr, memory)
                 return
         ctx = self._ctx
         try:  # the raw call straight to the plugin (its C call first), with the guarded layer's rule for its errors
-            if record is not buf or not calls_free(self._calls, self._gate, ptr):  # not the C call's, or declined
+            if record is not buf or not call_free(self, ptr):  # not the C call's, or declined
                 ctx.plugin.free(ptr, memory)
         except Exception as exc:
             raise_raw(ctx, ctx.name, "free", exc)

@@ -2,7 +2,8 @@
 
 Written once, here, and compiled as well as run as Python (``_pools``, with ``_pools.pxd`` beside it:
 docs/building.md); compiled, an allocator door's common case (``MemoryPool.alloc_on`` and its free) runs at C
-level: the gate, the ledger, the stats, the handle and the pool through their C-level doors (``_hot.pxd``).
+level: the gate, the capture rule, the ledger, the stats, the handle and the pool called at C level (their twins'
+``.pxd``), a piece's fields read in place (``_device/_fields.pxd``).
 
 - `PoolFront` is what each [`MemoryPool`][metrale_core.MemoryPool] calls (``pool.PoolCalls``): it passes the gate,
   checks the arguments, and owns the ledger's side of a piece (its record, creation index and call site, its red
@@ -26,8 +27,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._device.args import integer, positive_size
-from .._device.buffer import DeviceBuffer
-from .._device.capture import forbid_during_capture
 from .._device.context import DeviceContext
 from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError, MetraleError
 from .._types import WORD_LIMIT, AllocRecord, format_bytes
@@ -42,23 +41,17 @@ try:
 except ImportError:  # (no Cython here: this module runs as Python)
     from .. import _nocython as cython
 
-if not cython.compiled:  # (compiled: the C-level doors that _pools.pxd cimports)
-    from ._hot import (
-        buf_index,
-        buf_kind,
-        buf_nbytes,
-        buf_owner,
-        buf_ptr,
-        forbid,
-        gate_in,
-        gate_out,
-        interrupted,
-        make_buffer,
-        pool_in,
-        pool_out,
-    )
+if not cython.compiled:  # (compiled: what _pools.pxd cimports, a buffer as _fields.pxd lays it out)
+    from .._device.buffer import DeviceBuffer
+    from .._device.capture import forbid_during_capture
+    from .._device.stats import KIND_POOL
     from .pool import MemoryPool, Segment, size_class
     from .sites import call_site
+
+    make_buffer = DeviceBuffer._make
+
+    def check_fields(lane: str) -> None:
+        """(Compiled: refuse to load where the handles' fields are not where the front reads them in place.)"""
 
 if TYPE_CHECKING:  # (as modules where _pools.pxd cimports the class)
     from .._device import stats as counters
@@ -66,6 +59,8 @@ if TYPE_CHECKING:  # (as modules where _pools.pxd cimports the class)
     from .._redzones.guard import ZoneGuard
 
 __all__ = ["PoolFront", "StreamResolver", "too_big"]
+
+check_fields("pool front")
 
 _log = logging.getLogger("metrale")
 
@@ -168,9 +163,9 @@ class PoolFront:
         by another library): a piece (cached or new) committed on the ledger as an allocation of its own."""
         what = "MemoryPool.alloc" if foreign is None else "MemoryPool.alloc_on"
         gate = self._gate
-        cell = gate_in(gate)
+        cell = gate.enter_c(False)
         try:
-            forbid(cell, what)
+            forbid_during_capture(what, cell.flag)
             if pool.closed:
                 raise InvalidArgumentError(f"{what}: {pool!r} is closed; create another with create_pool()")
             n = nbytes if type(nbytes) is int and 0 < nbytes < WORD_LIMIT else positive_size(nbytes, what)
@@ -180,7 +175,7 @@ class PoolFront:
             index = next_index() if self._indexes is None else next(self._indexes)
             return self._piece(pool, n, target, foreign is not None, index, what, site)
         finally:
-            gate_out(gate, cell)
+            gate.leave_c(cell)
 
     def _piece(
         self, pool: MemoryPool, n: int, target: object, foreign: bool, index: int, what: str, site: str | None
@@ -229,18 +224,18 @@ class PoolFront:
         the hand-out, refused, takes it back off. A sweep that comes between takes the record: the hand-out, seeing
         it gone, makes of the piece what the sweep would have (cached, or stranded), and the buffer is handed back
         as any swept one. Each of the holdings' items is one dict operation here (atomic)."""
-        n = buf_nbytes(buf)
+        n = buf.nbytes
         self._pool_of[index] = pool
         if zoned:  # (before the record: a sweep that drains it finds its raw base)
             self._raw_base[index] = ptr
-        pool_in(self._stats, n)  # (before the record is out: a sweep's release never comes first)
+        self._stats.allocated_c(KIND_POOL, n)  # (before the record is out: a sweep's release never comes first)
         if not self._ledger.commit(index, buf, self._gate):
-            pool_out(self._stats, n)
+            self._stats.released_c(KIND_POOL, n)
             self._untaken(pool, index, ptr, size, segment, zoned)
             raise self.ctx.closed_error()
         if not pool.handed_out(index, ptr, size, segment, target, zoned, self._ledger, buf):  # (2: swept already)
-            if self._ledger.take(index, buf_ptr(buf), n) is not None:  # (None where the backend's sweep took it)
-                pool_out(self._stats, n)
+            if self._ledger.take(index, buf.ptr, n) is not None:  # (None where the backend's sweep took it)
+                self._stats.released_c(KIND_POOL, n)
             self._untaken(pool, index, ptr, size, segment, zoned)
             raise InvalidArgumentError(f"{what}: {pool!r} was closed meanwhile")
 
@@ -258,15 +253,15 @@ class PoolFront:
         """`MemoryPool.free`; from a finalizer that a collection runs in a call of this backend, at the thread's
         next call (`Gate.defer`), as ``GpuBackend.free``."""
         gate = self._gate
-        if interrupted(gate):
+        if gate.interrupted():
             gate.defer(functools.partial(self.pool_free, pool, stream=stream, what=what), buf)
             return
-        cell = gate_in(gate)
+        cell = gate.enter_c(False)
         try:
-            forbid(cell, what)
+            forbid_during_capture(what, cell.flag)
             self.free_piece(pool, buf, stream, what)
         finally:
-            gate_out(gate, cell)
+            gate.leave_c(cell)
 
     def pool_record(self, pool: MemoryPool, buf: object, foreign: object) -> None:
         """`MemoryPool.record_stream`: a live piece of ``pool`` is used on another library's stream too."""
@@ -290,8 +285,9 @@ class PoolFront:
     def free_piece(self, pool: MemoryPool | None, buf: object, stream: Stream | None, what: str) -> None:
         """Free a piece (of ``pool``, or of any pool of this backend): off the ledger, back to its pool, cached
         for ``stream``; refused, changing nothing, where it is no live piece (of ``pool``)."""
-        if type(buf) is DeviceBuffer and buf_kind(buf) == "pool":  # (the common case: the handle metrale made)
-            index, owner, ptr, nbytes = buf_index(buf), buf_owner(buf), buf_ptr(buf), buf_nbytes(buf)
+        handle = buf if type(buf) is DeviceBuffer else None  # (compiled: its fields read in place)
+        if handle is not None and handle.kind == "pool":  # (the common case: the handle metrale made)
+            index, owner, ptr, nbytes = handle.index, handle._owner, handle.ptr, handle.nbytes
         else:
             index, owner, ptr, nbytes = _piece_of(buf, what)
         piece: DeviceBuffer = buf  # type: ignore[assignment]
@@ -314,7 +310,7 @@ class PoolFront:
     def piece_taken(self, buf: DeviceBuffer, record: DeviceBuffer, stream: Stream | None) -> None:
         """A piece's record is off the ledger (``buf`` freed it): the stats, the observers, and its pool; a zoned
         piece goes to the quarantine first, and back to its pool once its zones were judged (`piece_judged`)."""
-        index = buf_index(record)
+        index = record.index
         raw_ptr = None
         if self._zoned:
             holdings = self._holdings
@@ -325,7 +321,7 @@ class PoolFront:
                     holdings.judging[index] = pool
         else:  # (no piece has zones: one dict operation)
             pool = self._pool_of.pop(index)
-        pool_out(self._stats, buf_nbytes(record))
+        self._stats.released_c(KIND_POOL, record.nbytes)
         observers = self._releases.active
         if observers:
             for observer in observers:

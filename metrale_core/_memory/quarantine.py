@@ -35,11 +35,6 @@ from .._redzones.guard import ZoneGuard
 from .._redzones.zone import Layout, Zone, zone_table
 from .._types import AllocKind, RedZoneViolation
 
-try:
-    import cython
-except ImportError:  # (no Cython here: this module runs as Python)
-    from .. import _nocython as cython
-
 __all__ = ["QUARANTINE_MAX_BUFFERS", "Quarantine"]
 
 
@@ -274,17 +269,11 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
 
     def _count_held(self, count: int, nbytes: int) -> None:
         """The stats: ``count`` more buffers in quarantine (fewer where negative), holding ``nbytes`` more."""
-        if cython.compiled:  # (the compiled stats' C-level call: _quarantine.pxd cimports its class)
-            self._stats.quarantined_c(count, nbytes)  # type: ignore[attr-defined]
-        else:
-            self._stats.quarantined(count, nbytes)
+        self._stats.quarantined(count, nbytes)  # (compiled: at C level, _quarantine.pxd types the stats)
 
     def _count_kept(self, count: int, nbytes: int) -> None:
         """The stats: ``count`` more blocks kept for reuse (fewer where negative), holding ``nbytes`` more."""
-        if cython.compiled:
-            self._stats.reusable_c(count, nbytes)  # type: ignore[attr-defined]
-        else:
-            self._stats.reusable(count, nbytes)
+        self._stats.reusable(count, nbytes)
 
     def release(self) -> None:
         """At close (the device idle, the final scan done): release what is held, unjudged, and every kept block."""

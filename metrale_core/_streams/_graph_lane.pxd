@@ -1,16 +1,16 @@
 # graph_lane.py compiled as ``_graph_lane``: the graph lane's fields as C types, the gate passed at C level
 # (``_gate.pxd``), the ledger and the stats at C level (``_ledger.pxd``, ``_stats.pxd``), a graph's and a stream's
-# fields read in place (``_fields.pxd``), and the plugin's C ``graph_launch`` (``_device/_calls.pxd``) called by
-# `call_graph_launch`, which graph_lane.py names only where it is compiled.
+# fields read in place (``_device/_fields.pxd``), and the plugin's C ``graph_launch`` (``_device/_calls.pxd``) called
+# by `call_graph_launch`, which graph_lane.py names only where it is compiled.
 
 cimport cython
 from cpython.object cimport PyObject
 
 from metrale_core._device._calls cimport DEVICE_CALLS_GRAPH_LAUNCH, device_calls_with, metrale_device_calls_v1, table_of
+from metrale_core._device._fields cimport GraphExec, Stream, check_fields
 from metrale_core._device._gate cimport Gate, _Cell
 from metrale_core._device._stats cimport StatsCounter
 from metrale_core._memory._ledger cimport Ledger
-from metrale_core._streams._fields cimport GraphExec, Stream, check_fields
 
 
 @cython.final

@@ -1,16 +1,16 @@
 # lane.py compiled as ``_lane``: the stream lane's fields as C types, the gate passed at C level (``_gate.pxd``), the
-# ledger asked at C level (``_ledger.pxd``), a buffer's and a stream's fields read in place (``_fields.pxd``), and the
-# plugin's C ``memset`` (``_device/_calls.pxd``) called by `call_memset`, which lane.py names only where it is
-# compiled.
+# ledger asked at C level (``_ledger.pxd``), a buffer's and a stream's fields read in place
+# (``_device/_fields.pxd``), and the plugin's C ``memset`` (``_device/_calls.pxd``) called by `call_memset`, which
+# lane.py names only where it is compiled.
 
 cimport cython
 from cpython.object cimport PyObject
 from libc.stdint cimport uintptr_t
 
 from metrale_core._device._calls cimport DEVICE_CALLS_MEMSET, device_calls_with, metrale_device_calls_v1, table_of
+from metrale_core._device._fields cimport DeviceBuffer, Stream, check_fields
 from metrale_core._device._gate cimport Gate, _Cell
 from metrale_core._memory._ledger cimport Ledger
-from metrale_core._streams._fields cimport DeviceBuffer, Stream, check_fields
 
 
 @cython.final

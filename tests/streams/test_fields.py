@@ -1,4 +1,4 @@
-"""The compiled lanes read the handles' fields in place (``_streams/_fields.pxd``): a lane whose fields are not where
+"""The compiled lanes read the handles' fields in place (``_device/_fields.pxd``): a lane whose fields are not where
 it reads them refuses to load, and its pure module runs."""
 
 from __future__ import annotations
@@ -33,4 +33,4 @@ def test_a_lane_whose_fields_moved_refuses_to_load() -> None:
     done = subprocess.run([sys.executable, "-c", _MOVED], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "picked True True" in done.stdout
-    assert "no longer lays them out as metrale_core/_streams/_fields.pxd says" in done.stdout
+    assert "no longer lays them out as metrale_core/_device/_fields.pxd says" in done.stdout

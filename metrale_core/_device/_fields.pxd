@@ -1,10 +1,11 @@
 # The handles the compiled lanes read on their hot paths, declared as the C structs their ``__slots__`` make, so that
-# the one-source lanes (``lane.py``, ``graph_lane.py``, ``_launch/lane.py``, ``_launch/pack.py``) read a field as
-# ``buf.ptr`` and Cython reads it in place, where a local is typed as the class (``@cython.locals`` in their .pxd).
+# the one-source lanes (``_memory/lane.py``, ``_memory/pools.py``, ``_streams/lane.py``, ``_streams/graph_lane.py``,
+# ``_launch/lane.py``, ``_launch/pack.py``) read a field as ``buf.ptr`` and Cython reads it in place, where a local is
+# typed as the class (``@cython.locals`` in their .pxd). Here in ``_device``, whose classes they lay out.
 #
-# - A class's slots lie after its base's, sorted by name, ``__weakref__`` after its own class's (before 3.12); each struct here
-#   writes that layout out. `check_fields` checks it against the classes' member descriptors as a lane loads: a
-#   lane whose fields are not where it reads them refuses to load (its pure module runs, and the log says why).
+# - A class's slots lie after its base's, sorted by name, ``__weakref__`` after its own class's (before 3.12); each
+#   struct here writes that layout out. `check_fields` checks it against the classes' member descriptors as a lane
+#   loads: a lane whose fields are not where it reads them refuses to load (its pure module runs, the log says why).
 # - Only with the GIL: on a free-threaded build a field read in place could race with its writer's release of the
 #   old value, so there a lane refuses to load too (quietly).
 # - Declarations only: this file makes no module (setup.py's `compiled_sources`).
@@ -39,6 +40,7 @@ cdef extern from *:
     """
     Py_ssize_t BUFFER_OWNER "METRALE_AT(metrale_buffer_fields, _owner)"
     Py_ssize_t BUFFER_INDEX "METRALE_AT(metrale_buffer_fields, index)"
+    Py_ssize_t BUFFER_KIND "METRALE_AT(metrale_buffer_fields, kind)"
     Py_ssize_t BUFFER_NBYTES "METRALE_AT(metrale_buffer_fields, nbytes)"
     Py_ssize_t BUFFER_PTR "METRALE_AT(metrale_buffer_fields, ptr)"
     Py_ssize_t BUFFER_SIZE "sizeof(metrale_buffer_fields)"
@@ -58,6 +60,7 @@ cdef extern from *:
     ctypedef class metrale_core._device.buffer.DeviceBuffer [object metrale_buffer_fields, check_size ignore]:
         cdef object _owner
         cdef object index
+        cdef object kind
         cdef object nbytes
         cdef object ptr
 
@@ -103,7 +106,7 @@ cdef inline int check_fields(str lane) except -1:
         raise ImportError(f"the compiled {lane} reads the handles' fields in place, which needs the GIL")
     if not (
         _in_place(DeviceBuffer, BUFFER_SIZE, (("_owner", BUFFER_OWNER), ("index", BUFFER_INDEX),
-                                              ("nbytes", BUFFER_NBYTES), ("ptr", BUFFER_PTR)))
+                                              ("kind", BUFFER_KIND), ("nbytes", BUFFER_NBYTES), ("ptr", BUFFER_PTR)))
         and _in_place(Stream, STREAM_SIZE, (("_closed", HANDLE_CLOSED), ("_ctx", HANDLE_CTX), ("raw", HANDLE_RAW),
                                             ("capture", STREAM_CAPTURE)))
         and _in_place(GraphExec, GRAPH_SIZE, (("_closed", HANDLE_CLOSED), ("raw", HANDLE_RAW),
@@ -113,6 +116,6 @@ cdef inline int check_fields(str lane) except -1:
     ):
         raise RuntimeError(
             f"the compiled {lane} reads the handles' fields in place, and DeviceBuffer, Stream or GraphExec no longer "
-            f"lays them out as metrale_core/_streams/_fields.pxd says: write their slots out there again"
+            f"lays them out as metrale_core/_device/_fields.pxd says: write their slots out there again"
         )
     return 0
