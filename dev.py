@@ -22,15 +22,12 @@
 Extra arguments after `test` go to pytest; with ``-n``, ``--pdb`` or ``-p no:xdist`` among them, pytest-xdist's
 ``-n auto`` is left to them.
 
-The core's compiled twins (``metrale_core/**/*.pyx``, docs/building.md) compile in place with the editable
-install where a C compiler is, and the CUDA backend's compiled driver calls
-(``backends/cuda/metrale_cuda/_cdriver.pyx``) where the CUDA toolkit's ``cuda.h`` is too; elsewhere the pure-Python
-modules run, and dev.py says so once. That first install takes minutes: dev.py says so, shows a line per module
-compiled, and keeps pip's whole output in ``.venv/pip-install.log``.
+The editable install compiles the hot path in place where a C compiler is (docs/building.md), and the CUDA backend's
+driver calls where the CUDA toolkit's ``cuda.h`` is too; elsewhere the pure-Python modules run, and dev.py says so.
+The first install takes minutes: a line per module compiled, pip's whole output in ``.venv/pip-install.log``.
 
-`torchrun` installs ``torch==2.13.0`` with pip when torch is not importable. CI's machines keep a CPU build of
-it on disk, which pip takes; elsewhere pip may download a CUDA build of several GB: install a CPU build first
-(``pip install torch --index-url https://download.pytorch.org/whl/cpu`` in ``.venv``) to avoid that.
+`torchrun` installs ``torch==2.13.0`` where torch is missing (CI keeps a CPU build on disk); elsewhere pip may download
+a CUDA build of several GB: first ``pip install torch --index-url https://download.pytorch.org/whl/cpu`` in .venv.
 """
 
 from __future__ import annotations
@@ -61,19 +58,16 @@ SELFTEST_PACKAGES = [".", "backends/fake", "backends/cuda"]
 #: Every distribution `wheels` builds, by folder; the last is `metrale`, the meta-distribution users install.
 DISTRIBUTIONS = [".", "backends/fake", "backends/cuda", "examples/tracing-backend", "examples/pipeline",
                  "packaging/metrale"]
-#: The build's files: a change reinstalls (the core's and the CUDA backend's setup.py and MANIFEST.in with their
-#: pyproject.toml, the cydriver declarations the CUDA backend's build reads, and the device calls' C header, which
-#: both compile against).
+#: The build's files: a change reinstalls (each setup.py, MANIFEST.in and pyproject.toml, the cydriver declarations
+#: the CUDA backend's build reads, and the device calls' C header, which both compile against).
 PROJECT_FILES = (["pyproject.toml", "setup.py", "MANIFEST.in"] + [f"{p}/pyproject.toml" for p in PACKAGES[1:]]
                  + ["backends/cuda/setup.py", "backends/cuda/MANIFEST.in",
                     "backends/cuda/pxd/cuda/bindings/cydriver.pxd", "metrale_core/include/metrale/device_calls.h"])
-#: The packages with compiled twins, each by the folder that holds it: the core's twins, and the CUDA backend's
-#: driver calls (``metrale_cuda/_cdriver.pyx``, built only where its setup.py finds cuda.h).
+#: The packages with compiled twins, by the folder that holds each (the CUDA backend's: its driver calls).
 TWIN_PACKAGES = {"metrale_core": ROOT, "metrale_cuda": ROOT / "backends" / "cuda"}
 #: The CUDA backend's compiled module (its setup.py builds it where it finds the CUDA toolkit's cuda.h).
 CUDA_TWIN = "metrale_cuda._cdriver"
-#: Where each distribution's version is written (its build backend reads it from there): an editable install's
-#: metadata carries it, so a changed version reinstalls.
+#: Where each distribution's version is written: an editable install's metadata carries it (a change reinstalls).
 VERSION_FILES = ["metrale_core/__init__.py", "backends/fake/metrale_fake/__init__.py",
                  "backends/cuda/metrale_cuda/__init__.py", "examples/tracing-backend/metrale_tracing/__init__.py",
                  "examples/pipeline/metrale_pipeline/__init__.py"]
@@ -95,12 +89,10 @@ def twins() -> dict[str, Path]:
     ``_X`` from ``X.py`` where ``_X.pxd`` is beside it and no ``_X.pyx`` is, else from ``_X.pyx``)."""
     found = {}
     for package, base in TWIN_PACKAGES.items():
-        for pxd in sorted((base / package).rglob("_*.pxd")):
-            source = pxd.with_name(pxd.stem[1:] + ".py")
-            if source.is_file() and not pxd.with_suffix(".pyx").exists():
-                found[".".join(pxd.relative_to(base).with_suffix("").parts)] = source
-        for pyx in sorted((base / package).rglob("*.pyx")):
-            found[".".join(pyx.relative_to(base).with_suffix("").parts)] = pyx
+        for path in [*(base / package).rglob("_*.pxd"), *(base / package).rglob("*.pyx")]:
+            source = path if path.suffix == ".pyx" else path.with_name(path.stem[1:] + ".py")
+            if path.suffix == ".pyx" or (source.is_file() and not path.with_suffix(".pyx").exists()):
+                found[".".join(path.relative_to(base).with_suffix("").parts)] = source
     return dict(sorted(found.items()))
 
 
@@ -123,8 +115,7 @@ def compiled_twins() -> list[str]:
 
 def _digest() -> str:
     digest = hashlib.sha256(sys.version.encode())
-    # a changed compiled source (a .pyx, a one-source .py, or a .pxd, which others cimport) reinstalls too: the
-    # editable install compiles the twins, and a compiled module older than its source would run old code
+    # a changed compiled source (.pyx, one-source .py, .pxd) reinstalls: a module older than its source runs old code
     for path in [*map(ROOT.joinpath, PROJECT_FILES), *twins().values(), *sorted(ROOT.glob("metrale_core/**/*.pxd"))]:
         digest.update(path.read_bytes() if path.exists() else b"")
     for name in VERSION_FILES:
@@ -321,9 +312,8 @@ INSTALL_ROUTE = (
 
 #: ``dev.py test`` on every core (pytest-xdist); an ``xdist_group``'s tests (conftest.py) run on one worker, in turn.
 PARALLEL = ("-n", "auto", "--dist", "loadgroup")
-#: ``dev.py test --fast``: the inner loop. Stops at the first failure, a few Hypothesis examples each, and leaves out
-#: what builds wheels, runs subprocess after subprocess (the docs' examples, torchrun, the pytest plugin's own
-#: sessions) or exists for CI; the whole suite still runs before a commit lands.
+#: ``dev.py test --fast``: the inner loop. Stops at the first failure, a few Hypothesis examples each; leaves out the
+#: slow tests and what builds wheels, runs subprocess after subprocess (the docs' examples, torchrun) or is for CI.
 FAST_SELECTION: tuple[str, ...] = (
     "-x", "-p", "no:cacheprovider", "-m", "not slow",
     "--ignore=tests/commands/test_docs.py", "--ignore=tests/commands/test_release.py",
