@@ -241,24 +241,33 @@ class DeviceLane:
             self._stats.allocated_c(KIND_DEVICE, n)
         else:
             self._stats.allocated(kind, n)
-        if kind == "arena":
-            holdings = self._holdings
-            with holdings.lock:
-                committed = not self._gate.closed
-                if committed:
-                    holdings.arena_blocks[index] = buf
-        else:
-            committed = self._ledger.commit(index, buf, self._gate)
+        try:
+            if kind == "arena":
+                holdings = self._holdings
+                with holdings.lock:
+                    committed = not self._gate.closed
+                    if committed:
+                        holdings.arena_blocks[index] = buf
+            else:
+                committed = self._ledger.commit(index, buf, self._gate)
+        except BaseException:  # (the history's stack walk or event failed: nothing of it was added)
+            self._uncommitted(index, n, kind, raw_ptr, zoned)
+            raise
         if not committed:
-            self._stats.released(kind, n)
-            if zoned:
-                self._raw_base.pop(index, None)
-                self._guard.forget(index)
-            self._rawmem.release_quietly(raw_ptr, kind)
+            self._uncommitted(index, n, kind, raw_ptr, zoned)
             raise self._ctx.closed_error()
         if self._trace_idx is not None and self._trace_idx == index:
             self._rawmem.trace(index, what, n, site)
         return buf
+
+    def _uncommitted(self, index: int, n: int, kind: AllocKind, raw_ptr: int, zoned: bool) -> None:
+        """Nothing of an allocation that did not commit remains: off the stats, its zones unwatched, its memory
+        released."""
+        self._stats.released(kind, n)
+        if zoned:
+            self._raw_base.pop(index, None)
+            self._guard.forget(index)
+        self._rawmem.release_quietly(raw_ptr, kind)
 
     # -- release --------------------------------------------------------------------------------
 
@@ -341,7 +350,8 @@ class DeviceLane:
                 return
         ctx = self._ctx
         try:  # the raw call straight to the plugin (its C call first), with the guarded layer's rule for its errors
-            if record is not buf or not call_free(self, ptr):  # not the C call's, or declined
+            # (the C free is of device memory only, as the C alloc; managed memory, an equal handle: the method)
+            if record is not buf or memory != "device" or not call_free(self, ptr):  # or declined
                 ctx.plugin.free(ptr, memory)
         except Exception as exc:
             raise_raw(ctx, ctx.name, "free", exc)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from .._device.buffer import DeviceBuffer
-from .._errors import MetraleError
+from .._errors import BackendClosedError
 from .._types import AllocRecord, Origin
 from .records import LedgerEvent, record_of
 
@@ -223,8 +223,8 @@ class LedgerProbe:
             return read()
         try:
             gate.enter(True)
-        except MetraleError:  # closed (or a finalizer's own read): no free of this backend can come meanwhile
-            return read()
+        except BackendClosedError:  # closed: no free of this backend can come meanwhile
+            return read()  # (a finalizer's read during an interrupted call is refused: that call may hold the lock)
         try:
             return read()
         finally:

@@ -14,6 +14,7 @@ from .._device.stats import MemoryStats, StatsCounter
 from .._errors import InvalidArgumentError, MetraleError
 from .._types import MemoryInfo, as_index
 from .holdings import Holdings
+from .ledger import LedgerProbe
 from .meminfo import effective_free_bytes, read_mem_available
 from .pressure import OomWatchdog, PoolTotals, check_watchdog_args, memory_summary
 from .records import describe_sites, largest_sites
@@ -94,10 +95,12 @@ class MemoryMonitor:
 
     def spawn_oom_watchdog(self, interval_s: object, min_free_bytes: object, on_low: object) -> OomWatchdog:
         interval, min_free = check_watchdog_args(interval_s, min_free_bytes, on_low)
-        ledger = self._holdings.ledger
+        # the watchdog's thread reads the ledger through a probe: inside the gate, so a finalizer's free meanwhile
+        # is deferred, not taken on the lock the read holds
+        probe = LedgerProbe(self._holdings.ledger, self.ctx.gate)
         watchdog = OomWatchdog(
             f"{self.ctx.name}:{self.ctx.ordinal}", self._read_for_watchdog,
-            lambda: describe_sites(largest_sites(ledger.snapshot())),
+            lambda: describe_sites(largest_sites(probe.records())),
             interval_s=interval, min_free_bytes=min_free, on_low=on_low,  # type: ignore[arg-type]
         )
         with self._lock:

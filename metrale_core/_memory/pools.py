@@ -229,9 +229,14 @@ class PoolFront:
         if zoned:  # (before the record: a sweep that drains it finds its raw base)
             self._raw_base[index] = ptr
         self._stats.allocated_c(KIND_POOL, n)  # (before the record is out: a sweep's release never comes first)
-        if not self._ledger.commit(index, buf, self._gate):
-            self._stats.released_c(KIND_POOL, n)
-            self._untaken(pool, index, ptr, size, segment, zoned)
+        committed = False
+        try:
+            committed = self._ledger.commit(index, buf, self._gate)
+        finally:  # refused at close, or the history's event failed: nothing of it is on the ledger
+            if not committed:
+                self._stats.released_c(KIND_POOL, n)
+                self._untaken(pool, index, ptr, size, segment, zoned)
+        if not committed:
             raise self.ctx.closed_error()
         if not pool.handed_out(index, ptr, size, segment, target, zoned, self._ledger, buf):  # (2: swept already)
             if self._ledger.take(index, buf.ptr, n) is not None:  # (None where the backend's sweep took it)

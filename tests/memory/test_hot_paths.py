@@ -191,3 +191,27 @@ def test_an_out_of_memory_on_the_fast_path_still_asks_the_callbacks(fake: GpuBac
     with pytest.raises(OutOfMemoryError):
         fake.alloc(fake.memory_info().total * 2)
     assert fake.ledger_probe().records() == records
+
+
+@pytest.mark.parametrize("zones", [0, 64])
+@pytest.mark.parametrize("kind", ["device", "pool"])
+def test_a_commit_that_fails_leaves_nothing_of_its_allocation(zones: int, kind: str) -> None:
+    """The ledger's history event of an allocation cannot be made (its stack walk fails): the error reaches the
+    caller, and nothing of the allocation remains: not on the stats, its zones not watched, its memory given back
+    (a review found the stats and zones left behind). The same source runs in both builds: the pure one lets the
+    ledger's stack walker be replaced."""
+    settings = SETTINGS.updated(pure=True, memory_history=16, memory_history_frames=4, redzone=zones,
+                                redzone_min_idx=0, redzone_sample=1)
+    with open_backend("fake", settings=settings) as gpu:
+        ledger = gpu._parts.holdings.ledger
+        pool = gpu.create_pool() if kind == "pool" else None
+        before = gpu.stats().current_bytes[kind]
+
+        def broken() -> tuple[str, ...]:
+            raise RuntimeError("the stack walk failed")
+
+        ledger._stack = broken
+        with pytest.raises(RuntimeError, match="the stack walk failed"):
+            gpu.alloc(4096) if pool is None else pool.alloc(4096)
+        assert gpu.live_alloc_len() == 0 and gpu.stats().current_bytes[kind] == before
+        assert len(gpu._parts.guard.zones.live()) == 0

@@ -185,6 +185,16 @@ def test_a_plain_pair_goes_through_the_door(doors: Callable[..., tuple[GpuBacken
     assert (stats.alloc_count, stats.free_count, stats.current_bytes["device"]) == (1, 1, 0)
 
 
+
+def test_managed_memory_never_goes_through_the_door(doors: Callable[..., tuple[GpuBackend, Door]]) -> None:
+    """The device calls' alloc and free are of device memory only (device_calls.h): managed memory is the
+    methods' both ways (a review found its free taken through the C call)."""
+    gpu, door = doors()
+    buf = gpu.alloc_managed(MIB)
+    gpu.free(buf)
+    assert door.allocs == [] and door.frees == []
+    assert gpu.live_alloc_len() == 0
+
 ZONED = {"redzone": 64, "redzone_lead": True, "redzone_min_idx": 0, "redzone_sample": 1, "redzone_action": "raise"}
 
 
