@@ -250,7 +250,7 @@ class DeviceLane:
                         holdings.arena_blocks[index] = buf
             else:
                 committed = self._ledger.commit(index, buf, self._gate)
-        except BaseException:  # (the history's stack walk or event failed: nothing of it was added)
+        except Exception:  # (the history's stack walk or event failed: nothing of it was added)
             self._uncommitted(index, n, kind, raw_ptr, zoned)
             raise
         if not committed:

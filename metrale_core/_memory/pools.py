@@ -1,9 +1,8 @@
 """The pool front: a backend's memory pools, from `GpuBackend.create_pool` to `MemoryPool.close`.
 
-Written once, here, and compiled as well as run as Python (``_pools``, with ``_pools.pxd`` beside it:
-docs/building.md); compiled, an allocator door's common case (``MemoryPool.alloc_on`` and its free) runs at C
-level: the gate, the capture rule, the ledger, the stats, the handle and the pool called at C level (their twins'
-``.pxd``), a piece's fields read in place (``_device/_fields.pxd``).
+Written once, here, and compiled as well as run as Python (``_pools``, with ``_pools.pxd``: docs/building.md);
+compiled, an allocator door's common case (``MemoryPool.alloc_on`` and its free) runs at C level, the other parts
+called at C level (their ``.pxd``), a piece's fields read in place (``_device/_fields.pxd``).
 
 - `PoolFront` is what each [`MemoryPool`][metrale_core.MemoryPool] calls (``pool.PoolCalls``): it passes the gate,
   checks the arguments, and owns the ledger's side of a piece (its record, creation index and call site, its red
@@ -12,8 +11,7 @@ level: the gate, the capture rule, the ledger, the stats, the handle and the poo
 - The commit of a piece: the ledger's (`Ledger.commit`: the backend is open now, or nothing of it remains, judged
   under the ledger's lock), then the pool's hand-out (`MemoryPool.handed_out`: the pool is open, and the record
   still on the ledger, judged under the pool's lock). Neither takes the context's lock.
-- Its trimmer (`trim_for_memory`) is raw memory's (`rawmem.RawMemory.add_trimmer`): out of memory, the pools give
-  back what they cache (after a wait for the device) before the ``on_out_of_memory`` callbacks are asked.
+- Its trimmer (`trim_for_memory`, raw memory's): out of memory, the pools give back their cache first.
 - A zoned piece's free goes through the allocator's quarantine, and back to its pool once judged (`piece_judged`);
   a sweep gives each swept piece back to its pool (`piece_swept`), or strands it (`MemoryPool.strand_swept`).
 """
@@ -90,8 +88,7 @@ def _foreign_handle(foreign: object, what: str) -> int:
 
 
 def _piece_of(buf: object, what: str) -> tuple[int, object, int, int]:
-    """The creation index, owner, address and size of ``buf`` where it is a piece's handle (a pool's
-    ``DeviceBuffer``); refused else."""
+    """The creation index, owner, address and size of ``buf`` where it is a piece's handle; refused else."""
     if isinstance(buf, DeviceBuffer) and buf.kind == "pool":
         return buf.index, buf._owner, buf.ptr, buf.nbytes
     raise InvalidBufferError(f"{what}: expected a piece of a MemoryPool (a DeviceBuffer of kind 'pool'), got {buf!r}")
@@ -229,11 +226,14 @@ class PoolFront:
         if zoned:  # (before the record: a sweep that drains it finds its raw base)
             self._raw_base[index] = ptr
         self._stats.allocated_c(KIND_POOL, n)  # (before the record is out: a sweep's release never comes first)
-        committed = False
+        committed = None  # (an interrupt leaves it None: the record may be on the ledger, then the sweep's)
         try:
             committed = self._ledger.commit(index, buf, self._gate)
-        finally:  # refused at close, or the history's event failed: nothing of it is on the ledger
-            if not committed:
+        except Exception:  # the history's event failed: nothing of it is on the ledger
+            committed = False
+            raise
+        finally:
+            if committed is False:  # (or refused at close)
                 self._stats.released_c(KIND_POOL, n)
                 self._untaken(pool, index, ptr, size, segment, zoned)
         if not committed:
