@@ -90,6 +90,8 @@ class BuildTwins(build_ext):
         # Cython's build_ext reads these: the generated C goes to the build's temporary folder, not beside the .pyx
         self.cython_directives = {**DIRECTIVES, **(getattr(self, "cython_directives", None) or {})}
         self.cython_c_in_temp = True
+        # ``from metrale.device_calls cimport ...``: Cython's view of the header, beside it
+        self.cython_include_dirs = [str(INCLUDE), *(getattr(self, "cython_include_dirs", None) or [])]
 
     def run(self) -> None:
         why = cython_missing()

@@ -9,8 +9,9 @@ frameworks``'s Llama ``generate`` (``_commands/bench/generate.py``), one process
   size-binned free list over ``cuMemAlloc`` (no metrale pool, no ledger).
 - ``zones``, ``zones64``: 4 KiB red zones (both ends) on every tensor, and on one in 64 (issue 39's goals: 1.15x
   and 1.03x of ``torch``).
-- ``profile``, ``profile-zones64``: ``metrale`` (and ``zones64``) under cProfile, one generate: the Python functions
-  with the most time of their own, and how many device-wide waits the zones made (the quarantine's checks).
+- ``profile``, ``profile-zones64``, ``profile-zones``: ``metrale`` (and ``zones64``, ``zones``) under cProfile, one
+  generate: the Python functions with the most time of their own, and how many device-wide waits the zones made (the
+  quarantine's checks). ``PROBE_PROFILES`` picks them (default ``profile,profile-zones64``).
 
 Run on a GPU machine with torch and transformers (``PROBE_MODES=torch,zones64`` picks modes; ``PROBE_PROFILE=0``
 skips the profiles)::
@@ -32,7 +33,7 @@ from typing import Any
 MODES = tuple(os.environ.get("PROBE_MODES", "torch,metrale,metrale-nogc,freelist,zones,zones64").split(","))
 #: The red-zone settings of each metrale mode (bytes, the sampling rate).
 ZONES = {"metrale": (0, 1), "metrale-nogc": (0, 1), "profile": (0, 1), "zones": (4096, 1), "zones64": (4096, 64),
-         "profile-zones64": (4096, 64)}
+         "profile-zones64": (4096, 64), "profile-zones": (4096, 1)}
 TURNS = int(os.environ.get("PROBE_TURNS", "2"))
 STEPS = 5
 
@@ -154,7 +155,7 @@ def main() -> None:
             print(f"{mode:<14} {ms:8.1f} ms per generate  {ms / base:6.3f}x  (turns: {turns})")
     if os.environ.get("PROBE_PROFILE", "1") == "0":
         return
-    for mode in ("profile", "profile-zones64"):
+    for mode in os.environ.get("PROBE_PROFILES", "profile,profile-zones64").split(","):
         out = subprocess.run([sys.executable, __file__, mode], capture_output=True, text=True, timeout=300,
                              check=False)
         print(out.stdout[-6000:], out.stderr[-1500:])

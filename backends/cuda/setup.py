@@ -145,6 +145,7 @@ class BuildDriverCalls(build_ext):
             return
         for ext in self.extensions:
             ext.include_dirs += [str(include), str(header)]
+        self.cython_include_dirs = [*self.cython_include_dirs, str(header)]  # metrale/device_calls.pxd, beside the .h
         super().run()
         if self.failed:
             why = f"the C++ compiler failed ({'; '.join(self.failed)}) against {include}/cuda.h"

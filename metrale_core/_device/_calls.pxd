@@ -1,6 +1,7 @@
 # The plugin's device calls (``RawDevice.device_calls``) as the compiled lanes see them: the struct of a capsule named
-# ``metrale_core.device_calls.v1``, defined once in ``metrale/device_calls.h`` (``metrale_core/include``, found by
-# ``metrale_core.plugin.get_include()``; the CUDA plugin's ``_cdriver.pyx`` includes the same header).
+# ``metrale_core.device_calls.v1``, defined once in ``metrale/device_calls.h`` and seen by Cython through
+# ``metrale/device_calls.pxd`` beside it (``metrale_core/include``, found by ``metrale_core.plugin.get_include()``; the
+# CUDA plugin's ``_cdriver.pyx`` cimports the same).
 # `ask_device_calls` asks the plugin for its capsule, `device_calls_of` checks it, `device_calls_with` finds one that
 # holds an optional function.
 
@@ -9,22 +10,13 @@ from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport uintptr_t
 
-cdef extern from "metrale/device_calls.h":
-    # (Cython's view of the header's declarations: the C compiler checks every use against the header itself)
-    ctypedef struct metrale_device_calls_v1:
-        size_t size
-        void* state
-        int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) except -1
-        int (*free)(void* state, uintptr_t ptr) except -1
-        int (*memset)(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1
-        int (*graph_launch)(void* state, PyObject* graph_exec, PyObject* stream) except -1
-        int (*launch)(void* state, PyObject* function, const unsigned int* shape, unsigned int shared_mem,
-                      PyObject* stream, PyObject* args) except -1
-    bint device_calls_usable "metrale_device_calls_v1_usable"(const metrale_device_calls_v1* calls)
-    bint device_calls_have_memset "metrale_device_calls_v1_has_memset"(const metrale_device_calls_v1* calls)
-    bint device_calls_have_graph_launch "metrale_device_calls_v1_has_graph_launch"(
-        const metrale_device_calls_v1* calls)
-    bint device_calls_have_launch "metrale_device_calls_v1_has_launch"(const metrale_device_calls_v1* calls)
+from metrale.device_calls cimport (
+    metrale_device_calls_v1,
+    metrale_device_calls_v1_has_graph_launch as device_calls_have_graph_launch,
+    metrale_device_calls_v1_has_launch as device_calls_have_launch,
+    metrale_device_calls_v1_has_memset as device_calls_have_memset,
+    metrale_device_calls_v1_usable as device_calls_usable,
+)
 
 
 cdef inline object ask_device_calls(object plugin, object log):

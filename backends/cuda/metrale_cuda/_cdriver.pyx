@@ -242,21 +242,11 @@ def ctx_set(uintptr_t ctx):
 # -- the device calls (``RawDevice.device_calls``) -------------------------------------------------------------------
 
 
-cdef extern from "metrale/device_calls.h":
-    # The one definition, shipped in metrale-core (``metrale_core.plugin.get_include()``; setup.py finds it); Cython's
-    # view of it, as the core's ``_device/_calls.pxd`` has it: the C++ compiler checks each use against the header.
-    const char* METRALE_DEVICE_CALLS_CAPSULE
-    # declined, nothing done: the core calls the method, which binds the context, does the work or raises
-    int _DECLINED "METRALE_DEVICE_CALLS_DECLINED"
-    ctypedef struct metrale_device_calls_v1:
-        size_t size
-        void* state
-        int (*alloc)(void* state, size_t nbytes, uintptr_t* ptr) except -1
-        int (*free)(void* state, uintptr_t ptr) except -1
-        int (*memset)(void* state, uintptr_t ptr, int value, size_t nbytes, PyObject* stream) except -1
-        int (*graph_launch)(void* state, PyObject* graph_exec, PyObject* stream) except -1
-        int (*launch)(void* state, PyObject* function, const unsigned int* shape, unsigned int shared_mem,
-                      PyObject* stream, PyObject* args) except -1
+# The one definition, shipped in metrale-core with Cython's view of it beside (``metrale_core.plugin.get_include()``;
+# setup.py finds it): the C++ compiler checks each use against the header.
+from metrale.device_calls cimport METRALE_DEVICE_CALLS_CAPSULE, metrale_device_calls_v1
+# declined, nothing done: the core calls the method, which binds the context, does the work or raises
+from metrale.device_calls cimport METRALE_DEVICE_CALLS_DECLINED as _DECLINED
 
 #: The capsule's name, as ``metrale_core.plugin.DEVICE_CALLS`` has it (the struct's version is in it).
 DEVICE_CALLS = METRALE_DEVICE_CALLS_CAPSULE.decode("ascii")
