@@ -23,7 +23,7 @@ class _Intact:
     against the fill repeated to each length seen, not an array of booleans per zone (a scan of thousands of zones
     on a laptop)."""
 
-    __slots__ = ("byte", "_filled")
+    __slots__ = ("_filled", "byte")
 
     def __init__(self, fill: int) -> None:
         self.byte = np.uint8(fill & 0xFF)
