@@ -45,7 +45,7 @@ INSIDE: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("args", "memory_stats", "raw", "guarded", "_lock"), ("stats", "buffer"),
         ("capture_record", "capture", "handle"), ("gate",), ("context",), ("handles",),
     ),
-    "_redzones": (("zone",), ("layout",), ("scanner",), ("ingraph", "queued", "report"), ("guard",)),
+    "_redzones": (("zone", "borrowed"), ("layout",), ("scanner",), ("ingraph", "queued", "report"), ("guard",)),
     "_memory": (
         ("meminfo", "records", "sites", "poolstats", "arena_zones"),
         ("ledger", "bump", "watch", "pool"),

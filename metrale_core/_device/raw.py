@@ -379,6 +379,21 @@ class RawDevice(abc.ABC):
             "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} orders no foreign streams: order_foreign_stream"
         )
 
+    def foreign_stream(self, stream: int) -> object:
+        """Another library's stream as a stream of this device that work may be issued to (``memset``, ``launch``,
+        copies, ``event_record``, ``stream_synchronize``): borrowed, never destroyed nor captured by metrale.
+
+        ``stream`` is numbered as DLPack numbers it (1 CUDA's legacy default stream, 2 the per-thread one, any other
+        integer a ``CUstream``'s address, the other library's to keep valid). The core fills the red zones of a pool's
+        piece for that stream there (`MemoryPool.alloc_on`, the allocator doors): in the stream's own order, with no
+        event per piece. It calls this once per stream handle and keeps the answer. Optional: without it (this
+        default, ``CUDA_ERROR_NOT_SUPPORTED``) the fills go to the default stream and
+        [`order_foreign_stream`][metrale_core.RawDevice.order_foreign_stream] orders the stream after them.
+        """
+        raise error_for_code(
+            "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} lends no foreign streams: foreign_stream"
+        )
+
     def forget_memory(self, ptr: int) -> None:  # noqa: B027 - optional hook, default no-op
         """Stop addressing memory of [`import_memory`][metrale_core.RawDevice.import_memory] (it stays its owner's to
         free)."""

@@ -37,17 +37,17 @@ cdef class MemoryPool:
     cdef bint _strand
     cdef object __weakref__
 
-    cpdef tuple take(self, object size, object stream, bint zoned, object n, str what)
+    cpdef tuple take(self, object size, object stream, int fill, object n, str what)
     @cython.locals(cached=list, segment=Segment, keys=tuple)
-    cdef tuple _find(self, long long size, object stream, bint zoned)
+    cdef tuple _find(self, long long size, object stream, int fill)
     cdef tuple _carve(self, Segment segment, long long size)
     cpdef int handed_out(self, object index, object ptr, object size, Segment segment, object stream, bint zoned,
                          Ledger ledger, object buf) except -1
     @cython.locals(held=tuple)
-    cpdef give(self, object index, object stream)
+    cpdef give(self, object index, object stream, object laid=*)
     cpdef give_untaken(self, object ptr, object size, Segment segment)
     @cython.locals(cached=list)
-    cdef int _cache(self, object ptr, long long size, Segment segment, object stream, bint zoned) except -1
+    cdef int _cache(self, object ptr, long long size, Segment segment, object stream, bint zoned, object laid) except -1
 
 
 cpdef object size_class(object nbytes)

@@ -34,9 +34,9 @@ from .._device.guarded import raise_raw
 from .._device.handles import HostBuffer
 from .._device.raw import DEVICE_CALLS
 from .._errors import InvalidBufferError, MetraleError, OutOfMemoryError
+from .._redzones.zone import too_big
 from .._types import WORD_LIMIT, AllocKind
 from .holdings import Holdings
-from .pools import too_big
 from .rawmem import RawMemory
 from .records import INDEXES, INDEXES_LOCK_FREE, next_index
 

@@ -1,7 +1,6 @@
 """Caching pools: device memory carved from segments and cached after free, every piece on the ledger.
 
-Written once, here, and compiled as well as run as Python (``_pool``, with ``_pool.pxd`` beside it:
-docs/building.md).
+Written once, here, and compiled as well as run as Python (``_pool``, with ``_pool.pxd``: docs/building.md).
 
 - `MemoryPool` is the handle [`GpuBackend.create_pool`][metrale_core.GpuBackend.create_pool] returns. Its calls
   go to the pool front (`PoolCalls`, ``pools.py``), which owns the ledger's side (a record per piece, its own
@@ -50,7 +49,8 @@ if TYPE_CHECKING:  # (as a module: compiled, ``Ledger`` is the one _pool.pxd cim
     from . import ledger as ledgers
 
 __all__ = [
-    "HUGE", "LARGE", "Grow", "MemoryPool", "PoolCalls", "PoolStats", "SEGMENT", "SHARED", "Segment", "size_class",
+    "HUGE", "LARGE", "PLAIN", "SEGMENT", "SHARED", "ZONED", "ZONED_ON_OWN", "Grow", "MemoryPool", "PoolCalls",
+    "PoolStats", "Segment", "size_class",
 ]
 
 #: Pieces of at most this many bytes are carved from shared segments; larger ones are segments of their own.
@@ -82,15 +82,10 @@ class PoolCalls(Protocol):
     def pool_alloc(
         self, pool: MemoryPool, nbytes: object, stream: Stream | None, foreign: object = None, stacklevel: object = 1
     ) -> DeviceBuffer: ...
-
     def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None: ...
-
     def pool_record(self, pool: MemoryPool, buf: object, foreign_stream: object) -> None: ...
-
     def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int: ...
-
     def pool_stats(self, pool: MemoryPool) -> PoolStats: ...
-
     def pool_close(self, pool: MemoryPool) -> None: ...
 
 
@@ -106,8 +101,13 @@ class Segment:
         self.out = 0  # pieces carved from it and out now
 
 
-#: A piece taken: its address and its segment (``None``: the pool closed as it grew; the caller gives that back).
-Taken = tuple[int, "Segment | None"]
+#: A piece taken: its address, its segment (``None``: the pool closed as it grew; the caller gives that back), and
+#: the size of the allocation whose red zones it still holds intact (``0``: none known; `MemoryPool.take`).
+Taken = tuple[int, "Segment | None", int]
+
+#: Where `MemoryPool.take`'s allocation fills its red zones: none; the default stream (which follows no other: only a
+#: piece whose last use is known done serves); its own stream (another library's, borrowed: it follows that use).
+PLAIN, ZONED, ZONED_ON_OWN = 0, 1, 2
 
 
 class MemoryPool:
@@ -130,9 +130,10 @@ class MemoryPool:
         self._closed = False
         self._segments: dict[int, Segment] = {}  # by address
         self._small: list[Segment] = []  # shared segments, the newest last (carving goes there)
-        #: Cached pieces: (stream, size, zoned) -> [(address, segment, epoch at the free)]; stream ``None``: any
-        #: stream. ``zoned``: the piece's last owner had red zones, so its free waited for the device (the check).
-        self._free: dict[tuple[object, int, bool], list[tuple[int, Segment, int]]] = {}
+        #: Cached pieces: (stream, size, zoned) -> [(address, segment, epoch at the free, laid)]; stream ``None``: any
+        #: stream. ``zoned``: the last owner had red zones, its free waited for their check; ``laid``: its size, where
+        #: they were judged intact and are still in place (else 0).
+        self._free: dict[tuple[object, int, bool], list[tuple[int, Segment, int, int]]] = {}
         #: Pieces out: creation index -> (address, size, segment, the stream it was allocated on, zoned).
         self._out: dict[int, tuple[int, int, Segment, object, bool]] = {}
         self._epoch = 0  # bumped by each `mark`: a wait that began after a piece's free makes it any stream's
@@ -178,7 +179,7 @@ class MemoryPool:
     def counters(self) -> PoolStats:
         """`stats`, read inside the gate (the front's call): a finalizer that a collection runs under the
         pool's lock then defers its free instead of waiting for the lock."""
-        acquire_lock(self._lock)
+        acquire_lock(self._lock)  # (the fields copied, nothing made under it: a collection may free a piece)
         try:
             segments, segment_bytes, pieces = len(self._segments), self._segment_bytes, len(self._out)
             piece_bytes, cached, hits, misses, given = (self._piece_bytes, self._cached, self._hits, self._misses,
@@ -219,51 +220,52 @@ class MemoryPool:
 
     # -- the memory (the front's calls, inside the gate) --------------------------------------
 
-    def take(self, size: int, stream: object, zoned: bool, n: int, what: str) -> Taken:
+    def take(self, size: int, stream: object, fill: int, n: int, what: str) -> Taken:
         """A piece of ``size`` bytes for an allocation of ``n`` by ``what`` on ``stream``: a cached one (for
         ``stream``, or for any), a new one carved from a shared segment with room, or one of a new segment (`Grow`).
-
-        A ``zoned`` allocation fills its zones on the default stream, which follows no other stream: it takes only
-        a piece whose last use is known done (one freed with zones, whose check waited for the device, or one
-        cached before a wait), never one freed without zones on a stream whose work may still run."""
+        ``fill``: where its zones are filled (`PLAIN`...): on the default stream (`ZONED`), only a piece whose last
+        use is known done serves (freed with zones and checked, or cached before a wait). A zoned allocation takes
+        first a piece whose zones are still in place (the third item: the size they were laid for)."""
         if size < HUGE:
             acquire_lock(self._lock)
             try:
-                found = self._find(size, stream, zoned)
+                found = self._find(size, stream, fill)
             finally:
                 release_lock(self._lock)
             if found is not None:
                 return found
-        return self._grown(size, stream, zoned, n, what)
+        return self._grown(size, stream, fill, n, what)
 
-    def _find(self, size: int, stream: object, zoned: bool) -> tuple[int, Segment] | None:
+    def _find(self, size: int, stream: object, fill: int) -> Taken | None:
         """`take`'s cached or carved piece, under the lock; ``None`` where a new segment is needed."""
-        if zoned:
+        if fill == ZONED:
             keys: tuple[tuple[object, int, bool], ...] = ((stream, size, True), (None, size, True), (None, size, False))
+        elif fill == ZONED_ON_OWN:
+            keys = ((stream, size, True), (None, size, True), (stream, size, False), (None, size, False))
         else:
             keys = ((stream, size, False), (stream, size, True), (None, size, False), (None, size, True))
         for key in keys:
             cached = self._free.get(key)
             if cached:
-                ptr, segment, _ = cached.pop()
+                ptr, segment, _, laid = cached.pop()
                 self._cached -= size
                 self._piece_bytes += size
                 self._hits += 1
                 segment.out += 1
-                return ptr, segment
+                return ptr, segment, laid
         if size <= LARGE and self._small:
             segment = self._small[-1]
             if segment.used + size <= segment.nbytes:
                 return self._carve(segment, size)
         return None
 
-    def _retake(self, box: list[tuple[int, Segment]], size: int, stream: object, zoned: bool) -> bool:
+    def _retake(self, box: list[Taken], size: int, stream: object, fill: int) -> bool:
         """Asked by the front's `Grow` once the pools were trimmed: a cached piece now (put in ``box``)?"""
         if size >= HUGE:  # (no piece of that size is cached)
             return False
         acquire_lock(self._lock)
         try:
-            found = self._find(size, stream, zoned)
+            found = self._find(size, stream, fill)
         finally:
             release_lock(self._lock)
         if found is None:
@@ -271,18 +273,17 @@ class MemoryPool:
         box.append(found)
         return True
 
-    def _grown(self, size: int, stream: object, zoned: bool, n: int, what: str) -> Taken:
+    def _grown(self, size: int, stream: object, fill: int, n: int, what: str) -> Taken:
         """`take` where nothing cached or carved serves: a new segment (`Grow`), and the piece carved from it."""
-        nbytes = SEGMENT if size <= LARGE else size
-        box: list[tuple[int, Segment]] = []
-        ptr = self._grow(nbytes, n, what, functools.partial(self._retake, box, size, stream, zoned))
+        nbytes, box = SEGMENT if size <= LARGE else size, cast("list[Taken]", [])
+        ptr = self._grow(nbytes, n, what, functools.partial(self._retake, box, size, stream, fill))
         if box:
             return box[0]
         segment = Segment(ptr, nbytes)
         acquire_lock(self._lock)
         try:
             if self._closed:
-                return ptr, None
+                return ptr, None, 0
             self._segments[ptr] = segment
             self._segment_bytes += nbytes
             if size <= LARGE:
@@ -291,13 +292,13 @@ class MemoryPool:
         finally:
             release_lock(self._lock)
 
-    def _carve(self, segment: Segment, size: int) -> tuple[int, Segment]:
+    def _carve(self, segment: Segment, size: int) -> Taken:
         ptr = segment.ptr + segment.used
         segment.used += size
         segment.out += 1
         self._misses += 1
         self._piece_bytes += size
-        return ptr, segment
+        return ptr, segment, 0
 
     def handed_out(
         self, index: int, ptr: int, size: int, segment: Segment, stream: object, zoned: bool,
@@ -317,22 +318,23 @@ class MemoryPool:
                 if self._strand:
                     self._out[index] = (ptr, size, segment, stream, zoned)
                 else:
-                    self._cache(ptr, size, segment, stream, zoned)
+                    self._cache(ptr, size, segment, stream, zoned, 0)
                 return 2
             self._out[index] = (ptr, size, segment, stream, zoned)
         finally:
             release_lock(self._lock)
         return 1
 
-    def give(self, index: int, stream: object | None) -> None:
-        """Allocation ``index`` is off the ledger: its piece cached for ``stream`` (its own if ``None``). Nothing
+    def give(self, index: int, stream: object | None, laid: int = 0) -> None:
+        """Allocation ``index`` is off the ledger: its piece cached for ``stream`` (its own if ``None``). ``laid``: its
+        size, where its red zones were judged intact (they stay in place for the next zoned allocation). Nothing
         where the pool closed meanwhile (its memory went with the segments)."""
         acquire_lock(self._lock)
         try:
             held = self._out.pop(index, None)
             if held is not None:
                 ptr, size, segment, own, zoned = held
-                self._cache(ptr, size, segment, own if stream is None or own is SHARED else stream, zoned)
+                self._cache(ptr, size, segment, own if stream is None or own is SHARED else stream, zoned, laid)
         finally:
             release_lock(self._lock)
 
@@ -376,19 +378,19 @@ class MemoryPool:
         acquire_lock(self._lock)
         try:
             if not self._closed:
-                self._cache(ptr, size, segment, None, False)
+                self._cache(ptr, size, segment, None, False, 0)
         finally:
             release_lock(self._lock)
 
-    def _cache(self, ptr: int, size: int, segment: Segment, stream: object, zoned: bool) -> None:
+    def _cache(self, ptr: int, size: int, segment: Segment, stream: object, zoned: bool, laid: int) -> None:
         segment.out -= 1
         self._piece_bytes -= size
         key = (stream, size, zoned)
         cached = self._free.get(key)
         if cached is None:
-            self._free[key] = [(ptr, segment, self._epoch)]
+            self._free[key] = [(ptr, segment, self._epoch, laid)]
         else:
-            cached.append((ptr, segment, self._epoch))
+            cached.append((ptr, segment, self._epoch, laid))
         self._cached += size
 
     def out(self) -> list[int]:

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING
 from .._device.args import integer, positive_size
 from .._device.context import DeviceContext
 from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError, MetraleError
+from .._redzones.zone import too_big
 from .._types import WORD_LIMIT, AllocRecord, format_bytes
 from .holdings import Holdings
+from .pool import PLAIN, ZONED, ZONED_ON_OWN  # (ints: compiled too, the pure module's)
 from .poolstats import PoolStats
 from .quarantine import Quarantine
 from .rawmem import RawMemory
@@ -56,7 +58,7 @@ if TYPE_CHECKING:  # (as modules where _pools.pxd cimports the class)
     from .._device.handles import Stream
     from .._redzones.guard import ZoneGuard
 
-__all__ = ["PoolFront", "StreamResolver", "too_big"]
+__all__ = ["PoolFront", "StreamResolver"]
 
 check_fields("pool front")
 
@@ -67,14 +69,6 @@ StreamResolver = Callable[["Stream | None", str], "Stream"]
 
 def _no_streams(stream: Stream | None, what: str) -> Stream:  # pragma: no cover - no pool before create_pool
     raise AssertionError(f"{what}: no pool was created")
-
-
-def too_big(raw_bytes: int, n: int, what: str) -> InvalidArgumentError:
-    """The error of a zoned allocation of ``n`` bytes whose raw size, zones included, does not fit 64 bits."""
-    return InvalidArgumentError(
-        f"{what}: {n} bytes and their red zones ({raw_bytes} bytes in all) do not fit 64 bits (CUDA's size_t): ask "
-        f"for less"
-    )
 
 
 def _foreign_handle(foreign: object, what: str) -> int:
@@ -182,15 +176,16 @@ class PoolFront:
         if site is None:
             site = call_site(self._internal, 0 if cython.compiled else 1)  # (as Python: its own frame)
         layout = self._guard.layout(n, index) if self._zoned else None
+        handle = target[1] if foreign else 0  # type: ignore[index]  # (another library's stream: its handle)
+        own = None  # that stream, borrowed for the fills (``None``: filled on the default stream)
         if layout is None:
-            zoned = False
-            size = size_class(n)
+            zoned, fill, size = False, PLAIN, size_class(n)
         else:
             if layout.raw_bytes >= WORD_LIMIT:
                 raise too_big(layout.raw_bytes, n, what)
-            zoned = True
-            size = size_class(layout.raw_bytes)
-        ptr, segment = pool.take(size, target, zoned, n, what)
+            own = self._guard.borrowed(handle) if foreign else None
+            zoned, fill, size = True, ZONED if own is None else ZONED_ON_OWN, size_class(layout.raw_bytes)
+        ptr, segment, laid = pool.take(size, target, fill, n, what)
         if segment is None:  # the pool closed while it grew: its new segment goes back
             self._raw.release_quietly(ptr, "device")
             raise InvalidArgumentError(f"{what}: {pool!r} was closed meanwhile")
@@ -199,9 +194,9 @@ class PoolFront:
         else:
             buf = make_buffer(ptr + layout.lead, n, "pool", index, site, self._ref)
             try:
-                self._guard.guard(buf, layout)  # filled on the default stream, which metrale's streams follow
-                if foreign:  # another library's stream follows nothing of metrale's: order it
-                    self._guard.order_foreign(target[1] or 1)  # type: ignore[index]  # (0: the legacy default)
+                self._guard.lay(buf, layout, laid, own, handle)
+                if foreign and own is None:  # filled on the default stream, which the foreign one does not follow
+                    self._guard.order_foreign(handle or 1)  # (0: the legacy default)
             except MetraleError:
                 self._guard.forget(index)
                 pool.give_untaken(ptr, size, segment)
@@ -349,12 +344,13 @@ class PoolFront:
         if pool is not None:
             pool.swept(index)
 
-    def piece_judged(self, index: int) -> None:
-        """The quarantine let go of zoned piece ``index`` (its zones judged, or at close): back to its pool."""
+    def piece_judged(self, index: int, laid: int) -> None:
+        """The quarantine let go of zoned piece ``index`` (its zones judged, or at close): back to its pool, its zones
+        in place where they were judged intact (``laid``: its size; else 0)."""
         with self._holdings.lock:
             pool = self._holdings.judging.pop(index, None)
         if pool is not None:
-            pool.give(index, None)
+            pool.give(index, None, laid)
 
     # -- the pools' memory --------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from .._types import AllocKind, RedZoneViolation
 __all__ = ["QUARANTINE_MAX_BUFFERS", "Quarantine"]
 
 
-def _no_pieces(index: int) -> None:  # pragma: no cover - the allocator sets its own as it builds the quarantine
+def _no_pieces(index: int, laid: int) -> None:  # pragma: no cover - the pool front sets its own at once
     raise AssertionError(f"a pool's piece #{index} reached a quarantine that knows no pools")
 
 #: The quarantine is checked and released once it holds more buffers than this (or more bytes than
@@ -93,11 +93,12 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
         self._held: list[_Held] = []
         #: Checked freed blocks by raw size, kept for the next allocation of that layout (oldest size first).
         self._reuse: dict[int, list[int]] = {}
-        self._pieces: Callable[[int], None] = _no_pieces
+        self._pieces: Callable[[int, int], None] = _no_pieces
         guard.on_full_check(self.full_check)
 
-    def give_pieces_to(self, callback: Callable[[int], None]) -> None:
-        """Where a pool's piece goes once let go of: ``callback(index)`` (the allocator's, which gives it back)."""
+    def give_pieces_to(self, callback: Callable[[int, int], None]) -> None:
+        """Where a pool's piece goes once let go of: ``callback(index, laid)`` (the pool front's, which gives it back);
+        ``laid``: its size where its zones were judged intact (they stay in place for the next zoned piece), else 0."""
         self._pieces = callback
 
     @property
@@ -159,11 +160,13 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
                 violations, when = self._drain(), "the check of the quarantine (freed buffers)"
             else:
                 zones = guard.unwatch(index)
+                judged = False  # (a judge that raises leaves the zones' state unknown)
                 try:
                     violations = guard.judge(zones)
+                    judged = not violations
                 finally:
                     if kind == "pool":
-                        self._pieces(index)
+                        self._pieces(index, nbytes if judged else 0)
                     else:
                         self._raw.free(raw_ptr, kind)
                     guard.zones_released()
@@ -245,7 +248,8 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
                 kept += 1
                 kept_bytes += held.raw_bytes
             elif held.kind == "pool":
-                ctx.quietly(f"giving back the pool's piece #{held.index}", self._pieces, held.index)
+                laid = held.buf.nbytes if bad is not None and held.index not in bad else 0
+                ctx.quietly(f"giving back the pool's piece #{held.index}", self._pieces, held.index, laid)
             else:
                 ctx.quietly(f"releasing quarantined allocation #{held.index}", self._raw.free, held.raw_ptr,
                             held.kind)

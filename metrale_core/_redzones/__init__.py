@@ -5,6 +5,7 @@ bands, judges them, checks graph launches, and reports. One layer per module, ea
 those before it:
 
 - `.zone`: `Zone`, `Layout`: one band, and where a zoned allocation's parts lie (one class for both builds);
+- `.borrowed`: `BorrowedStreams`: other libraries' streams lent for the fills of a pool's pieces allocated on them;
 - `.layout`: `RedZones`: where the live bands lie, the dense table the scan kernel reads, and judging one
   band read back (compiled as well: ``_layout``);
 - `.scanner`: the scan kernel, the one scratch pool, and the reads that stand in (no guard here);

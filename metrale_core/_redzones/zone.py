@@ -3,6 +3,8 @@
 - `Zone`, `Layout`: one guard band; where a zoned allocation's parts lie.
 - `make_zone`: a `Zone` made at a third of the cost of its constructor, for the zone table's adds.
 - `zone_table`, `zone_violations`: a scan's table for some zones, and the violations in its results.
+- `refill`: the bytes a block whose zones are in place needs filled for a new size; `too_big`: the error of a zoned
+  allocation whose raw size does not fit 64 bits.
 
 Run as Python only: the zone table (``layout.py``) is compiled as well (``_layout``), and these classes must be one
 for both builds (a `Layout` is a dictionary key, a `Zone` is compared).
@@ -18,9 +20,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Literal, final
 
 from .._device.buffer import DeviceBuffer
+from .._errors import InvalidArgumentError
 from .._types import CLASS_SWAP, RedZoneViolation
 
-__all__ = ["ALIGN", "Layout", "Zone", "make_zone", "round_up", "zone_table", "zone_violations"]
+__all__ = ["ALIGN", "Layout", "Zone", "make_zone", "refill", "round_up", "too_big", "zone_table", "zone_violations"]
 
 #: Device pointers handed to users are aligned to this, as cuMemAlloc's are.
 ALIGN: Final = 256
@@ -74,6 +77,27 @@ class Layout:
     raw_bytes: int
     lead: int
     trail: int
+
+
+def too_big(raw_bytes: int, n: int, what: str) -> InvalidArgumentError:
+    """The error of a zoned allocation of ``n`` bytes whose raw size, zones included, does not fit 64 bits."""
+    return InvalidArgumentError(
+        f"{what}: {n} bytes and their red zones ({raw_bytes} bytes in all) do not fit 64 bits (CUDA's size_t): ask "
+        f"for less"
+    )
+
+
+def refill(layout: Layout, laid: int, nbytes: int) -> tuple[int, int]:
+    """The bytes to fill, ``(offset from the raw start, length)``, for an allocation of ``nbytes`` with ``layout`` in
+    a block whose zones are in place for one of ``laid`` bytes (judged intact since): the leading band stays where it
+    was, and the trailing one moves with the size. Smaller, the bytes the old allocation held past the new end; larger,
+    the part of the new trailing band past the old one. At most ``min(|nbytes - laid|, layout.trail)`` bytes; none for
+    the same size."""
+    if nbytes < laid:
+        return layout.lead + nbytes, laid - nbytes
+    end = layout.lead + nbytes + layout.trail
+    start = max(layout.lead + nbytes, layout.lead + laid + layout.trail)
+    return start, max(end - start, 0)
 
 
 _START_LENGTH: Final = operator.attrgetter("start", "length")

@@ -423,11 +423,13 @@ class CudaDevice(CudaWork):
             if self._closed:
                 return
             self._closed = True
-            held = [*self._orphans.keep, *(obj for s in self._streams for obj in s.keep)]
+            streams = [*self._streams, *self._borrowed.values()]
+            held = [*self._orphans.keep, *(obj for s in streams for obj in s.keep)]
             self._orphans.keep.clear()
-            for stream in self._streams:
+            for stream in streams:
                 stream.keep.clear()
             self._streams.clear()
+            self._borrowed.clear()
             self._captures.clear()
             graveyard, self._graveyard = self._graveyard, None
         if graveyard is not None:  # (it holds only waits: destroying it never cuts work short)

@@ -185,6 +185,8 @@ class CudaWork(RawDevice):
         #: was made leaves its pending work here (an event recorded, waited for), so order_foreign_stream
         #: orders a foreign stream after the work of destroyed streams too. Made on the first destroy.
         self._graveyard: Any = None
+        #: Other libraries' streams lent to the core (`foreign_stream`), by handle: never destroyed here.
+        self._borrowed: dict[int, CuStream] = {}
 
     # -- host objects in flight -----------------------------------------------------
 
@@ -268,6 +270,17 @@ class CudaWork(RawDevice):
         with self._lock:
             self._streams.add(stream)
         return stream
+
+    def foreign_stream(self, stream: int) -> object:
+        """Another library's ``CUstream`` (DLPack's numbering: 1 ``CU_STREAM_LEGACY``, 2 ``CU_STREAM_PER_THREAD``,
+        else its address) as a stream of this device, borrowed: never destroyed nor captured here, and not one of the
+        streams `order_foreign_stream` orders others after (the core fills red zones on it, in its own order). One
+        per handle, kept until close; its host objects in flight go at the next ``synchronize``."""
+        with self._lock:
+            s = self._borrowed.get(stream)
+            if s is None:
+                s = self._borrowed[stream] = CuStream(drv.CUstream(stream))
+            return s
 
     def _bury(self, s: CuStream) -> None:
         """Before ``s`` is destroyed: the graveyard stream waits for the work ``s`` leaves pending (an event
@@ -369,7 +382,7 @@ class CudaWork(RawDevice):
     def synchronize(self) -> None:
         """``cuCtxSynchronize``; lets go of every host object issued before it."""
         with self._lock:
-            streams = (self._orphans, *self._streams)
+            streams = (self._orphans, *self._streams, *self._borrowed.values())
         marks = [(s, self._mark(s)) for s in streams if s.keep]
         call(drv.cuCtxSynchronize, "cuCtxSynchronize")
         for s, mark in marks:

@@ -79,6 +79,7 @@ class FakeDevice(RawDevice):
         self._host = AddressSpace(*self._window.host, reuse=True, what="host memory")  # reused always, as ever
         self._mapped: dict[int, int] = {}  # host address of mapped pinned memory -> its device address
         self._streams: set[FakeStream] = set()
+        self._foreign: dict[int, FakeStream] = {}  # another library's stream handle -> its stream (`foreign_stream`)
         self._graphs: weakref.WeakSet[FakeGraph] = weakref.WeakSet()
         self._faults: dict[str, list[list[object]]] = {}
         self._sticky: tuple[str, str] | None = None  # (CUDA name, cause) of a sticky fault
@@ -150,6 +151,7 @@ class FakeDevice(RawDevice):
                 s.capture = None
                 CAPTURES.end(s)
             self._streams.clear()
+            self._foreign.clear()
             for g in list(self._graphs):
                 g.work = ()
             self._graphs.clear()
@@ -298,6 +300,18 @@ class FakeDevice(RawDevice):
         with self._lock:
             self._fault("", "order foreign stream")
             self._drain_all()
+
+    def foreign_stream(self, stream: int) -> object:
+        """Another library's stream: on the fake, whose memory other libraries reach from host code, a stream of its
+        own (one per handle, kept until close) whose work runs in order with the others' as any fake stream's; no
+        handle is refused, as a ``CUstream`` is not checked before use."""
+        with self._lock:
+            self._fault("", "foreign stream")
+            s = self._foreign.get(stream)
+            if s is None:
+                s = self._foreign[stream] = FakeStream()
+                self._streams.add(s)
+            return s
 
     def forget_memory(self, ptr: int) -> None:
         with self._lock:
