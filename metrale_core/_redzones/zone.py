@@ -90,11 +90,11 @@ def too_big(raw_bytes: int, n: int, what: str) -> InvalidArgumentError:
 def refill(layout: Layout, laid: int, nbytes: int) -> tuple[int, int]:
     """The bytes to fill, ``(offset from the raw start, length)``, for an allocation of ``nbytes`` with ``layout`` in
     a block whose zones are in place for one of ``laid`` bytes (judged intact since): the leading band stays where it
-    was, and the trailing one moves with the size. Smaller, the bytes the old allocation held past the new end; larger,
+    was, and the trailing one moves with the size. Smaller, the old data the new band covers; larger,
     the part of the new trailing band past the old one. At most ``min(|nbytes - laid|, layout.trail)`` bytes; none for
-    the same size."""
+    the same size. The bytes past the new band stay as they are: no zone covers them."""
     if nbytes < laid:
-        return layout.lead + nbytes, laid - nbytes
+        return layout.lead + nbytes, min(laid - nbytes, layout.trail)
     end = layout.lead + nbytes + layout.trail
     start = max(layout.lead + nbytes, layout.lead + laid + layout.trail)
     return start, max(end - start, 0)

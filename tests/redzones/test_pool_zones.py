@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from metrale_core import DeviceBuffer, RedZoneError, RedZoneViolation, open_backend
+from metrale_core import DeviceBuffer, DriverError, RedZoneError, RedZoneViolation, open_backend
 from metrale_core._memory.pool import size_class
+from metrale_core._redzones.zone import Layout, refill
 from metrale_core.kernels import shipped_modules
+from metrale_core.testing import FaultInjecting
 from tests.redzones.test_quarantine import HELD, LEAD, ZONE, ZONED, _edge, _found, _graph, _launch_expecting, _open
 
 
@@ -169,3 +173,85 @@ def test_a_close_that_cannot_read_the_zones_keeps_them_watched_and_the_memory_he
         assert leak.index in {v.index for v in gpu.scan_redzones()}
         assert pool.stats().segments == 1
     assert pool.stats().segments == 0
+
+
+# -- zones laid once per block, kept across its reuse (issue 54) ------------------------------------------------------
+
+
+@given(lead=st.sampled_from([0, 256, 4096]), trail=st.integers(1, 5000), laid=st.integers(1, 20_000),
+       nbytes=st.integers(1, 20_000))
+def test_a_refill_lays_exactly_the_new_zones_and_never_touches_the_new_data(
+    lead: int, trail: int, laid: int, nbytes: int
+) -> None:
+    layout = Layout(lead + nbytes + trail, lead, trail)
+    size = max(lead + laid + trail, layout.raw_bytes)
+    block = bytearray(b"D" * size)  # what the old owner left: data everywhere...
+    block[:lead] = b"Z" * lead  # ...but its zones, judged intact
+    block[lead + laid : lead + laid + trail] = b"Z" * trail
+    start, length = refill(layout, laid, nbytes)
+    assert length <= max(min(abs(nbytes - laid), trail), 0)
+    assert not (start < lead + nbytes and start + length > lead) or length == 0  # never into the new data
+    block[start : start + length] = b"Z" * length
+    assert block[:lead] == b"Z" * lead and block[lead + nbytes : lead + nbytes + trail] == b"Z" * trail
+
+
+@pytest.mark.parametrize("side", ["trail", "lead"])
+@pytest.mark.parametrize("change", [0, -1, -ZONE - 8, 1, ZONE + 8])
+@pytest.mark.parametrize("foreign", [False, True], ids=["own", "foreign"])
+def test_a_piece_reused_with_its_zones_in_place_finds_a_one_byte_overrun_with_its_site(
+    backend_name: str, side: str, change: int, foreign: bool
+) -> None:
+    """A piece judged intact goes back with its zones in place; the next zoned piece of its size class fills only the
+    bytes its size moves, and its zones are as exact as fresh ones: no false finding, and a one-byte overrun on either
+    side found with the new owner's site."""
+    with _open(backend_name, redzone_quarantine_bytes=0) as gpu:  # (each free judged at once)
+        pool = gpu.create_pool()
+
+        def take(n: int) -> DeviceBuffer:
+            return pool.alloc_on(n, 0x1234) if foreign else pool.alloc(n)
+
+        old = take(1000)
+        pool.free(old)
+        piece = take(1000 + change)
+        assert piece.ptr == old.ptr and gpu.scan_redzones() == []  # the same block, its zones right for its size
+        address, offset = _edge(piece, side)
+        gpu.memset(address, 0x00, nbytes=1)
+        with pytest.raises(RedZoneError) as info:
+            gpu.scan_redzones()
+        assert _found(info.value.violations) == [(piece.index, side, offset)]
+        _named(info.value.violations[0], piece)
+        with pytest.raises(RedZoneError):  # (judged again at its free: no quarantine)
+            pool.free(piece)
+        again = take(1000)  # its zones were found changed: laid afresh, nothing blamed on the next owner
+        assert again.ptr == old.ptr and gpu.scan_redzones() == []
+        pool.free(again)
+        pool.close()
+
+
+def test_a_piece_reused_for_its_size_lays_no_fill() -> None:
+    """The same size again: its zones are in place, so no fill is issued (a memset armed to fail is never reached)."""
+    with _open("fake", redzone_quarantine_bytes=0) as gpu:
+        assert isinstance(gpu, FaultInjecting)
+        pool = gpu.create_pool()
+        old = pool.alloc_on(4096, 0x1234)
+        pool.free(old)
+        gpu.inject_fault("memset", nth=1)
+        piece = pool.alloc_on(4096, 0x1234)  # no memset: the armed fault stays armed
+        assert piece.ptr == old.ptr
+        pool.free(piece)
+        with pytest.raises(DriverError):  # the next fill meets it: a piece of another size class, laid afresh
+            pool.alloc_on(64 << 10, 0x1234)
+        pool.close()
+
+
+@pytest.mark.parametrize("name", ["fake", "tracing"])
+def test_another_library_s_stream_is_lent_once_per_handle(name: str) -> None:
+    """`RawDevice.foreign_stream`: the fake lends one stream per handle (the tracing backend, none: its fills go to
+    the default stream, and the foreign stream is ordered after them)."""
+    with _open(name) as gpu:
+        pool = gpu.create_pool()
+        pieces = [pool.alloc_on(100, handle) for handle in (0x1234, 0x1234, 0x5678)]
+        assert gpu.scan_redzones() == []
+        for piece in pieces:
+            pool.free(piece)
+        pool.close()
