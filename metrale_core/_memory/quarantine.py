@@ -249,7 +249,7 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
                 kept_bytes += held.raw_bytes
             elif held.kind == "pool":
                 laid = held.buf.nbytes if bad is not None and held.index not in bad else 0
-                ctx.quietly(f"giving back the pool's piece #{held.index}", self._pieces, held.index, laid)
+                ctx.quietly("giving back a pool's piece judged", self._pieces, held.index, laid)  # (no text per piece)
             else:
                 ctx.quietly(f"releasing quarantined allocation #{held.index}", self._raw.free, held.raw_ptr,
                             held.kind)
