@@ -13,6 +13,7 @@ from metrale_core._device._stats cimport KIND_POOL, StatsCounter
 from metrale_core._memory._ledger cimport Ledger
 from metrale_core._memory._pool cimport MemoryPool, Segment, size_class
 from metrale_core._memory._sites cimport call_site
+from metrale_core._redzones._layout cimport RedZones
 
 
 cdef object _foreign_handle(object foreign, str what)
@@ -33,6 +34,8 @@ cdef class PoolFront:
     cdef object _raw
     cdef object _swept
     cdef bint _zoned
+    cdef RedZones _zones
+    cdef dict _lent
     cdef object _trace_idx
     cdef object _internal
     cdef object _ref

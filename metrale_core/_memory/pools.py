@@ -91,9 +91,9 @@ def _piece_of(buf: object, what: str) -> tuple[int, object, int, int]:
 class PoolFront:
     """The memory pools of one backend: what their calls do, inside the gate."""
 
-    __slots__ = ("_gate", "_guard", "_holdings", "_indexes", "_internal", "_ledger", "_pool_of", "_quarantine",
-                 "_raw", "_raw_base", "_ref", "_releases", "_resolve", "_stats", "_swept", "_trace_idx", "_zoned",
-                 "ctx", "site_at")
+    __slots__ = ("_gate", "_guard", "_holdings", "_indexes", "_internal", "_ledger", "_lent", "_pool_of",
+                 "_quarantine", "_raw", "_raw_base", "_ref", "_releases", "_resolve", "_stats", "_swept", "_trace_idx",
+                 "_zoned", "_zones", "ctx", "site_at")
 
     def __init__(
         self, ctx: DeviceContext, holdings: Holdings, stats: counters.StatsCounter, guard: ZoneGuard,
@@ -114,6 +114,8 @@ class PoolFront:
         #: The allocator's record of what sweeps took (a closed pool's leaks go there too).
         self._swept = swept
         self._zoned = guard.zones.size > 0
+        self._zones = guard.zones
+        self._lent = guard.borrowed_streams.lent
         self._trace_idx = ctx.settings.redzone_trace_idx
         self._internal = ctx.internal
         self._ref = ctx.ref
@@ -175,15 +177,14 @@ class PoolFront:
         the gate. ``site``: a ``stacklevel``'s (`site_at`), else the first frame outside metrale and ``site_skip``."""
         if site is None:
             site = call_site(self._internal, 0 if cython.compiled else 1)  # (as Python: its own frame)
-        layout = self._guard.layout(n, index) if self._zoned else None
-        handle = target[1] if foreign else 0  # type: ignore[index]  # (another library's stream: its handle)
-        own = None  # that stream, borrowed for the fills (``None``: filled on the default stream)
+        layout = self._zones.layout(n, index) if self._zoned else None
+        handle, own = target[1] if foreign else 0, None  # type: ignore[index]  # (a foreign stream; it, borrowed)
         if layout is None:
             zoned, fill, size = False, PLAIN, size_class(n)
         else:
             if layout.raw_bytes >= WORD_LIMIT:
                 raise too_big(layout.raw_bytes, n, what)
-            own = self._guard.borrowed(handle) if foreign else None
+            own = (self._lent.get(handle) or self._guard.borrowed_streams.get(handle)) if foreign else None
             zoned, fill, size = True, ZONED if own is None else ZONED_ON_OWN, size_class(layout.raw_bytes)
         ptr, segment, laid = pool.take(size, target, fill, n, what)
         if segment is None:  # the pool closed while it grew: its new segment goes back
@@ -194,9 +195,12 @@ class PoolFront:
         else:
             buf = make_buffer(ptr + layout.lead, n, "pool", index, site, self._ref)
             try:
-                self._guard.lay(buf, layout, laid, own, handle)
-                if foreign and own is None:  # filled on the default stream, which the foreign one does not follow
-                    self._guard.order_foreign(handle or 1)  # (0: the legacy default)
+                if laid == n:  # its zones in place for this size: nothing to fill
+                    self._zones.add_c(buf, index, ptr + layout.lead, n)
+                else:  # filled on the borrowed stream, else on the default one, which the foreign one must follow
+                    self._guard.lay(buf, layout, laid, own, handle)
+                    if foreign and own is None:
+                        self._guard.order_foreign(handle or 1)  # (0: the legacy default)
             except MetraleError:
                 self._guard.forget(index)
                 pool.give_untaken(ptr, size, segment)

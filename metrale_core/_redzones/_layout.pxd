@@ -36,6 +36,7 @@ cdef class RedZones:
     cdef readonly long long version
     cdef readonly long long filled
 
+    cpdef object layout(self, object nbytes, object index)
     cpdef int add_c(self, object buf, object index, uintptr_t ptr, size_t nbytes) except -1
     @cython.locals(slots=list)
     cdef _put(self, object index, tuple zones)

@@ -20,18 +20,19 @@ __all__ = ["BorrowedStreams"]
 class BorrowedStreams:
     """One backend's borrowed streams, and those with fills issued since the last wait."""
 
-    __slots__ = ("_lends", "_pending", "_raw", "_streams")
+    __slots__ = ("_lends", "_pending", "_raw", "lent")
 
     def __init__(self, raw: RawDevice) -> None:
         self._raw = raw
         self._lends = True  # until the backend says CUDA_ERROR_NOT_SUPPORTED
-        self._streams: dict[int, object] = {}
+        #: The streams lent so far, by handle: read as it is on the hot path (`get` adds to it).
+        self.lent: dict[int, object] = {}
         self._pending: dict[int, object] = {}
 
     def get(self, handle: int) -> object | None:
         """Another library's stream ``handle`` (DLPack's numbering; 0 is taken as 1, the legacy default stream) as a
         raw stream of the backend's, or ``None`` where it lends none."""
-        stream = self._streams.get(handle)
+        stream = self.lent.get(handle)
         if stream is None and self._lends:
             try:
                 stream = self._raw.foreign_stream(handle or 1)
@@ -40,7 +41,7 @@ class BorrowedStreams:
                     raise
                 self._lends = False
                 return None
-            self._streams[handle] = stream
+            self.lent[handle] = stream
         return stream
 
     def filled(self, handle: int, stream: object) -> None:

@@ -2,7 +2,7 @@
 
 - Fills: the zones of each new allocation, filled on the default stream; how many fills are known
   done, so work on other streams waits for them (`ZoneGuard.settle_for`). A pool's piece for another library's
-  stream is filled on that stream itself where the backend lends it (`ZoneGuard.borrowed`), and only the bytes its
+  stream is filled on that stream itself where the backend lends it (`BorrowedStreams`), and only the bytes its
   size moves where its block still holds zones judged intact (`ZoneGuard.lay`).
 - Judging: a batch of zones a caller names (a free's own, the quarantine's), and the full check of
   every watched zone (``scan_redzones()``, ``close()``, a bad in-graph verdict). After a full check the
@@ -54,8 +54,9 @@ class ZoneGuard:
     """Red zones of one backend: fills, bookkeeping, judging, graph launches and the report."""
 
     __slots__ = (
-        "_borrowed", "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_settled", "_full_checked",
-        "_orders", "_queued", "_raw", "_report", "_scan_graphs", "_scanner", "_stats", "fills", "lock", "zones",
+        "_checks", "_checks_off", "_ctx", "_default", "_default_stream", "_fills_settled", "_full_checked",
+        "_orders", "_queued", "_raw", "_report", "_scan_graphs", "_scanner", "_stats", "borrowed_streams", "fills",
+        "lock", "zones",
     )
 
     def __init__(self, ctx: DeviceContext, stats: StatsCounter, default: Stream) -> None:
@@ -80,7 +81,8 @@ class ZoneGuard:
         self._checks: GraphChecks | None = None  # the in-graph checks, once open
         self._checks_off = ""  # why graphs are not checked inside ("": not tried yet, or on)
         self._orders = True  # whether the backend orders foreign streams (until it says CUDA_ERROR_NOT_SUPPORTED)
-        self._borrowed = BorrowedStreams(self._raw)  # other libraries' streams, lent for the fills of pool pieces
+        #: Other libraries' streams, lent for the fills of pool pieces (`borrowed`).
+        self.borrowed_streams = BorrowedStreams(self._raw)
         stats.redzone_sample = ctx.settings.redzone_sample
 
     # -- fills ------------------------------------------------------------------------------
@@ -116,7 +118,8 @@ class ZoneGuard:
     def settle_for(self, stream: Stream) -> None:
         """Before work on ``stream``: wait for the fills if ``stream`` is not the default stream (and for those on
         borrowed streams, whatever ``stream`` is)."""
-        if (self.zones.filled != self._fills_settled and stream.raw is not self._default) or self._borrowed.pending:
+        default = self._default
+        if self.borrowed_streams.pending or (self.zones.filled != self._fills_settled and stream.raw is not default):
             self.settle()
 
     def settle(self) -> None:
@@ -127,23 +130,18 @@ class ZoneGuard:
         happens during a capture.
         """
         issued = self.zones.filled
-        if (issued != self._fills_settled or self._borrowed.pending) and may_wait():  # the check and wait: one step
-            self._borrowed.settle()
+        pending = self.borrowed_streams.pending
+        if (issued != self._fills_settled or pending) and may_wait():  # the check and the wait are one step
+            self.borrowed_streams.settle()
             self._raw.stream_synchronize(self._default)
             self._fills_done(issued)
 
-    def borrowed(self, handle: int) -> object | None:
-        """Another library's stream ``handle`` as a raw stream of this backend's (`BorrowedStreams.get`), for the fills
-        of the pool's pieces allocated on it: they follow the piece's last use there, and the stream needs no ordering
-        after them. ``None`` where the backend lends none: fill on the default stream, then `order_foreign`."""
-        return self._borrowed.get(handle)
-
     def lay(self, buf: DeviceBuffer, layout: Layout, laid: int, stream: object | None, handle: int = 0) -> None:
         """Lay the zones of a new pool piece and start watching them: on the borrowed ``stream`` of another library's
-        ``handle`` (`borrowed`), else (``None``) on the default stream, as `guard` does. Where its block still holds
-        zones judged intact for an allocation of ``laid`` bytes (``0``: none), only the bytes the new size moves are
-        filled (`refill`): none for the same size. A write through a stale pointer of the block's previous owner
-        after that check is then found in the new owner's zone (as any overrun, with the new owner's site)."""
+        ``handle`` (`BorrowedStreams.get`), else (``None``) on the default stream, as `guard` does. Where its block
+        still holds zones judged intact for an allocation of ``laid`` bytes (``0``: none), only the bytes the new size
+        moves are filled (`refill`). A write through a stale pointer of the block's previous owner after that check is
+        then found in the new owner's zone (as any overrun, with the new owner's site)."""
         zones = self.zones.zones_for(buf, layout)
         raw, fill = self._raw, self.zones.fill
         target = self._default if stream is None else stream
@@ -155,7 +153,7 @@ class ZoneGuard:
         for ptr, length in ranges:
             raw.memset(ptr, fill, length, target)
         if stream is not None and ranges:
-            self._borrowed.filled(handle, stream)
+            self.borrowed_streams.filled(handle, stream)
         self.zones.add(zones)
 
     def order_foreign(self, stream: int) -> None:
@@ -176,9 +174,9 @@ class ZoneGuard:
     def sync_device(self) -> None:
         """Wait for all of the backend's work (``RawDevice.synchronize``: other libraries' streams of its context
         too); the fills issued before are done."""
-        issued, borrowed = self.zones.filled, self._borrowed.mark()
+        issued, borrowed = self.zones.filled, self.borrowed_streams.mark()
         self._raw.synchronize()
-        self._borrowed.waited(borrowed)
+        self.borrowed_streams.waited(borrowed)
         self._fills_done(issued)
 
     def _fills_done(self, issued: int) -> None:

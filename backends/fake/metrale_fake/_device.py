@@ -669,7 +669,8 @@ class FakeDevice(RawDevice):
             impl = self._implementations.get((module, kernel))
             if impl is None:
                 raise no_implementation(module, kernel)
-            launch = FakeLaunch(module, kernel, grid, block, shared_mem, self._device.view, self._leftover)
+            launch = FakeLaunch(module, kernel, grid, block, shared_mem, self._device.view, self._leftover,
+                                self._device.extent)
             frozen = tuple(args)
 
             def work() -> None:

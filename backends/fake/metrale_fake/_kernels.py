@@ -59,9 +59,9 @@ def redzone_scan(launch: FakeLaunch, zones: np.ndarray, n: np.uint32, fill: np.u
     count = min(int(n), launch.grid[0])
     table = launch.elements(zones, count * 2, np.uint64).reshape(count, 2)
     out = launch.elements(result, count, np.uint32)
-    intact = _Intact(int(fill))
+    intact, read = _Intact(int(fill)), launch.reader()
     for z, (address, length) in enumerate(table.tolist()):
-        data = launch.read(address, length)
+        data = read(address, length)
         out[z] = 0 if intact(data) else int(np.flatnonzero(data != intact.byte)[0]) + 1
 
 
@@ -78,8 +78,8 @@ def redzone_verdict(launch: FakeLaunch, desc: np.ndarray, state: np.ndarray, slo
     bad = 0
     if count:
         table = launch.read(table_ptr, count * 16).view(np.uint64).reshape(count, 2)
-        intact = _Intact(fill)
-        bad = sum(not intact(launch.read(address, length)) for address, length in table.tolist())
+        intact, read = _Intact(fill), launch.reader()
+        bad = sum(not intact(read(address, length)) for address, length in table.tolist())
     words = launch.elements(state, 2, np.uint64)
     words[1] += np.uint64(1)
     out = launch.elements(slot, 4, np.uint64)

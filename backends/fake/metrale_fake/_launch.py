@@ -41,6 +41,8 @@ class FakeLaunch:
     memory: Callable[[int, int], np.ndarray]
     #: The device's shared memory as blocks find it (`shared`); ``None``: fresh zeros at each call.
     leftover: Callable[[int], np.ndarray] | None = None
+    #: The allocation holding an address, as ``(base, size, bytes)`` (`reader`); ``None``: each read looks it up.
+    extent: Callable[[int], tuple[int, int, np.ndarray] | None] | None = None
 
     def shared(self) -> np.ndarray:
         """The block's dynamic shared memory, ``shared_mem`` bytes (``uint8``), as a GPU hands it over: holding
@@ -57,6 +59,33 @@ class FakeLaunch:
         Bytes outside one allocation raise ``IndexError``: an illegal address.
         """
         return self.memory(address, nbytes)
+
+    def reader(self) -> Callable[[int, int], np.ndarray]:
+        """`read`, for a kernel that follows many pointers (the red-zone scans): the allocation last found is kept, so
+        a range inside it needs no lookup. The same bytes, and the same ``IndexError`` outside one allocation."""
+        extent = self.extent
+        if extent is None:
+            return self.read
+        memory = self.memory
+        last: list[tuple[int, int, np.ndarray]] = []
+
+        def read(address: int, nbytes: int) -> np.ndarray:
+            if last:
+                base, size, data = last[0]
+                offset = address - base
+                if 0 <= offset <= size and offset + nbytes <= len(data):
+                    return data[offset : offset + nbytes]
+            found = extent(address)
+            if found is None:
+                return memory(address, nbytes)  # (raises where no allocation holds it)
+            last[:] = [found]
+            base, size, data = found
+            offset = address - base
+            if offset <= size and offset + nbytes <= len(data):
+                return data[offset : offset + nbytes]
+            return memory(address, nbytes)
+
+        return read
 
     @staticmethod
     def elements(view: np.ndarray, count: int, dtype: type[np.generic]) -> np.ndarray:

@@ -367,6 +367,17 @@ class AddressSpace:
                 return alloc.data[ptr - alloc.base :]
         return None
 
+    def extent(self, ptr: int) -> tuple[int, int, np.ndarray] | None:
+        """The allocation holding ``ptr``, as ``(base, size, bytes)`` (its bytes may be written from now on), else
+        ``None``: what `tail` reads, for a reader that keeps it (`FakeLaunch.reader`)."""
+        i = bisect.bisect_right(self._bases, ptr) - 1
+        if i >= 0:
+            alloc = self._allocs.get(self._bases[i])
+            if alloc is not None and ptr - alloc.base <= alloc.size:
+                alloc.zeroed = False
+                return alloc.base, alloc.size, alloc.data
+        return None
+
     def find(self, ptr: int, nbytes: int) -> np.ndarray | None:
         """The bytes ``[ptr, ptr + nbytes)`` if they lie inside one allocation, else ``None``."""
         tail = self.tail(ptr)
