@@ -108,7 +108,7 @@ class Allocator:
             ctx, holdings, stats, guard, self._quarantine, self.raw, self.swept, self.site_at
         )
         self.raw.add_trimmer(self.pools.trim_for_memory)
-        self._quarantine.give_pieces_to(self.pools.piece_judged)
+        self._quarantine.give_pieces_to(self.pools.pieces_judged)
         #: The hot path: ``GpuBackend.alloc`` and ``free``, and every allocation of device, managed and arena memory
         #: (compiled where built and ``pure`` is off).
         self.lane = pick("lane", DeviceLane, ctx.settings.pure)(

@@ -12,7 +12,7 @@ called at C level (their ``.pxd``), a piece's fields read in place (``_device/_f
   under the ledger's lock), then the pool's hand-out (`MemoryPool.handed_out`: the pool is open, and the record
   still on the ledger, judged under the pool's lock). Neither takes the context's lock.
 - Its trimmer (`trim_for_memory`, raw memory's): out of memory, the pools give back their cache first.
-- A zoned piece's free goes through the allocator's quarantine, and back to its pool once judged (`piece_judged`);
+- A zoned piece's free goes through the allocator's quarantine, and back to its pool once judged (`pieces_judged`);
   a sweep gives each swept piece back to its pool (`piece_swept`), or strands it (`MemoryPool.strand_swept`).
 """
 
@@ -111,11 +111,8 @@ class PoolFront:
         self._guard = guard
         self._quarantine = quarantine
         self._raw = raw
-        #: The allocator's record of what sweeps took (a closed pool's leaks go there too).
-        self._swept = swept
-        self._zoned = guard.zones.size > 0
-        self._zones = guard.zones
-        self._lent = guard.borrowed_streams.lent
+        self._swept = swept  # the allocator's record of what sweeps took (a closed pool's leaks go there too)
+        self._zones, self._zoned, self._lent = guard.zones, guard.zones.size > 0, guard.borrowed_streams.lent
         self._trace_idx = ctx.settings.redzone_trace_idx
         self._internal = ctx.internal
         self._ref = ctx.ref
@@ -313,7 +310,7 @@ class PoolFront:
 
     def piece_taken(self, buf: DeviceBuffer, record: DeviceBuffer, stream: Stream | None) -> None:
         """A piece's record is off the ledger (``buf`` freed it): the stats, the observers, and its pool; a zoned
-        piece goes to the quarantine first, and back to its pool once its zones were judged (`piece_judged`)."""
+        piece goes to the quarantine first, and back to its pool once its zones were judged (`pieces_judged`)."""
         index = record.index
         raw_ptr = None
         if self._zoned:
@@ -348,13 +345,15 @@ class PoolFront:
         if pool is not None:
             pool.swept(index)
 
-    def piece_judged(self, index: int, laid: int) -> None:
-        """The quarantine let go of zoned piece ``index`` (its zones judged, or at close): back to its pool, its zones
-        in place where they were judged intact (``laid``: its size; else 0)."""
+    def pieces_judged(self, pieces: list[tuple[int, int]]) -> None:
+        """The quarantine let go of zoned ``pieces`` (``(index, laid)``: judged, or at close): back to their pools,
+        zones in place where judged intact (``laid``: the size; else 0). A batch in one call, one hold of the lock."""
+        judging = self._holdings.judging
         with self._holdings.lock:
-            pool = self._holdings.judging.pop(index, None)
-        if pool is not None:
-            pool.give(index, None, laid)
+            taken = [(judging.pop(index, None), index, laid) for index, laid in pieces]
+        for pool, index, laid in taken:
+            if pool is not None:
+                pool.give(index, None, laid)
 
     # -- the pools' memory --------------------------------------------------------------------
 

@@ -38,8 +38,8 @@ from .._types import AllocKind, RedZoneViolation
 __all__ = ["QUARANTINE_MAX_BUFFERS", "Quarantine"]
 
 
-def _no_pieces(index: int, laid: int) -> None:  # pragma: no cover - the pool front sets its own at once
-    raise AssertionError(f"a pool's piece #{index} reached a quarantine that knows no pools")
+def _no_pieces(pieces: list[tuple[int, int]]) -> None:  # pragma: no cover - the pool front sets its own at once
+    raise AssertionError(f"a pool's pieces {pieces} reached a quarantine that knows no pools")
 
 #: The quarantine is checked and released once it holds more buffers than this (or more bytes than
 #: ``redzone_quarantine_bytes``).
@@ -93,12 +93,13 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
         self._held: list[_Held] = []
         #: Checked freed blocks by raw size, kept for the next allocation of that layout (oldest size first).
         self._reuse: dict[int, list[int]] = {}
-        self._pieces: Callable[[int, int], None] = _no_pieces
+        self._pieces: Callable[[list[tuple[int, int]]], None] = _no_pieces
         guard.on_full_check(self.full_check)
 
-    def give_pieces_to(self, callback: Callable[[int, int], None]) -> None:
-        """Where a pool's piece goes once let go of: ``callback(index, laid)`` (the pool front's, which gives it back);
-        ``laid``: its size where its zones were judged intact (they stay in place for the next zoned piece), else 0."""
+    def give_pieces_to(self, callback: Callable[[list[tuple[int, int]]], None]) -> None:
+        """Where pools' pieces go once let go of, all of a batch in one call: ``callback([(index, laid), ...])`` (the
+        pool front's, which gives them back); ``laid``: a piece's size where its zones were judged intact (they stay
+        in place for the next zoned piece), else 0."""
         self._pieces = callback
 
     @property
@@ -166,7 +167,7 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
                     judged = not violations
                 finally:
                     if kind == "pool":
-                        self._pieces(index, nbytes if judged else 0)
+                        self._pieces([(index, nbytes if judged else 0)])
                     else:
                         self._raw.free(raw_ptr, kind)
                     guard.zones_released()
@@ -235,6 +236,7 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
         bound = self._bound
         count = nbytes = kept = kept_bytes = 0
         zones = self._zones
+        pieces: list[tuple[int, int]] = []  # a pool's pieces: given back together, after the loop
         for held in entries:
             zones.remove(held.index)  # (the guard's `unwatch`; `zones_released` after the loop)
             count += 1
@@ -248,11 +250,12 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
                 kept += 1
                 kept_bytes += held.raw_bytes
             elif held.kind == "pool":
-                laid = held.buf.nbytes if bad is not None and held.index not in bad else 0
-                ctx.quietly("giving back a pool's piece judged", self._pieces, held.index, laid)  # (no text per piece)
+                pieces.append((held.index, held.buf.nbytes if bad is not None and held.index not in bad else 0))
             else:
                 ctx.quietly(f"releasing quarantined allocation #{held.index}", self._raw.free, held.raw_ptr,
                             held.kind)
+        if pieces:
+            ctx.quietly(f"giving back {len(pieces)} pool piece(s) judged", self._pieces, pieces)
         self._count_held(-count, -nbytes)
         self._count_kept(kept, kept_bytes)
         self._trim(bound)
