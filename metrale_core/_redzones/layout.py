@@ -100,7 +100,7 @@ class RedZones:  # (final: @cython.final in _layout.pxd; Cython takes no other d
         """The raw size and the zones for an ``alloc`` of ``nbytes`` with ``index``; ``None`` for none."""
         if self.size == 0 or index < self.min_idx or index % self.sample:
             return None
-        return Layout(raw_bytes=self._lead_bytes + nbytes + self.size, lead=self._lead_bytes, trail=self.size)
+        return Layout(self._lead_bytes + nbytes + self.size, self._lead_bytes, self.size)  # (raw_bytes, lead, trail)
 
     def zones_for(self, buf: DeviceBuffer, layout: Layout) -> tuple[Zone, ...]:
         zones: list[Zone] = []

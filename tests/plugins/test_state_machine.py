@@ -19,6 +19,8 @@ CONFIGS = {
         redzone=64, redzone_lead=True, redzone_action="raise", redzone_quarantine_bytes=4096,
         redzone_scan_graphs=True, redzone_scan_queued=True,
     ),
+    # no quarantine: each free judged at once, a judged pool piece back with its zones in place (issue 54)
+    "judged": SETTINGS.updated(redzone=64, redzone_lead=True, redzone_action="raise", redzone_quarantine_bytes=0),
     # one allocation in three zoned (the machine aligns the process's creation indexes at its start, so a
     # replay zones the same ones); checks waited for at each launch
     "sampled": SETTINGS.updated(
