@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metrale_core import DeviceBuffer, DriverError, RedZoneError, RedZoneViolation, open_backend
+from metrale_core import DeviceBuffer, DriverError, GpuBackend, RedZoneError, RedZoneViolation, open_backend
 from metrale_core._memory.pool import size_class
 from metrale_core._redzones.zone import Layout, refill
 from metrale_core.kernels import shipped_modules
@@ -24,6 +24,17 @@ def _named(violation: RedZoneViolation, piece: DeviceBuffer) -> None:
     assert "test_pool_zones.py:" in violation.site
 
 
+def _overrun_found(gpu: GpuBackend, piece: DeviceBuffer, side: str) -> list[RedZoneViolation]:
+    """One byte written just past ``piece`` on ``side``: the next scan finds exactly it, naming the piece."""
+    address, offset = _edge(piece, side)
+    gpu.memset(address, 0x00, nbytes=1)
+    with pytest.raises(RedZoneError) as info:
+        gpu.scan_redzones()
+    assert _found(info.value.violations) == [(piece.index, side, offset)]
+    _named(info.value.violations[0], piece)
+    return info.value.violations
+
+
 @pytest.mark.parametrize("side", ["trail", "lead"])
 def test_a_piece_s_overrun_is_found_by_a_scan_with_its_site(backend_name: str, side: str) -> None:
     with _open(backend_name) as gpu:
@@ -32,13 +43,8 @@ def test_a_piece_s_overrun_is_found_by_a_scan_with_its_site(backend_name: str, s
         line = test_a_piece_s_overrun_is_found_by_a_scan_with_its_site.__code__.co_firstlineno + 4
         assert piece.site.endswith(f"test_pool_zones.py:{line}")
         assert pool.stats().piece_bytes == size_class(100 + HELD) + size_class(1000 + HELD)
-        address, offset = _edge(piece, side)
-        gpu.memset(address, 0x00, nbytes=1)
-        with pytest.raises(RedZoneError) as info:
-            gpu.scan_redzones()
-        assert _found(info.value.violations) == [(piece.index, side, offset)]
-        _named(info.value.violations[0], piece)
-        assert neighbour.index not in {v.index for v in info.value.violations}
+        found = _overrun_found(gpu, piece, side)
+        assert neighbour.index not in {v.index for v in found}
         pool.free(piece)
         pool.free(neighbour)
         pool.close()
@@ -214,12 +220,7 @@ def test_a_piece_reused_with_its_zones_in_place_finds_a_one_byte_overrun_with_it
         pool.free(old)
         piece = take(1000 + change)
         assert piece.ptr == old.ptr and gpu.scan_redzones() == []  # the same block, its zones right for its size
-        address, offset = _edge(piece, side)
-        gpu.memset(address, 0x00, nbytes=1)
-        with pytest.raises(RedZoneError) as info:
-            gpu.scan_redzones()
-        assert _found(info.value.violations) == [(piece.index, side, offset)]
-        _named(info.value.violations[0], piece)
+        _overrun_found(gpu, piece, side)
         with pytest.raises(RedZoneError):  # (judged again at its free: no quarantine)
             pool.free(piece)
         again = take(1000)  # its zones were found changed: laid afresh, nothing blamed on the next owner
