@@ -67,7 +67,7 @@ GPU_STEPS: Mapping[str, tuple[str, int]] = {
     "pure": ("the whole suite on the pure-Python modules, METRALE_PURE=1", 420),
     "strix-pure": ("the strix suite on the pure-Python modules, METRALE_PURE=1", 420),
     "redzones": ("tools/bench_redzones.py: the scan against per-zone reads, a zoned alloc/free", 90),
-    "probes": ("backends/cuda/tools: the driver calls red zones use, DLPack export costs", 90),
+    "probes": ("backends/cuda/tools: the driver calls red zones use, DLPack export costs, the door's pair zoned", 150),
     "bench": ("metrale bench --json", 180),
 }
 
@@ -260,7 +260,8 @@ def gpu_plan(options: argparse.Namespace) -> GpuPlan:
         "redzones": (GpuCommand(_python("tools/bench_redzones.py", "--zones", "1000" if quick else "10000",
                                         *(("--repeat", "3") if quick else ()))),),
         "probes": (GpuCommand(_python("backends/cuda/tools/probe_costs.py")),
-                   GpuCommand(_python("backends/cuda/tools/dlpack_cost.py"))),
+                   GpuCommand(_python("backends/cuda/tools/dlpack_cost.py")),
+                   GpuCommand(_python("backends/cuda/tools/probe_door.py"))),
         "bench": (GpuCommand(_metrale(*bench_args, "--json", str(out / "bench.json"))),),
     }
     steps = []
