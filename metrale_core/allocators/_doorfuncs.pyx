@@ -10,6 +10,8 @@
   rule, and a call that raises (or answers what is no address) is logged, and the framework gets no memory.
 """
 
+import logging
+
 from libc.stdint cimport uintptr_t
 
 from ._door cimport Door
@@ -20,10 +22,13 @@ from .doorfuncs import graph_captured as _graph_captured
 from .doorfuncs import log_failure as _log_failure
 from .doorfuncs import wrong_device as _wrong_device
 
+_log = logging.getLogger("metrale")
+
 cdef object _door = None
 cdef int _device = 0
 cdef bint _compiled = False
 cdef bint _taken = False
+cdef bint _ready = False  # the module's Python objects are made (its import ran to the end)
 
 
 cdef void* _alloc_c(size_t size, int device, void* stream) noexcept with gil:
@@ -76,6 +81,30 @@ cdef void _captured_c(int device, unsigned long long id_0, unsigned long long id
             pass
 
 
+# The pair under fixed names, exported from this module's shared library, for a framework that finds its allocator's
+# functions by name (torch's ``CUDAPluggableAllocator(path, alloc_fn_name, free_fn_name)``, as RMM's are found): the
+# same functions, serving the same door (none until `c_functions` gave the pair to one: then they give no memory).
+cdef public void* metrale_door_alloc(size_t size, int device, void* stream) noexcept nogil:
+    if not _taken:  # (C statics: false too where the library was loaded by name before Python imported the module)
+        if _ready:
+            _untaken(size)
+        return NULL
+    return _alloc_c(size, device, stream)
+
+
+cdef public void metrale_door_free(void* ptr, size_t size, int device, void* stream) noexcept nogil:
+    if _taken:
+        _free_c(ptr, size, device, stream)
+
+
+cdef void _untaken(size_t size) noexcept with gil:
+    try:
+        _log.error("allocator door: alloc of %d bytes by name before any door took the C functions (c_functions)",
+                   size)
+    except BaseException:
+        pass
+
+
 def c_functions(door, device):
     """The addresses of C functions calling ``door`` for memory on ``device`` (``None``: this pair serves another
     door)."""
@@ -88,3 +117,6 @@ def c_functions(door, device):
         return None
     _door, _device, _compiled, _taken = door, device, type(door) is Door, True
     return _DoorFunctions(<uintptr_t>&_alloc_c, <uintptr_t>&_free_c, <uintptr_t>&_record_c, <uintptr_t>&_captured_c)
+
+
+_ready = True

@@ -27,7 +27,13 @@ import logging
 import operator
 from typing import Final, NamedTuple, Protocol
 
-__all__ = ["DoorFunctions", "DoorLike", "address", "c_functions", "graph_captured", "log_failure", "wrong_device"]
+__all__ = [
+    "EXPORTED", "DoorFunctions", "DoorLike", "address", "c_functions", "graph_captured", "log_failure", "wrong_device",
+]
+
+#: The names under which the compiled pair (alloc, free) is exported from its shared library
+#: (``metrale_core.allocators._doorfuncs``), for a framework that finds its allocator's functions by name.
+EXPORTED: Final = ("metrale_door_alloc", "metrale_door_free")
 
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
 _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)

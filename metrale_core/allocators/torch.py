@@ -1,7 +1,8 @@
 """PyTorch's CUDA tensors from a metrale pool: every tensor a ledger record with the application's call site.
 
 - `allocator(gpu)` is a ``torch.cuda.memory.CUDAPluggableAllocator`` whose two C functions (`doorfuncs`: the
-  compiled pair for the process's first door, else ctypes callbacks) call a `Door` of ``gpu``; `install(gpu)`
+  compiled pair for the process's first door, found by torch's public constructor under its exported names, as RMM's
+  are; else ctypes callbacks, by address through torch's private route) call a `Door` of ``gpu``; `install(gpu)`
   makes it torch's current allocator (torch allows that only before it first uses CUDA) and returns the door.
 - Each tensor's site is the first frame outside metrale and the packages of the ``site_skip`` setting (torch,
   transformers and the like by default): the application's line that made it.
@@ -21,13 +22,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DoorError
 from .._twins import pick
 from .door import Door, framework, require_cuda
-from .doorfuncs import c_functions
+from .doorfuncs import EXPORTED, c_functions
 
 if TYPE_CHECKING:
     from .. import GpuBackend
@@ -54,11 +56,16 @@ def allocator(gpu: GpuBackend, *, release_threshold: int = 0) -> Any:
     # the compiled pair of C functions where it is built and free (a compiled door called at C level), else ctypes
     # callbacks (slower); either lives for the process: torch keeps only the C++ allocator, which calls them until
     # it exits
-    addresses = pick("doorfuncs", c_functions, gpu.settings.pure)(door, gpu.ordinal) or c_functions(door, gpu.ordinal)
-    assert addresses is not None
+    made_by = pick("doorfuncs", c_functions, gpu.settings.pure)
+    addresses = made_by(door, gpu.ordinal)
     pluggable = torch.cuda.memory.CUDAPluggableAllocator
-    made = pluggable.__new__(pluggable)  # its own __init__ loads a shared library by name; the base takes pointers
-    torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(addresses.alloc, addresses.free))
+    if addresses is not None and made_by is not c_functions:  # the compiled pair: torch's public constructor, by name
+        made = pluggable(importlib.util.find_spec(f"{__package__}._doorfuncs").origin, *EXPORTED)  # type: ignore[union-attr]
+    else:  # the ctypes callbacks' fallback: torch's private route, by address (its __init__ loads a library by name)
+        addresses = addresses or c_functions(door, gpu.ordinal)
+        assert addresses is not None
+        made = pluggable.__new__(pluggable)
+        torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(addresses.alloc, addresses.free))
     inner = made.allocator()  # (torch's _CUDAPluggableAllocator: its hooks take C functions' addresses)
     for setter, at in (("set_record_stream_fn", addresses.record_stream),
                        ("set_end_allocate_to_pool_fn", addresses.graph_captured)):

@@ -137,3 +137,46 @@ def test_a_door_of_each_build_through_the_c_functions(build: str) -> None:
     assert "recorded True 1" in out
     assert "stranger 2 DoorError" in out
     assert "zero None" in out
+
+
+_BY_NAME_SCRIPT = textwrap.dedent("""
+    import ctypes, importlib.util, logging, sys
+    logging.basicConfig(level=logging.ERROR, format="LOG %(message)s", stream=sys.stdout)
+    from metrale_core import MetraleSettings, open_backend
+    from metrale_core._twins import pick
+    from metrale_core.allocators.door import Door
+    from metrale_core.allocators.doorfuncs import EXPORTED, c_functions
+    lib = ctypes.CDLL(importlib.util.find_spec("metrale_core.allocators._doorfuncs").origin)  # as torch loads it
+    alloc, free = (getattr(lib, name) for name in EXPORTED)
+    alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    print("unimported", alloc(64, 0, None))  # loaded by name before Python imported it: no memory, no crash
+    import metrale_core.allocators._doorfuncs
+    print("before", alloc(64, 0, None))  # no door took the pair yet: no memory, logged
+    free(0x1000, 64, 0, None)  # (and a free changes nothing)
+    gpu = open_backend("fake", settings=MetraleSettings(pure=False, redzone=0))
+    door = pick("door", Door, False)(gpu, "probe")
+    made = pick("doorfuncs", c_functions, False)(door, 0)
+    ptr = alloc(1000, 0, 0x77)
+    print("served", made is not None, door.piece(ptr).nbytes)
+    free(ptr, 1000, 0, 0x77)
+    print("freed", door.out())
+    door.close()
+    gpu.close()
+""")
+
+
+def test_the_compiled_pair_is_exported_under_fixed_names() -> None:
+    """``metrale_door_alloc`` and ``metrale_door_free`` are the compiled pair, found by name in its shared library
+    (torch's public ``CUDAPluggableAllocator(path, alloc_fn_name, free_fn_name)`` finds them so): no memory before a
+    door took the pair, then that door's pieces."""
+    compiled_twin("doorfuncs")
+    compiled_twin("door")
+    done = subprocess.run([sys.executable, "-c", _BY_NAME_SCRIPT], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "unimported None" in out
+    assert "before None" in out and "LOG allocator door: alloc of 64 bytes by name before any door" in out
+    assert "served True 1000" in out
+    assert "freed 0" in out
