@@ -54,6 +54,8 @@ def cuda_include() -> Path | None:
 #: The header ``_cdriver.pyx`` includes, under an include folder: the device calls' struct, defined once in
 #: metrale-core.
 HEADER = Path("metrale", "device_calls.h")
+#: Cython's view of it, beside it (``from metrale.device_calls cimport ...``): carried and looked for with it.
+DECLARATIONS_PXD = Path("metrale", "device_calls.pxd")
 HERE = Path(__file__).resolve().parent
 
 
@@ -74,14 +76,16 @@ def metrale_roots(here: Path = HERE) -> list[Path]:
 
 
 def metrale_include(here: Path = HERE) -> Path | None:
-    """The first of `metrale_roots` that holds `HEADER`, or ``None``."""
-    return next((root for root in metrale_roots(here) if (root / HEADER).is_file()), None)
+    """The first of `metrale_roots` that holds `HEADER` and `DECLARATIONS_PXD` (an older core's, without the second,
+    would fail Cython's cimport: the pure driver calls then), or ``None``."""
+    return next((root for root in metrale_roots(here)
+                 if (root / HEADER).is_file() and (root / DECLARATIONS_PXD).is_file()), None)
 
 
 class SdistWithHeader(sdist):
-    """setuptools' sdist, with a copy of metrale-core's `HEADER` under ``include/``: a wheel built from the sdist in
-    isolation (where metrale-core is neither beside it nor installed) still compiles the driver calls. The copy is
-    the core's file as found, never edited here."""
+    """setuptools' sdist, with a copy of metrale-core's `HEADER` and `DECLARATIONS_PXD` under ``include/``: a wheel
+    built from the sdist in isolation (where metrale-core is neither beside it nor installed) still compiles the
+    driver calls. The copies are the core's files as found, never edited here."""
 
     def make_release_tree(self, base_dir: str, files: list[str]) -> None:
         super().make_release_tree(base_dir, files)
@@ -89,9 +93,10 @@ class SdistWithHeader(sdist):
         if include is None:
             looked = ", ".join(str(root) for root in metrale_roots())
             raise SystemExit(f"metrale-cuda's sdist: no {HEADER.as_posix()} to carry (looked in {looked})")
-        target = Path(base_dir, "include", HEADER)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(include / HEADER, target)
+        for carried in (HEADER, DECLARATIONS_PXD):
+            target = Path(base_dir, "include", carried)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(include / carried, target)
 
 
 #: The oldest Cython that compiles the twins (``cython.pymutex``, ``cython.critical_section``).

@@ -45,7 +45,7 @@ cdef class MemoryPool:
                          Ledger ledger, object buf) except -1
     @cython.locals(held=tuple)
     cpdef give(self, object index, object stream, object laid=*)
-    cpdef give_untaken(self, object ptr, object size, Segment segment)
+    cpdef give_untaken(self, object ptr, object size, Segment segment, object stream)
     @cython.locals(cached=list)
     cdef int _cache(self, object ptr, long long size, Segment segment, object stream, bint zoned, object laid) except -1
 

@@ -51,7 +51,7 @@ cdef class PoolFront:
                        object site)
     cdef int _commit(self, MemoryPool pool, DeviceBuffer buf, object index, object ptr, object size, Segment segment,
                      object target, bint zoned, str what) except -1
-    cdef int _untaken(self, MemoryPool pool, object index, object ptr, object size, Segment segment,
+    cdef int _untaken(self, MemoryPool pool, object index, object ptr, object size, Segment segment, object target,
                       bint zoned) except -1
     @cython.locals(cell=_Cell, gate=Gate)
     cpdef pool_free(self, MemoryPool pool, object buf, object stream, str what)

@@ -373,12 +373,12 @@ class MemoryPool:
         finally:
             release_lock(self._lock)
 
-    def give_untaken(self, ptr: int, size: int, segment: Segment) -> None:
-        """A piece taken for an allocation that did not commit: cached for any stream (nothing used it)."""
+    def give_untaken(self, ptr: int, size: int, segment: Segment, stream: object) -> None:
+        """A piece taken for an allocation on ``stream`` that did not commit: cached for it, no zones known in place."""
         acquire_lock(self._lock)
         try:
             if not self._closed:
-                self._cache(ptr, size, segment, None, False, 0)
+                self._cache(ptr, size, segment, stream, False, 0)
         finally:
             release_lock(self._lock)
 

@@ -61,7 +61,6 @@ if TYPE_CHECKING:  # (as modules where _pools.pxd cimports the class)
 __all__ = ["PoolFront", "StreamResolver"]
 
 check_fields("pool front")
-
 _log = logging.getLogger("metrale")
 
 #: How a pool finds the stream an argument names (the stream front's rule), ``None`` naming the default stream.
@@ -193,14 +192,14 @@ class PoolFront:
             buf = make_buffer(ptr + layout.lead, n, "pool", index, site, self._ref)
             try:
                 if laid == n:  # its zones in place for this size: nothing to fill
-                    self._zones.add_c(buf, index, ptr + layout.lead, n)
+                    self._zones.add_c(buf, index, ptr + layout.lead, n, False)
                 else:  # filled on the borrowed stream, else on the default one, which the foreign one must follow
                     self._guard.lay(buf, layout, laid, own, handle)
                     if foreign and own is None:
                         self._guard.order_foreign(handle or 1)  # (0: the legacy default)
             except MetraleError:
                 self._guard.forget(index)
-                pool.give_untaken(ptr, size, segment)
+                pool.give_untaken(ptr, size, segment, target)
                 raise
         self._commit(pool, buf, index, ptr, size, segment, target, zoned, what)
         if self._trace_idx is not None and self._trace_idx == index:
@@ -231,22 +230,24 @@ class PoolFront:
         finally:
             if committed is False:  # (or refused at close)
                 self._stats.released_c(KIND_POOL, n)
-                self._untaken(pool, index, ptr, size, segment, zoned)
+                self._untaken(pool, index, ptr, size, segment, target, zoned)
         if not committed:
             raise self.ctx.closed_error()
         if not pool.handed_out(index, ptr, size, segment, target, zoned, self._ledger, buf):  # (2: swept already)
             if self._ledger.take(index, buf.ptr, n) is not None:  # (None where the backend's sweep took it)
                 self._stats.released_c(KIND_POOL, n)
-            self._untaken(pool, index, ptr, size, segment, zoned)
+            self._untaken(pool, index, ptr, size, segment, target, zoned)
             raise InvalidArgumentError(f"{what}: {pool!r} was closed meanwhile")
 
-    def _untaken(self, pool: MemoryPool, index: int, ptr: int, size: int, segment: Segment, zoned: bool) -> None:
+    def _untaken(
+        self, pool: MemoryPool, index: int, ptr: int, size: int, segment: Segment, target: object, zoned: bool
+    ) -> None:
         """A piece whose allocation did not commit: off the holdings, its zones unwatched, back to its pool."""
         self._pool_of.pop(index, None)
         if zoned:
             self._raw_base.pop(index, None)
             self._guard.forget(index)
-        pool.give_untaken(ptr, size, segment)
+        pool.give_untaken(ptr, size, segment, target)
 
     # -- release ------------------------------------------------------------------------------
 

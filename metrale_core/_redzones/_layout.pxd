@@ -37,9 +37,9 @@ cdef class RedZones:
     cdef readonly long long filled
 
     cpdef object layout(self, object nbytes, object index)
-    cpdef int add_c(self, object buf, object index, uintptr_t ptr, size_t nbytes) except -1
+    cpdef int add_c(self, object buf, object index, uintptr_t ptr, size_t nbytes, bint filled=*) except -1
     @cython.locals(slots=list)
-    cdef _put(self, object index, tuple zones)
+    cdef _put(self, object index, tuple zones, bint filled=*)
     cpdef tuple remove(self, object index)
     cdef tuple _take(self, object index)
     cpdef tuple zones_of(self, object index)

@@ -132,9 +132,11 @@ class ZoneGuard:
         issued = self.zones.filled
         pending = self.borrowed_streams.pending
         if (issued != self._fills_settled or pending) and may_wait():  # the check and the wait are one step
-            self.borrowed_streams.settle()
-            self._raw.stream_synchronize(self._default)
-            self._fills_done(issued)
+            if pending:  # (a wait for the whole device: never for a handle its library may have destroyed)
+                self.sync_device()
+            else:
+                self._raw.stream_synchronize(self._default)
+                self._fills_done(issued)
 
     def lay(self, buf: DeviceBuffer, layout: Layout, laid: int, stream: object | None, handle: int = 0) -> None:
         """Lay the zones of a new pool piece and start watching them: on the borrowed ``stream`` of another library's
@@ -153,14 +155,16 @@ class ZoneGuard:
         for ptr, length in ranges:
             raw.memset(ptr, fill, length, target)
         if stream is not None and ranges:
-            self.borrowed_streams.filled(handle, stream)
+            self.borrowed_streams.filled()
         self.zones.add(zones)
 
     def order_foreign(self, stream: int) -> None:
         """Order another library's stream ``stream`` (DLPack's numbering: 1 the legacy default stream, 2 the
         per-thread one, else a ``CUstream``'s address) after the backend's work so far, the fills included, on the
         device; a backend without the primitive (``CUDA_ERROR_NOT_SUPPORTED``) waits for its work on the host
-        instead."""
+        instead. Fills pending on borrowed streams (which the primitive does not order) are waited for first."""
+        if self.borrowed_streams.pending and may_wait():
+            self.sync_device()
         if self._orders:
             try:
                 self._raw.order_foreign_stream(stream)

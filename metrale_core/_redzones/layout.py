@@ -122,21 +122,23 @@ class RedZones:  # (final: @cython.final in _layout.pxd; Cython takes no other d
         finally:
             release_lock(self._lock)
 
-    def add_c(self, buf: DeviceBuffer, index: int, ptr: int, nbytes: int) -> int:
+    def add_c(self, buf: DeviceBuffer, index: int, ptr: int, nbytes: int, filled: bool = True) -> int:
         """`add` of the zones of allocation ``index``, ``nbytes`` at ``ptr`` (its buffer ``buf``), laid out as
-        `layout` and `zones_for` lay them out: the compiled lane's, at C level (it laid them out and filled them)."""
+        `layout` and `zones_for` lay them out: the compiled lane's, at C level (it laid them out and filled them on the
+        default stream; ``filled`` off: no fill was issued, its zones were in place)."""
         lead = self._lead_bytes
         trail = _zone(buf, "trail", ptr + nbytes, self.size)
         zones = (_zone(buf, "lead", ptr - lead, lead), trail) if lead else (trail,)
         acquire_lock(self._lock)
         try:
-            self._put(index, zones)
+            self._put(index, zones, filled)
         finally:
             release_lock(self._lock)
         return 0
 
-    def _put(self, index: int, zones: tuple[Zone, ...]) -> None:
-        """Add allocation ``index``'s ``zones`` to the table's end, lead first (the caller holds the lock)."""
+    def _put(self, index: int, zones: tuple[Zone, ...], filled: bool = True) -> None:
+        """Add allocation ``index``'s ``zones`` to the table's end, lead first (the caller holds the lock); ``filled``:
+        a fill on the default stream was issued for them (`filled` counts it)."""
         self._zones[index] = zones
         slots = self._slots
         table = self._table
@@ -146,7 +148,8 @@ class RedZones:  # (final: @cython.final in _layout.pxd; Cython takes no other d
             table.append(zone.start)
             table.append(zone.length)
         self.version += 1
-        self.filled += 1
+        if filled:
+            self.filled += 1
 
     def remove(self, index: int) -> tuple[Zone, ...]:
         """Forget the zones of allocation ``index``; returns them (empty if it had none)."""

@@ -129,7 +129,7 @@ class PoolRules(MemoryRules):
         fresh = self._pool_alloc(n, where)
         self.live[fresh.index] = (fresh, Contents(n))
         self.piece_streams[fresh.index] = where
-        if self._zoned(fresh):  # (its zones found changed at the free: the same block, laid afresh)
+        if self._zoned(fresh):  # (one piece in N zoned: an unzoned one takes another key of the cache)
             assert fresh.ptr == piece.ptr, "a judged zoned piece was not reused by the next zoned piece of its class"
 
     @precondition(lambda self: any(b.kind == "pool" for b, _ in self.live.values()))

@@ -92,9 +92,11 @@ def _cuda_setup() -> dict[str, object]:
     return runpy.run_path(str(dev.ROOT / "backends" / "cuda" / "setup.py"), run_name="metrale_cuda_setup")
 
 
-def _header(folder: Path) -> Path:
-    (folder / "metrale").mkdir(parents=True)
+def _header(folder: Path, *, pxd: bool = True) -> Path:
+    (folder / "metrale").mkdir(parents=True, exist_ok=True)
     (folder / "metrale" / "device_calls.h").write_text("/* the device calls */\n")
+    if pxd:
+        (folder / "metrale" / "device_calls.pxd").write_text("# Cython's view\n")
     return folder
 
 
@@ -119,19 +121,22 @@ def test_an_unpacked_sdist_finds_its_copy_first_and_else_the_installed_core(tmp_
     unpacked = tmp_path / "metrale_cuda-1.0"
     unpacked.mkdir()
     assert find(unpacked) == Path(get_include())  # no clone around it, no copy: the installed core's
+    _header(unpacked / "include", pxd=False)  # an older core's copy, without Cython's view: not taken
+    assert find(unpacked) == Path(get_include())
     copy = _header(unpacked / "include")
     assert find(unpacked) == copy
 
 
-def test_the_cuda_sdist_carries_a_copy_of_the_core_s_header(tmp_path: Path) -> None:
+def test_the_cuda_sdist_carries_a_copy_of_the_core_s_header_and_its_declarations(tmp_path: Path) -> None:
     from setuptools import Distribution
 
     sdist = _cuda_setup()["SdistWithHeader"]
     assert isinstance(sdist, type)
     command = sdist(Distribution({"name": "metrale-cuda", "version": "1.0"}))
     command.make_release_tree(str(tmp_path / "tree"), [])
-    copied = tmp_path / "tree" / "include" / "metrale" / "device_calls.h"
-    assert copied.read_bytes() == (dev.ROOT / "metrale_core" / "include" / "metrale" / "device_calls.h").read_bytes()
+    for name in ("device_calls.h", "device_calls.pxd"):  # the header, and Cython's view of it (_cdriver cimports it)
+        copied = tmp_path / "tree" / "include" / "metrale" / name
+        assert copied.read_bytes() == (dev.ROOT / "metrale_core" / "include" / "metrale" / name).read_bytes()
 
 
 def test_wheels_installs_what_every_distribution_builds_with() -> None:

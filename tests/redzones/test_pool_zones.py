@@ -252,7 +252,32 @@ def test_another_library_s_stream_is_lent_once_per_handle(name: str) -> None:
     with _open(name) as gpu:
         pool = gpu.create_pool()
         pieces = [pool.alloc_on(100, handle) for handle in (0x1234, 0x1234, 0x5678)]
+        lent = gpu._parts.guard.borrowed_streams.lent  # (the guard's record of what the backend lent)
+        assert sorted(lent) == ([0x1234, 0x5678] if name == "fake" else [])
         assert gpu.scan_redzones() == []
         for piece in pieces:
             pool.free(piece)
+        pool.close()
+
+
+def test_fills_pending_on_a_borrowed_stream_are_waited_for_before_a_check_on_another_stream() -> None:
+    """A piece for another library's stream is filled there; a check that reads its zones from another stream (the
+    queued scan of a graph launch) must wait for that fill first: a wait for the whole device, never for the borrowed
+    handle (its library may have destroyed the stream since). (The fake runs queued work at the check's own copies
+    too, so this holds the contract, no false finding and nothing left pending, more than it isolates the wait.)"""
+    with _open("fake", fake_defer=True, redzone_scan_graphs=True, redzone_scan_queued=True) as gpu:
+        pool, stream, other = gpu.create_pool(), gpu.create_stream(), gpu.alloc(256)
+        gpu.begin_capture(stream)  # (a capture settles first: the graph is made before the piece)
+        gpu.memset(other, 0x11, stream=stream)
+        graph = gpu.end_capture(stream).instantiate()
+        piece = pool.alloc_on(1000, 0x1234)
+        borrowed = gpu._parts.guard.borrowed_streams
+        assert borrowed.pending  # its fill is queued on the borrowed stream
+        graph.launch(stream)  # its check reads every zone, the piece's too
+        stream.synchronize()
+        assert not borrowed.pending and gpu.scan_redzones() == []
+        graph.close()
+        stream.close()
+        gpu.free(other)
+        pool.free(piece)
         pool.close()
