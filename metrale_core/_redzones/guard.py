@@ -156,7 +156,7 @@ class ZoneGuard:
             raw.memset(ptr, fill, length, target)
         if stream is not None and ranges:
             self.borrowed_streams.filled()
-        self.zones.add(zones)
+        self.zones.add(zones, stream is None)  # (a borrowed stream's fill is not the default stream's to settle)
 
     def order_foreign(self, stream: int) -> None:
         """Order another library's stream ``stream`` (DLPack's numbering: 1 the legacy default stream, 2 the

@@ -112,13 +112,14 @@ class RedZones:  # (final: @cython.final in _layout.pxd; Cython takes no other d
 
     # -- adding and removing ---------------------------------------------------------------------------------
 
-    def add(self, zones: tuple[Zone, ...]) -> None:
+    def add(self, zones: tuple[Zone, ...], filled: bool = True) -> None:
+        """Watch ``zones`` (one allocation's); ``filled``: their fill was issued on the default stream (`filled`)."""
         if not zones:
             return
         index = zones[0].buffer.index
         acquire_lock(self._lock)
         try:
-            self._put(index, zones)
+            self._put(index, zones, filled)
         finally:
             release_lock(self._lock)
 
