@@ -164,7 +164,7 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
                 judged = False  # (a judge that raises leaves the zones' state unknown)
                 try:
                     violations = guard.judge(zones)
-                    judged = not violations
+                    judged = bool(zones) and not violations  # (no zones watched: none known in place)
                 finally:
                     if kind == "pool":
                         self._pieces([(index, nbytes if judged else 0)])
