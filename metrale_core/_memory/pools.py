@@ -180,7 +180,7 @@ class PoolFront:
         else:
             if layout.raw_bytes >= WORD_LIMIT:
                 raise too_big(layout.raw_bytes, n, what)
-            own = (self._lent.get(handle) or self._guard.borrowed_streams.get(handle)) if foreign else None
+            own = (self._lent.get(handle) or self._guard.borrowed_streams.get(handle)) if foreign else None  # (C dict)
             zoned, fill, size = True, ZONED if own is None else ZONED_ON_OWN, size_class(layout.raw_bytes)
         ptr, segment, laid = pool.take(size, target, fill, n, what)
         if segment is None:  # the pool closed while it grew: its new segment goes back
@@ -194,7 +194,7 @@ class PoolFront:
                 if laid == n:  # its zones in place for this size: nothing to fill
                     self._zones.add_c(buf, index, ptr + layout.lead, n, False)
                 else:  # filled on the borrowed stream, else on the default one, which the foreign one must follow
-                    self._guard.lay(buf, layout, laid, own, handle)
+                    self._guard.lay(buf, layout, laid, own)
                     if foreign and own is None:
                         self._guard.order_foreign(handle or 1)  # (0: the legacy default)
             except MetraleError:

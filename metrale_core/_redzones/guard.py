@@ -81,7 +81,7 @@ class ZoneGuard:
         self._checks: GraphChecks | None = None  # the in-graph checks, once open
         self._checks_off = ""  # why graphs are not checked inside ("": not tried yet, or on)
         self._orders = True  # whether the backend orders foreign streams (until it says CUDA_ERROR_NOT_SUPPORTED)
-        #: Other libraries' streams, lent for the fills of pool pieces (`borrowed`).
+        #: Other libraries' streams, lent for the fills of pool pieces (`BorrowedStreams.get`).
         self.borrowed_streams = BorrowedStreams(self._raw)
         stats.redzone_sample = ctx.settings.redzone_sample
 
@@ -138,9 +138,9 @@ class ZoneGuard:
                 self._raw.stream_synchronize(self._default)
                 self._fills_done(issued)
 
-    def lay(self, buf: DeviceBuffer, layout: Layout, laid: int, stream: object | None, handle: int = 0) -> None:
-        """Lay the zones of a new pool piece and start watching them: on the borrowed ``stream`` of another library's
-        ``handle`` (`BorrowedStreams.get`), else (``None``) on the default stream, as `guard` does. Where its block
+    def lay(self, buf: DeviceBuffer, layout: Layout, laid: int, stream: object | None) -> None:
+        """Lay the zones of a new pool piece and start watching them: on another library's ``stream``, borrowed
+        (`BorrowedStreams.get`), else (``None``) on the default stream, as `guard` does. Where its block
         still holds zones judged intact for an allocation of ``laid`` bytes (``0``: none), only the bytes the new size
         moves are filled (`refill`). A write through a stale pointer of the block's previous owner after that check is
         then found in the new owner's zone (as any overrun, with the new owner's site)."""
