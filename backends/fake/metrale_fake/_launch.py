@@ -69,21 +69,18 @@ class FakeLaunch:
         memory = self.memory
         last: list[tuple[int, int, np.ndarray]] = []
 
-        def read(address: int, nbytes: int) -> np.ndarray:
-            if last:
-                base, size, data = last[0]
-                offset = address - base
-                if 0 <= offset <= size and offset + nbytes <= len(data):
-                    return data[offset : offset + nbytes]
-            found = extent(address)
-            if found is None:
-                return memory(address, nbytes)  # (raises where no allocation holds it)
-            last[:] = [found]
+        def holds(found: tuple[int, int, np.ndarray], address: int, nbytes: int) -> bool:
             base, size, data = found
-            offset = address - base
-            if offset <= size and offset + nbytes <= len(data):
-                return data[offset : offset + nbytes]
-            return memory(address, nbytes)
+            return 0 <= address - base <= size and address - base + nbytes <= len(data)
+
+        def read(address: int, nbytes: int) -> np.ndarray:
+            if not (last and holds(last[0], address, nbytes)):
+                found = extent(address)
+                if found is None or not holds(found, address, nbytes):
+                    return memory(address, nbytes)  # (raises where no one allocation holds it)
+                last[:] = [found]
+            base, _, data = last[0]
+            return data[address - base : address - base + nbytes]
 
         return read
 
