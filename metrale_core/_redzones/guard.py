@@ -96,24 +96,17 @@ class ZoneGuard:
         """The zones of a new device allocation (``None``: it gets none)."""
         return self.zones.layout(nbytes, index)
 
-    def guard(self, buf: DeviceBuffer, layout: Layout, *, zero: bool = False) -> None:
-        """Fill the zones of a new allocation on the default stream, and start watching them.
+    def guard(self, buf: DeviceBuffer, layout: Layout) -> None:
+        """Fill the zones of a new allocation on the default stream, and start watching them (`lay`, with no zones in
+        place).
 
         - Every allocation's zones are filled, a recycled block's too: a stale pointer of its previous
           owner may have written there since its check, and that write must never be reported as an
           overrun of the new allocation.
-        - ``zero``: the buffer's own bytes are zeroed too, on the same stream (a recycled block, where
-          fresh memory reads as zeros).
         - Work on the default stream runs after the fill; work on any other stream waits for it
           (`settle_for`), so an overrun is never erased by a late fill. No wait here.
         """
-        zones = self.zones.zones_for(buf, layout)
-        raw, default = self._raw, self._default
-        for zone in zones:
-            raw.memset(zone.start, self.zones.fill, zone.length, default)
-        if zero:
-            raw.memset(buf.ptr, 0, buf.nbytes, default)
-        self.zones.add(zones)  # (the fill counted: `settle_for` waits for it where it must)
+        self.lay(buf, layout, 0, None)
 
     def settle_for(self, stream: Stream) -> None:
         """Before work on ``stream``: wait for the fills if ``stream`` is not the default stream (and for those on
