@@ -28,7 +28,8 @@ import operator
 from typing import Final, NamedTuple, Protocol
 
 __all__ = [
-    "EXPORTED", "DoorFunctions", "DoorLike", "address", "c_functions", "graph_captured", "log_failure", "wrong_device",
+    "EXPORTED", "DoorFunctions", "DoorLike", "address", "c_functions", "graph_captured", "log_failure", "refusal",
+    "wrong_device",
 ]
 
 #: The names under which the compiled pair (alloc, free) is exported from its shared library
@@ -97,6 +98,20 @@ def graph_captured(door: DoorLike, device: int, pool_id: tuple[int, int]) -> Non
         f"during the capture may be handed out again while the graph still uses it, and a new segment during a "
         f"capture fails. Capture graphs without the door (metrale's own GpuBackend.begin_capture has its rules), or "
         f"without metrale's allocator"))
+
+
+def refusal(door: object, size: int, failures_before: object) -> str:
+    """What a framework's C++ caller is told (the compiled pair's throw) when ``door`` gave no memory for ``size``
+    bytes: the refusal the door counted during the call (its ``failures`` went past ``failures_before``), as
+    ``metrale: <error type>: <message>``; an out-of-memory begins "CUDA out of memory.", as torch's own error does
+    (applications test for that text)."""
+    why = getattr(door, "last_error", None)
+    failures = getattr(door, "failures", None)
+    counted = isinstance(failures, int) and isinstance(failures_before, int) and failures > failures_before
+    if not counted or not isinstance(why, BaseException):
+        return f"metrale: the allocator door gave no memory for {size} bytes (the metrale log says why)"
+    said = f"metrale: {type(why).__name__}: {why}"
+    return f"CUDA out of memory. {said}" if isinstance(why, MemoryError) else said
 
 
 def log_failure(message: str, value: object) -> None:

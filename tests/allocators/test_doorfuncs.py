@@ -3,6 +3,7 @@ addresses, from C (ctypes). The compiled pair is the process's, so each build ru
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -139,44 +140,102 @@ def test_a_door_of_each_build_through_the_c_functions(build: str) -> None:
     assert "zero None" in out
 
 
+#: A C++ caller of the exported alloc, as torch's ``CUDAPluggableAllocator::malloc`` calls it: what it throws is
+#: caught here (a C++ exception must never reach ctypes), and its ``what()`` handed back.
+_CALLER = """
+#include <cstddef>
+#include <cstring>
+#include <exception>
+typedef void *(*alloc_fn)(size_t, int, void *);
+extern "C" int call_alloc(void *fn, size_t size, int device, void *stream, void **out, char *why, size_t room) {
+    try {
+        *out = reinterpret_cast<alloc_fn>(fn)(size, device, stream);
+        return 0;
+    } catch (const std::exception &e) {
+        std::strncpy(why, e.what(), room - 1);
+        why[room - 1] = 0;
+        return 1;
+    } catch (...) {
+        return 2;
+    }
+}
+"""
+
 _BY_NAME_SCRIPT = textwrap.dedent("""
     import ctypes, importlib.util, logging, sys
     logging.basicConfig(level=logging.ERROR, format="LOG %(message)s", stream=sys.stdout)
+    caller = ctypes.CDLL(sys.argv[1]).call_alloc
+    caller.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                       ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
+    lib = ctypes.CDLL(importlib.util.find_spec("metrale_core.allocators._doorfuncs").origin)  # as torch loads it
+    from metrale_core.allocators.doorfuncs import EXPORTED
+    alloc, free = (getattr(lib, name) for name in EXPORTED)
+    free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    def call(size, device=0, stream=0x77):
+        out, why = ctypes.c_void_p(), ctypes.create_string_buffer(8192)
+        thrown = caller(ctypes.cast(alloc, ctypes.c_void_p), size, device, stream, ctypes.byref(out), why, 8192)
+        return (thrown, out.value or 0, why.value.decode().replace("\\n", " ")[:400])
+    print("unimported", call(64))  # loaded by name before Python imported it: thrown, no crash
+    free(0x1000, 64, 0, None)  # (a free changes nothing)
+    import metrale_core.allocators._doorfuncs
+    print("before", call(64))  # no door took the pair yet: thrown, logged
     from metrale_core import MetraleSettings, open_backend
     from metrale_core._twins import pick
     from metrale_core.allocators.door import Door
-    from metrale_core.allocators.doorfuncs import EXPORTED, c_functions
-    lib = ctypes.CDLL(importlib.util.find_spec("metrale_core.allocators._doorfuncs").origin)  # as torch loads it
-    alloc, free = (getattr(lib, name) for name in EXPORTED)
-    alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    print("unimported", alloc(64, 0, None))  # loaded by name before Python imported it: no memory, no crash
-    import metrale_core.allocators._doorfuncs
-    print("before", alloc(64, 0, None))  # no door took the pair yet: no memory, logged
-    free(0x1000, 64, 0, None)  # (and a free changes nothing)
+    from metrale_core.allocators.doorfuncs import c_functions
     gpu = open_backend("fake", settings=MetraleSettings(pure=False, redzone=0))
     door = pick("door", Door, False)(gpu, "probe")
     made = pick("doorfuncs", c_functions, False)(door, 0)
-    ptr = alloc(1000, 0, 0x77)
-    print("served", made is not None, door.piece(ptr).nbytes)
+    thrown, ptr, _ = call(1000)
+    print("served", thrown, made is not None, door.piece(ptr).nbytes)
+    print("empty", call(0))
+    print("too much", call(1 << 50), door.failures)
+    print("other device", call(64, device=1), door.failures)
+    thrown, again, _ = call(1000)
+    print("next", thrown, door.out())
     free(ptr, 1000, 0, 0x77)
+    free(again, 1000, 0, 0x77)
     print("freed", door.out())
     door.close()
     gpu.close()
 """)
 
 
-def test_the_compiled_pair_is_exported_under_fixed_names() -> None:
+@pytest.fixture(scope="module")
+def cxx_caller(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The path of `_CALLER` built as a shared library (skipped where no C++ compiler is)."""
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no C++ compiler here (c++, g++, clang++) to build a C++ caller")
+    folder = tmp_path_factory.mktemp("cxx")
+    (folder / "caller.cpp").write_text(_CALLER)
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", "caller.so", "caller.cpp"], cwd=folder, check=True,
+                   timeout=120)
+    return str(folder / "caller.so")
+
+
+
+
+def test_the_compiled_pair_is_exported_under_fixed_names(cxx_caller: str) -> None:
     """``metrale_door_alloc`` and ``metrale_door_free`` are the compiled pair, found by name in its shared library
-    (torch's public ``CUDAPluggableAllocator(path, alloc_fn_name, free_fn_name)`` finds them so): no memory before a
-    door took the pair, then that door's pieces."""
+    (torch's public ``CUDAPluggableAllocator(path, alloc_fn_name, free_fn_name)`` finds them so), called from C++ as
+    torch calls them: a door's pieces; and where it gives none (no door yet, out of memory, another device), a
+    ``std::runtime_error`` saying why, which torch makes a ``RuntimeError`` of; the door serves on after it."""
     compiled_twin("doorfuncs")
     compiled_twin("door")
-    done = subprocess.run([sys.executable, "-c", _BY_NAME_SCRIPT], capture_output=True, text=True, timeout=120,
-                          check=False)
+    done = subprocess.run([sys.executable, "-c", _BY_NAME_SCRIPT, cxx_caller], capture_output=True, text=True,
+                          timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "unimported None" in out
-    assert "before None" in out and "LOG allocator door: alloc of 64 bytes by name before any door" in out
-    assert "served True 1000" in out
+    assert "unimported (1, 0, 'metrale: its allocator functions are loaded, but Python did not import" in out
+    assert "before (1, 0, \"metrale: no door took metrale's allocator functions yet" in out
+    assert "LOG allocator door: alloc of 64 bytes by name before any door" in out
+    assert "served 0 True 1000" in out
+    assert "empty (0, 0, '')" in out
+    too_much = next(line for line in out.splitlines() if line.startswith("too much"))
+    assert "(1, 0, 'CUDA out of memory. metrale: OutOfMemoryError: " in too_much, too_much
+    assert "largest call sites: <string>:" in too_much and too_much.endswith(" 1"), too_much
+    other = next(line for line in out.splitlines() if line.startswith("other device"))
+    assert "(1, 0, 'metrale: DoorError: probe asked for memory on device 1" in other and other.endswith(" 2")
+    assert "next 0 2" in out
     assert "freed 0" in out
