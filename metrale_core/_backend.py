@@ -174,11 +174,13 @@ class GpuBackend:
         self._parts.memory.free_arena(buf)
 
     @gated
-    def create_pool(self, *, release_threshold: int = 0) -> MemoryPool:
+    def create_pool(self, *, release_threshold: int = 0, for_capture: bool = False) -> MemoryPool:
         """A caching [`MemoryPool`][metrale_core.MemoryPool]: device memory carved from segments and cached after
         free, each piece a ledger record of its own (kind ``"pool"``); a device-wide
-        [`synchronize`][metrale_core.GpuBackend.synchronize] leaves at most ``release_threshold`` bytes cached."""
-        return self._parts.memory.pools.create(release_threshold, self._parts.streams.resolve)
+        [`synchronize`][metrale_core.GpuBackend.synchronize] leaves at most ``release_threshold`` bytes cached.
+        ``for_capture``: a private pool for a graph another library captures (an allocator door's, for torch's):
+        it grows during that capture, keeps its segments until it closes, and its pieces carry no red zones."""
+        return self._parts.memory.pools.create(release_threshold, self._parts.streams.resolve, for_capture)
 
     @gated
     def create_arena(self, capacity: int) -> Arena:

@@ -16,7 +16,8 @@ private ``metrale_core._*`` module:
   [`LaunchArg.tensor_map`][metrale_core.LaunchArg.tensor_map] holds),
   [`check_tensor_map`][metrale_core.check_tensor_map] (the driver's rules, for a backend that refuses as the driver
   does), and what the core asks of it: ``AllocKind`` (the kind of memory ``alloc`` and ``free`` are asked for) and
-  ``CopyDirection`` (a baseline's copy: ``"dtod"``, ``"htod"`` or ``"dtoh"``);
+  ``CopyDirection`` (a baseline's copy: ``"dtod"``, ``"htod"`` or ``"dtoh"``) and ``CaptureMode`` (a thread's stream
+  capture mode: ``"global"``, ``"thread_local"`` or ``"relaxed"``);
 - the error table: [`error_for_code`][metrale_core.error_for_code] (the typed error for a CUDA result
   name or code), [`cuda_code`][metrale_core.cuda_code] (a name's code) and [`is_sticky`][metrale_core.plugin.is_sticky]
   (whether a result poisons the context, as a device fault does);
@@ -45,7 +46,7 @@ from metrale_core import (
     hookimpl,
 )
 
-from ._device.raw import DEVICE_CALLS, CopyDirection
+from ._device.raw import DEVICE_CALLS, CaptureMode, CopyDirection
 from ._errors import is_sticky
 from ._settings.parsing import Size
 from ._settings.plugins import PluginSettings
@@ -56,6 +57,7 @@ __all__ = [
     "AllocKind",
     "BackendRegistration",
     "Baseline",
+    "CaptureMode",
     "CopyDirection",
     "ForeignMemory",
     "KernelImplementation",

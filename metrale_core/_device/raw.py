@@ -37,11 +37,14 @@ if TYPE_CHECKING:
     from .._types import KernelImplementation, LaunchArg
     from ..kernels._tensormap import TensorMapEncoding
 
-__all__ = ["DEVICE_CALLS", "AllocKind", "Baseline", "CopyDirection", "ForeignMemory", "RawDevice"]
+__all__ = ["DEVICE_CALLS", "AllocKind", "Baseline", "CaptureMode", "CopyDirection", "ForeignMemory", "RawDevice"]
 
 #: The name of the capsule [`RawDevice.device_calls`][metrale_core.RawDevice.device_calls] returns: its struct's
 #: version is in it.
 DEVICE_CALLS: Final = "metrale_core.device_calls.v1"
+
+#: A thread's stream capture mode (`RawDevice.exchange_capture_mode`), as CUDA's ``CUstreamCaptureMode`` names them.
+CaptureMode = Literal["global", "thread_local", "relaxed"]
 
 #: The directions of [`Baseline.copy`][metrale_core.Baseline.copy]: device to device, pinned host to device, device to
 #: pinned host.
@@ -280,6 +283,20 @@ class RawDevice(abc.ABC):
     @abc.abstractmethod
     def is_capturing(self, stream: object) -> bool:
         """The driver's own answer: is ``stream`` capturing?"""
+
+    def exchange_capture_mode(self, mode: CaptureMode) -> CaptureMode:
+        """Set the calling thread's stream capture mode; returns the mode it had (a thread starts in ``"global"``).
+
+        A ``"relaxed"`` thread may allocate and free device memory while a capture in global mode runs anywhere in
+        the process; the allocation is not captured (CUDA: ``cuThreadExchangeStreamCaptureMode``, which torch's
+        caching allocator uses so to grow a graph's private pool during its capture). A wait for a capturing stream
+        stays refused in any mode. The core relaxes a thread only while a pool made for another library's capture
+        grows (``create_pool(for_capture=True)``), and sets it back at once. Optional: without it (this default,
+        ``CUDA_ERROR_NOT_SUPPORTED``) such a pool grows as any other, which a capture in global mode refuses.
+        """
+        raise error_for_code(
+            "CUDA_ERROR_NOT_SUPPORTED", f"{type(self).__name__} has no capture modes: exchange_capture_mode"
+        )
 
     @abc.abstractmethod
     def graph_instantiate(self, graph: object) -> object:

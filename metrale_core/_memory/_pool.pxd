@@ -35,6 +35,7 @@ cdef class MemoryPool:
     cdef long long _piece_bytes
     cdef object _threshold
     cdef bint _strand
+    cdef readonly bint for_capture
     cdef object __weakref__
 
     cpdef tuple take(self, object size, object stream, int fill, object n, str what)

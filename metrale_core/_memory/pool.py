@@ -65,7 +65,7 @@ HUGE: Final = 1 << 62
 #: it, so such a piece is taken again only once a wait for the device made it any stream's (`MemoryPool.idle`).
 SHARED: Final = "used on another stream too"
 
-#: How a pool grows (its front's): ``grow(nbytes, n, what, retake)``, a new segment of ``nbytes`` for an allocation
+#: How a pool grows (raw memory's `grow`): ``grow(nbytes, n, what, retake)``, a new segment of ``nbytes`` for an allocation
 #: of ``n`` bytes by ``what``, from the driver with reclaim-and-retry: its address; 0 where ``retake()``, asked
 #: once the pools were trimmed (the wait made pieces cached for other streams any stream's), served it.
 Grow = Callable[[int, int, str, Callable[[], bool]], int]
@@ -121,9 +121,10 @@ class MemoryPool:
 
     __slots__ = ("__weakref__", "_cached", "_closed", "_epoch", "_free", "_front", "_given_back", "_grow", "_hits",
                  "_lock", "_misses", "_out", "_piece_bytes", "_segment_bytes", "_segments", "_small", "_strand",
-                 "_threshold")
+                 "_threshold", "for_capture")
 
-    def __init__(self, front: PoolCalls, release_threshold: int, grow: Grow) -> None:
+    def __init__(self, front: PoolCalls, release_threshold: int, grow: Grow, for_capture: bool = False) -> None:
+        self.for_capture = for_capture  # (for another library's capture: plain pieces, segments kept until close)
         self._front = front
         self._grow = grow
         self._lock = new_lock()
@@ -177,8 +178,7 @@ class MemoryPool:
         return self._front.pool_stats(self)
 
     def counters(self) -> PoolStats:
-        """`stats`, read inside the gate (the front's call): a finalizer that a collection runs under the
-        pool's lock then defers its free instead of waiting for the lock."""
+        """`stats`, read inside the gate (the front's call): a collection's finalizer then defers its free."""
         acquire_lock(self._lock)  # (the fields copied, nothing made under it: a collection may free a piece)
         try:
             segments, segment_bytes, pieces = len(self._segments), self._segment_bytes, len(self._out)
@@ -346,8 +346,7 @@ class MemoryPool:
         release_lock(self._lock)
 
     def swept(self, index: int) -> None:
-        """A sweep took allocation ``index`` off the ledger: back to the cache, or stranded (`strand_swept`: it
-        stays in `_out`, its segment held until the pool closes)."""
+        """A sweep took allocation ``index`` off the ledger: back to the cache, or stranded (`strand_swept`)."""
         if not self._strand:  # (set once, as its door makes the pool: before any piece)
             self.give(index, None)
 
@@ -415,8 +414,7 @@ class MemoryPool:
     def mark(self) -> int:
         """Before a wait for the device: the pieces cached so far are idle once it returns (`idle`, `release`)."""
         acquire_lock(self._lock)
-        self._epoch += 1
-        epoch = self._epoch
+        self._epoch = epoch = self._epoch + 1
         release_lock(self._lock)
         return epoch
 
@@ -440,8 +438,10 @@ class MemoryPool:
     def release(self, keep_bytes: int, mark: int) -> list[tuple[int, int]]:
         """Take out whole segments none of whose pieces is out and all of whose cached pieces were cached before
         ``mark`` (a wait since), until at most ``keep_bytes`` stay cached; the caller gives back the
-        ``(address, nbytes)`` returned and counts each one it could (`gave_back`)."""
+        ``(address, nbytes)`` returned and counts each one it could (`gave_back`). None of a pool for a capture."""
         gone: list[tuple[int, int]] = []
+        if self.for_capture:
+            return gone
         acquire_lock(self._lock)
         try:
             busy = {id(p[1]) for pieces in self._free.values() for p in pieces if p[2] >= mark}

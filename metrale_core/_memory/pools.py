@@ -121,22 +121,20 @@ class PoolFront:
         #: The call site a ``stacklevel`` names (the allocator's rule).
         self.site_at = site_at
 
-    def create(self, release_threshold: object, resolve: StreamResolver) -> MemoryPool:
+    def create(self, release_threshold: object, resolve: StreamResolver, for_capture: object = False) -> MemoryPool:
         """``GpuBackend.create_pool``: a caching pool on this front's ledger (`MemoryPool`, of this front's build)."""
         forbid_during_capture("create_pool")
         threshold = integer(release_threshold, "create_pool", "release_threshold")
+        if type(for_capture) is not bool:
+            raise InvalidArgumentError(f"create_pool: for_capture must be True or False, got {for_capture!r}")
         self._resolve = resolve
-        pool = MemoryPool(self, threshold, self.grow)
+        pool = MemoryPool(self, threshold, self._raw.grow_relaxed if for_capture else self._raw.grow, for_capture)
         with self.ctx.lock:
             if self.ctx.closed:
                 raise self.ctx.closed_error()
             with self._holdings.lock:
                 self._holdings.pools.append(pool)
         return pool
-
-    def grow(self, nbytes: int, n: int, what: str, retake: Callable[[], bool]) -> int:
-        """A pool's new segment (`pool.Grow`): raw memory, with reclaim-and-retry."""
-        return self._raw.alloc(nbytes, n, "device", what, retake=retake)
 
     def _open_pool(self, pool: MemoryPool, what: str) -> None:
         forbid_during_capture(what)
@@ -173,7 +171,7 @@ class PoolFront:
         the gate. ``site``: a ``stacklevel``'s (`site_at`), else the first frame outside metrale and ``site_skip``."""
         if site is None:
             site = call_site(self._internal, 0 if cython.compiled else 1)  # (as Python: its own frame)
-        layout = self._zones.layout(n, index) if self._zoned else None
+        layout = self._zones.layout(n, index) if self._zoned and not pool.for_capture else None
         handle, own = target[1] if foreign else 0, None  # type: ignore[index]  # (a foreign stream; it, borrowed)
         if layout is None:
             zoned, fill, size = False, PLAIN, size_class(n)
@@ -385,7 +383,7 @@ class PoolFront:
     def trim_for_memory(self) -> bool:
         """The trimmer raw memory runs when an allocation runs out of memory: every pool keeps nothing cached (after
         a wait for the device); whether any had something cached."""
-        if not any(pool.cached_bytes for pool in list(self._holdings.pools)):
+        if not any(pool.cached_bytes and not pool.for_capture for pool in list(self._holdings.pools)):
             return False
         self._trim_pools(None, 0)
         return True

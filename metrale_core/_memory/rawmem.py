@@ -150,6 +150,22 @@ class RawMemory:
                 self._stats.oom_count += 1
                 raise self._out_of_memory(exc, n, kind, what, retries) from None
 
+    def grow(self, nbytes: int, n: int, what: str, retake: Callable[[], bool]) -> int:
+        """A pool's new segment (`pool.Grow`): `alloc` of device memory, with reclaim-and-retry."""
+        return self.alloc(nbytes, n, "device", what, retake=retake)
+
+    def grow_relaxed(self, nbytes: int, n: int, what: str, retake: Callable[[], bool]) -> int:
+        """A new segment of a pool for another library's capture: `grow`, the calling thread's capture mode relaxed
+        for it (the driver then allocates during a capture in global mode, as torch's allocator relies on)."""
+        try:
+            was = self._raw.exchange_capture_mode("relaxed")
+        except MetraleError:  # (a backend without capture modes: it grows as any pool)
+            return self.grow(nbytes, n, what, retake)
+        try:
+            return self.grow(nbytes, n, what, retake)
+        finally:
+            self._raw.exchange_capture_mode(was)
+
     def release_quietly(self, raw_ptr: int, kind: AllocKind) -> None:
         """Give back the raw memory of an allocation that failed after its raw call (logged if that fails too)."""
         try:

@@ -265,6 +265,12 @@ if drv is not None:
     EVENT_DEFAULT: Any = drv.CUevent_flags.CU_EVENT_DEFAULT
     MEM_ATTACH_GLOBAL: Any = drv.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL
     CAPTURE_MODE_GLOBAL: Any = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+    #: A thread's capture modes by metrale's names (`RawDevice.exchange_capture_mode`).
+    CAPTURE_MODES: Any = {
+        "global": CAPTURE_MODE_GLOBAL,
+        "thread_local": drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        "relaxed": drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED,
+    }
     ATTRIBUTE_INTEGRATED: Any = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_INTEGRATED
     ATTRIBUTE_CC_MAJOR: Any = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
     ATTRIBUTE_CC_MINOR: Any = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from metrale_core import InvalidArgumentError, LaunchArg, MetraleError, RawDevice, TensorMapEncoding, error_for_code
+from metrale_core.plugin import CaptureMode
 
 from . import _driver as _d
 from ._driver import THREAD, bound, bound_checked, call, call1, call_ready, call_teardown, check, drv, foreign_error
@@ -412,6 +413,14 @@ class CudaWork(RawDevice):
         """``cuStreamIsCapturing``: status other than ``NONE`` (active or invalidated)."""
         status = call1(drv.cuStreamIsCapturing, "cuStreamIsCapturing", cast(CuStream, stream).handle)
         return int(status) != 0  # CU_STREAM_CAPTURE_STATUS_NONE
+
+    def exchange_capture_mode(self, mode: CaptureMode) -> CaptureMode:
+        """``cuThreadExchangeStreamCaptureMode``: the calling thread's capture mode set, the one it had returned."""
+        modes = _d.CAPTURE_MODES
+        if mode not in modes:
+            raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"exchange_capture_mode({mode!r})")
+        was = call1(drv.cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", modes[mode])
+        return next(name for name, value in modes.items() if int(value) == int(was))
 
     @bound
     def graph_instantiate(self, graph: object) -> object:

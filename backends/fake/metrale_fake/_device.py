@@ -21,6 +21,7 @@ from metrale_core import MetraleSettings, parse_ptx
 from metrale_core.plugin import (
     AllocKind,
     Baseline,
+    CaptureMode,
     ForeignMemory,
     KernelImplementation,
     LaunchArg,
@@ -579,6 +580,13 @@ class FakeDevice(RawDevice):
         with self._lock:
             self._fault("is_capturing", "stream capture query")
             return as_stream(stream).capture is not None
+
+    def exchange_capture_mode(self, mode: CaptureMode) -> CaptureMode:
+        """The calling thread's capture mode, as CUDA keeps it per thread: a relaxed thread allocates and frees while
+        a capture in global mode runs (`GlobalCaptures.exchange`)."""
+        if mode not in ("global", "thread_local", "relaxed"):
+            raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake exchange_capture_mode({mode!r})")
+        return cast("CaptureMode", CAPTURES.exchange(mode))
 
     def graph_instantiate(self, graph: object) -> object:
         with self._lock:

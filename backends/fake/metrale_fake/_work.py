@@ -41,10 +41,15 @@ class GlobalCaptures:
     invalidates them (``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``, then ``..._INVALIDATED`` at
     the end of the capture), as measured on the H200."""
 
-    __slots__ = ("_lock", "_streams")
+    __slots__ = ("_lock", "_mode", "_streams")
+
+    #: What a relaxed thread may still call during a capture in global mode: it allocates and frees; its waits stay
+    #: refused (a wait for a capturing stream conflicts with any capture).
+    RELAXED: Final = frozenset({"alloc", "free", "alloc_host", "free_host"})
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._mode = threading.local()  # each thread's capture mode (`exchange`); "global" until set
         #: capturing stream -> whether its device has faulted (a faulted device's capture bars nobody else)
         self._streams: weakref.WeakKeyDictionary[FakeStream, Callable[[], bool]] = weakref.WeakKeyDictionary()
 
@@ -56,9 +61,19 @@ class GlobalCaptures:
         with self._lock:
             self._streams.pop(stream, None)
 
+    def exchange(self, mode: str) -> str:
+        """Set the calling thread's capture mode (``"global"``, ``"thread_local"``, ``"relaxed"``); the one it had.
+        The fake owns no capture to a thread: a thread-local thread is barred as a global one (more than CUDA bars)."""
+        was: str = getattr(self._mode, "mode", "global")
+        self._mode.mode = mode
+        return was
+
     def bar(self, what: str) -> None:
-        """Refuse barred call ``what`` if any fake stream of the process is capturing, invalidating them."""
+        """Refuse barred call ``what`` if any fake stream of the process is capturing, invalidating them; a relaxed
+        thread's allocations and frees pass (`RELAXED`)."""
         if not self._streams:  # the usual case, without the lock
+            return
+        if what in self.RELAXED and getattr(self._mode, "mode", "global") == "relaxed":
             return
         with self._lock:
             capturing = [stream for stream, faulted in self._streams.items() if not faulted()]
