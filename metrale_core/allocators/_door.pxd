@@ -11,6 +11,9 @@ cdef class Door:
     cdef object _gpu
     cdef object _pool
     cdef dict _out
+    cdef dict _graphs
+    cdef list _underway
+    cdef dict _in_graphs
     cdef public object framework
     cdef public Py_ssize_t failures
     cdef public object last_error

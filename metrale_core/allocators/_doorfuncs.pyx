@@ -1,7 +1,7 @@
 # cython: language_level=3, binding=True, embedsignature=True
 # distutils: language = c++
 """The compiled twin of [`c_functions`][metrale_core.allocators.doorfuncs.c_functions]: one set of C functions
-(alloc, free, record_stream, graph_captured) that call a door with the GIL, no ctypes in the way.
+(alloc, free, record_stream, and torch's three pool hooks) that call a door with the GIL, no ctypes in the way.
 
 - C functions carry no context: the pair serves one door, the first of the process (torch has one current allocator
   at a time); `c_functions` answers ``None`` after that, and the caller makes ctypes callbacks instead.
@@ -16,6 +16,9 @@
   ``RuntimeError`` in the calling Python code, as it does RMM's ``rmm::out_of_memory``, instead of a tensor at
   address 0 whose first kernel ends the CUDA context. The functions given by address (`c_functions`) answer NULL:
   their caller may be C.
+- C++ too, torch's pool hooks, declared as torch calls them: the beginning of a pool (device, pool id, and which
+  streams allocate to it: a ``std::function``, copied and kept, as a callable, while the capture is underway:
+  `Door.begin_pool`), its end (`Door.end_pool`) and its release (`Door.release_pool`).
 """
 
 import logging
@@ -54,16 +57,60 @@ cdef extern from *:
         if (metrale_door_free_to) metrale_door_free_to(ptr, size, device, stream);
     }
     }
+    /* torch's pool hooks, as torch declares them: (device, MempoolId_t[, which streams allocate to the pool]) */
+    #include <cstdint>
+    #include <functional>
+    #include <new>
+    #include <utility>
+    struct CUstream_st;
+    typedef std::pair<unsigned long long, unsigned long long> metrale_door_pool_id;
+    typedef std::function<bool(CUstream_st *)> metrale_door_test;
+    /* a copy of the framework's test, kept while its capture is underway (NULL where none could be made) */
+    static metrale_door_test *metrale_door_keep(const metrale_door_test &test) {
+        try { return new metrale_door_test(test); } catch (...) { return nullptr; }
+    }
+    static void metrale_door_drop(metrale_door_test *test) { delete test; }
+    /* 1 where the test says the stream allocates to the pool, 0 where not, -1 where it threw or none was kept */
+    static int metrale_door_tests(const metrale_door_test *test, void *stream) {
+        if (!test || !*test) return -1;
+        try { return (*test)(static_cast<CUstream_st *>(stream)) ? 1 : 0; } catch (...) { return -1; }
+    }
+    typedef void (*metrale_door_begin_fn)(int, unsigned long long, unsigned long long, metrale_door_test *);
+    typedef void (*metrale_door_pool_fn)(int, unsigned long long, unsigned long long, int);
+    static metrale_door_begin_fn metrale_door_begin_to = nullptr;
+    static metrale_door_pool_fn metrale_door_pool_to = nullptr;
+    static void metrale_door_begin(int device, metrale_door_pool_id id, metrale_door_test test) {
+        if (metrale_door_begin_to) metrale_door_begin_to(device, id.first, id.second, metrale_door_keep(test));
+    }
+    static void metrale_door_end(int device, metrale_door_pool_id id) {
+        if (metrale_door_pool_to) metrale_door_pool_to(device, id.first, id.second, 0);
+    }
+    static void metrale_door_release(int device, metrale_door_pool_id id) {
+        if (metrale_door_pool_to) metrale_door_pool_to(device, id.first, id.second, 1);
+    }
+    static uintptr_t metrale_door_begin_address(void) { return reinterpret_cast<uintptr_t>(&metrale_door_begin); }
+    static uintptr_t metrale_door_end_address(void) { return reinterpret_cast<uintptr_t>(&metrale_door_end); }
+    static uintptr_t metrale_door_release_address(void) { return reinterpret_cast<uintptr_t>(&metrale_door_release); }
     """
     ctypedef void* (*_alloc_fn "metrale_door_alloc_fn")(size_t, int, void*) noexcept nogil
     ctypedef void (*_free_fn "metrale_door_free_fn")(void*, size_t, int, void*) noexcept nogil
     _alloc_fn _alloc_to "metrale_door_alloc_to"
     _free_fn _free_to "metrale_door_free_to"
     void _say "metrale_door_say"(const char *why) noexcept nogil
+    ctypedef struct _test_t "metrale_door_test"
+    void _drop "metrale_door_drop"(_test_t *test) noexcept nogil
+    int _tests "metrale_door_tests"(const _test_t *test, void *stream) noexcept nogil
+    ctypedef void (*_begin_fn "metrale_door_begin_fn")(int, unsigned long long, unsigned long long,
+                                                        _test_t*) noexcept nogil
+    ctypedef void (*_pool_fn "metrale_door_pool_fn")(int, unsigned long long, unsigned long long, int) noexcept nogil
+    _begin_fn _begin_to "metrale_door_begin_to"
+    _pool_fn _pool_to "metrale_door_pool_to"
+    uintptr_t _begin_address "metrale_door_begin_address"() noexcept nogil
+    uintptr_t _end_address "metrale_door_end_address"() noexcept nogil
+    uintptr_t _release_address "metrale_door_release_address"() noexcept nogil
 
 from .doorfuncs import DoorFunctions as _DoorFunctions
 from .doorfuncs import address as _address
-from .doorfuncs import graph_captured as _graph_captured
 from .doorfuncs import log_failure as _log_failure
 from .doorfuncs import refusal as _refusal
 from .doorfuncs import wrong_device as _wrong_device
@@ -116,12 +163,45 @@ cdef void _record_c(void* ptr, void* stream) noexcept with gil:
             pass
 
 
-cdef void _captured_c(int device, unsigned long long id_0, unsigned long long id_1) noexcept with gil:
+cdef class _StreamTest:
+    """The framework's test of which streams allocate to a pool of its own (torch's ``std::function<bool
+    (cudaStream_t)>``, copied), called with a stream's handle while its capture is underway; let go with it."""
+
+    cdef _test_t* _test
+
+    def __call__(self, stream):
+        cdef int said = _tests(self._test, <void*><uintptr_t>stream)
+        if said < 0:
+            raise RuntimeError("the framework's test of a stream for its pool failed (or none was kept)")
+        return said == 1
+
+    def __dealloc__(self):
+        _drop(self._test)
+
+
+cdef void _begin_c(int device, unsigned long long id_0, unsigned long long id_1, _test_t* test) noexcept with gil:
+    cdef _StreamTest kept
     try:
-        _graph_captured(_door, device, (id_0, id_1))
+        kept = _StreamTest.__new__(_StreamTest)
+        kept._test = test
+        if device == _device:
+            _door.begin_pool((id_0, id_1), kept)
+        else:  # (another device's allocations are not this door's: they are refused)
+            _log.debug("allocator door: a pool begun on device %d, not this door's (%d): ignored", device, _device)
     except BaseException:
         try:
-            _log_failure("allocator door: a graph capture's end on device %d failed", device)
+            _log_failure("allocator door: the beginning of a pool on device %d failed", device)
+        except BaseException:
+            pass
+
+
+cdef void _pool_c(int device, unsigned long long id_0, unsigned long long id_1, int released) noexcept with gil:
+    try:
+        if device == _device:
+            (_door.release_pool if released else _door.end_pool)((id_0, id_1))
+    except BaseException:
+        try:
+            _log_failure("allocator door: the end or release of a pool on device %d failed", device)
         except BaseException:
             pass
 
@@ -169,7 +249,9 @@ def c_functions(door, device):
     if _taken:
         return None
     _door, _device, _compiled, _taken = door, device, type(door) is Door, True
-    return _DoorFunctions(<uintptr_t>&_alloc_c, <uintptr_t>&_free_c, <uintptr_t>&_record_c, <uintptr_t>&_captured_c)
+    return _DoorFunctions(<uintptr_t>&_alloc_c, <uintptr_t>&_free_c, <uintptr_t>&_record_c, _end_address(),
+                          _begin_address(), _release_address())
 
 
+_begin_to, _pool_to = _begin_c, _pool_c
 _alloc_to, _free_to = _alloc_by_name, _free_by_name  # (last: the module's Python objects are made)

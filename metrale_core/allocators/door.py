@@ -14,6 +14,12 @@
   a finalizer that a garbage collection starts anywhere, inside a call of the door too: the door takes no lock
   of its own (a dict's item set and pop are atomic), and the pool defers a free that a collection runs inside
   one of its calls.
+- CUDA graphs: a framework that captures a graph into a private pool of its own (torch's ``torch.cuda.graph``)
+  says so (`begin_pool`, `end_pool`, `release_pool`: torch's pool hooks). While a capture is underway, an
+  allocation on a stream it captures comes from a private metrale pool for that framework pool
+  (``create_pool(for_capture=True)``: it grows during the capture, its pieces carry no red zones), and its pieces
+  go back there: memory a graph uses is never handed out outside its pool while the graph lives. The private pool
+  closes, its memory given back to the device, once the framework let go of it and none of its pieces is out.
 - Written once, here, and compiled as well as run as Python (``_door``, with ``_door.pxd`` beside it:
   docs/building.md). Compiled, it has two C-level calls (``alloc_c``, ``free_c``) for the compiled C functions of
   `doorfuncs` (``_doorfuncs.pyx``), so a framework's hook reaches the pool without a Python frame; nothing raises
@@ -26,6 +32,7 @@ from __future__ import annotations
 import abc
 import importlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._errors import DoorError, MetraleError, MissingPackageError
@@ -73,13 +80,20 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
     :param release_threshold: the pool's ``release_threshold``.
     """
 
-    __slots__ = ("_gpu", "_out", "_pool", "failures", "framework", "last_error")
+    __slots__ = ("_gpu", "_graphs", "_in_graphs", "_out", "_pool", "_underway", "failures", "framework",
+                 "last_error")
 
     def __init__(self, gpu: GpuBackend, framework: str, *, release_threshold: int = 0) -> None:
         self._gpu = gpu
         self._pool: MemoryPool = gpu.create_pool(release_threshold=release_threshold)
         self._pool.strand_swept()
         self._out: dict[int, DeviceBuffer] = {}
+        #: The framework's private pools by its id: [metrale's pool for it, begins not yet released, pieces out].
+        self._graphs: dict[tuple[int, int], list[Any]] = {}
+        #: The captures underway (begun, not ended): (pool id, which streams allocate to it).
+        self._underway: list[tuple[tuple[int, int], Callable[[int], object]]] = []
+        #: The pieces out of a private pool: address -> its pool's id.
+        self._in_graphs: dict[int, tuple[int, int]] = {}
         self.framework = framework
         #: Allocations and frees refused so far.
         self.failures = 0
@@ -96,7 +110,30 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
 
     def take(self, nbytes: int, stream: int) -> DeviceBuffer:
         """A piece of ``nbytes`` for the framework's stream ``stream`` (its raw handle), on the ledger with the
-        caller's site; refused with metrale's typed error."""
+        caller's site; refused with metrale's typed error. From a private pool where a capture underway allocates on
+        ``stream`` to one (`begin_pool`)."""
+        if self._underway:
+            return self._take_captured(nbytes, stream)
+        buf = self._pool.alloc_on(nbytes, stream)
+        self._out[buf.ptr] = buf
+        return buf
+
+    def _take_captured(self, nbytes: int, stream: int) -> DeviceBuffer:
+        """`take` while a capture is underway: from the private pool of the first capture whose streams ``stream``
+        is one of, else from the door's pool."""
+        for pool_id, allocates in list(self._underway):
+            try:
+                mine = allocates(stream)
+            except Exception as exc:  # (the framework's check of the stream failed)
+                raise DoorError(f"{self.framework} allocator: which capture allocates on stream {stream:#x} could "
+                                f"not be told ({type(exc).__name__}: {exc})") from None
+            if mine:
+                graph = self._graphs[pool_id]
+                buf: DeviceBuffer = graph[0].alloc_on(nbytes, stream)
+                graph[2] += 1
+                self._in_graphs[buf.ptr] = pool_id
+                self._out[buf.ptr] = buf
+                return buf
         buf = self._pool.alloc_on(nbytes, stream)
         self._out[buf.ptr] = buf
         return buf
@@ -120,7 +157,8 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
                 return 0
             try:
                 try:
-                    buf = self._pool.alloc_on(nbytes, stream)
+                    buf = self._pool.alloc_on(nbytes, stream) if not self._underway else self._take_captured(
+                        nbytes, stream)
                 except MetraleError as exc:
                     self._failed("alloc", exc)
                     return 0
@@ -150,8 +188,15 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
             return
         if self._gpu.closed:
             return
+        pool_id = self._in_graphs.pop(address, None) if self._in_graphs else None
         try:
-            self._pool.free(buf)
+            if pool_id is None:
+                self._pool.free(buf)
+            else:
+                graph = self._graphs[pool_id]
+                graph[2] -= 1
+                graph[0].free(buf)
+                self._close_graph(pool_id)
         except MetraleError as exc:  # swept meanwhile (the sweep named it): its memory stays out until close
             self._failed("free", exc)
 
@@ -166,10 +211,55 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
                 _log.debug("%s allocator: record_stream of %#x, no piece of its metrale pool out now: ignored",
                            self.framework, address)
             return
+        pool_id = self._in_graphs.get(address) if self._in_graphs else None
         try:
-            self._pool.record_stream(buf, stream)
+            (self._pool if pool_id is None else self._graphs[pool_id][0]).record_stream(buf, stream)
         except MetraleError as exc:
             self._failed("record_stream", exc)
+
+    def begin_pool(self, pool_id: tuple[int, int], allocates: Callable[[int], object]) -> None:
+        """The framework begins allocating to its private pool ``pool_id`` (torch: before a CUDA graph's capture
+        begins, or at ``torch.cuda.use_mem_pool``): until `end_pool`, an allocation on a stream for which
+        ``allocates(stream)`` holds comes from metrale's private pool for ``pool_id``, made at its first begin and
+        shared by every begin with that id (as torch shares a pool between graphs)."""
+        graph = self._graphs.get(pool_id)
+        if graph is None:
+            pool = self._gpu.create_pool(for_capture=True)
+            pool.strand_swept()
+            graph = self._graphs[pool_id] = [pool, 0, 0]
+        graph[1] += 1
+        self._underway.append((pool_id, allocates))
+
+    def end_pool(self, pool_id: tuple[int, int]) -> None:
+        """The framework ended allocating to ``pool_id`` (torch: its capture ended): its pieces stay the private
+        pool's, and a private pool it let go of meanwhile closes now where none of its pieces is out."""
+        for at, (begun, _) in enumerate(self._underway):
+            if begun == pool_id:
+                del self._underway[at]
+                break
+        for done in [found for found, graph in self._graphs.items() if graph[1] <= 0]:
+            self._close_graph(done)
+
+    def release_pool(self, pool_id: tuple[int, int]) -> None:
+        """The framework let go of ``pool_id`` once (torch: a graph's reset, the end of ``use_mem_pool``; once per
+        `begin_pool`): after the last, the private pool closes once none of its pieces is out and no capture of this
+        door is underway, its memory given back to the device."""
+        graph = self._graphs.get(pool_id)
+        if graph is not None:
+            graph[1] -= 1
+            self._close_graph(pool_id)
+
+    def _close_graph(self, pool_id: tuple[int, int]) -> None:
+        """Close the private pool ``pool_id`` where the framework let go of it, none of its pieces is out, and no
+        capture of this door is underway (closing waits for the device, which a capture forbids)."""
+        graph = self._graphs.get(pool_id)
+        if graph is not None and graph[1] <= 0 and graph[2] <= 0 and not self._underway:
+            del self._graphs[pool_id]
+            graph[0].close()
+
+    def graphs(self) -> int:
+        """How many private pools the door holds now (torch's graphs and pools not yet let go of)."""
+        return len(self._graphs)
 
     def piece(self, address: int) -> DeviceBuffer | None:
         """The piece out at ``address`` (the ledger's record of a framework's tensor), or ``None``."""
@@ -180,8 +270,13 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
         return len(self._out)
 
     def close(self) -> None:
-        """Close the pool: pieces still out are swept, each a leak named in a warning."""
+        """Close the pool and the private ones: pieces still out are swept, each a leak named in a warning."""
         self._out.clear()
+        self._in_graphs.clear()
+        self._underway.clear()
+        graphs, self._graphs = self._graphs, {}
+        for graph in graphs.values():
+            graph[0].close()
         self._pool.close()
 
     def refuse(self, what: str, why: str) -> None:

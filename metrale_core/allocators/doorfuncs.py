@@ -4,20 +4,20 @@
   void* stream)`` and ``void free(void* ptr, size_t size, int device, void* stream)`` (torch's
   ``CUDAPluggableAllocator`` calls these), which call ``door.alloc(size, stream)`` and ``door.free(ptr)``; of
   ``void record_stream(void* ptr, void* stream)``, which calls ``door.record(ptr, stream)`` (torch's
-  ``Tensor.record_stream``); and of ``void graph_captured(int device, uint64_t id_0, uint64_t id_1)``, which tells
-  the door that the framework ended allocating to a private pool of its own (torch's end of a ``torch.cuda.graph``
-  capture, or of ``torch.cuda.use_mem_pool``), whose id is a pair of 64-bit words passed by value: two words in
-  registers on x86-64 (System V) and AArch64 (on Windows x64 a pair is passed by reference: the id logged would be
-  wrong, nothing else). An allocation for another device than ``device`` is refused (``door.refuse``: counted,
-  logged), and the framework gets no memory.
+  ``Tensor.record_stream``); and of ``void end_pool(int device, uint64_t id_0, uint64_t id_1)`` (torch's end of a
+  ``torch.cuda.graph`` capture, or of ``torch.cuda.use_mem_pool``; its pool id, a pair of 64-bit words passed by
+  value: two words in registers on x86-64 (System V) and AArch64), which refuses the capture (`graph_captured`):
+  these callbacks cannot take torch's beginning of a pool, whose test of a stream is a C++ ``std::function``. An
+  allocation for another device than ``device`` is refused (``door.refuse``: counted, logged), and the framework
+  gets no memory.
 - Nothing may cross into the framework's C++. ``door.alloc`` answers an address (an integer from 1 to 2**64 - 1),
   or 0 / ``None`` for none; anything else it answers, and anything it raises, gives the framework no memory,
   logged (a log that fails is dropped).
 - Here they are ctypes callbacks, kept for the life of the process: the framework may call them until it exits.
-- Its compiled twin (``_doorfuncs.pyx``) has one pair of C functions, called with the GIL and without ctypes in the
-  way, which call a compiled door (``door.py`` compiled as ``_door``) at C level and any other door through its
-  methods: it serves the first door of the process, and answers ``None`` after that (the caller then makes ctypes
-  callbacks here).
+- Its compiled twin (``_doorfuncs.pyx``, C++) has one set of C functions, called with the GIL and without ctypes in
+  the way, which call a compiled door (``door.py`` compiled as ``_door``) at C level and any other door through its
+  methods, and torch's three pool hooks (`Door.begin_pool`: graphs under the door): it serves the first door of the
+  process, and answers ``None`` after that (the caller then makes ctypes callbacks here).
 """
 
 from __future__ import annotations
@@ -49,12 +49,16 @@ _KEPT: list[tuple[object, ...]] = []
 
 
 class DoorFunctions(NamedTuple):
-    """The addresses of a door's C functions (`c_functions`)."""
+    """The addresses of a door's C functions (`c_functions`): torch's pluggable allocator's pair, its
+    ``record_stream`` hook, and its three pool hooks (``begin_pool`` and ``release_pool``: 0 where none is made here;
+    ``end_pool``, where they are not, refuses a capture: `graph_captured`)."""
 
     alloc: int
     free: int
     record_stream: int
-    graph_captured: int
+    end_pool: int
+    begin_pool: int = 0
+    release_pool: int = 0
 
 
 def address(got: object) -> int:
@@ -90,14 +94,14 @@ def wrong_device(door: DoorLike, asked: int, device: int) -> None:
 
 def graph_captured(door: DoorLike, device: int, pool_id: tuple[int, int]) -> None:
     """Tell ``door`` (refused: counted, logged at ERROR) that its framework ended allocating to a private pool of its
-    own on ``device`` (torch's pool ``pool_id``: a CUDA graph's capture, or ``use_mem_pool``): not supported, and
-    why."""
+    own on ``device`` (torch's pool ``pool_id``: a CUDA graph's capture, or ``use_mem_pool``) through the ctypes
+    callbacks, which never saw its beginning: not supported there, and why."""
     door.refuse("graph capture", (
         f"{door.framework} captured a CUDA graph (or allocated to a private pool of its own) on device {device}, its "
-        f"pool {pool_id}, with memory from metrale's pool, which keeps no private pool per graph: a piece freed "
-        f"during the capture may be handed out again while the graph still uses it, and a new segment during a "
-        f"capture fails. Capture graphs without the door (metrale's own GpuBackend.begin_capture has its rules), or "
-        f"without metrale's allocator"))
+        f"pool {pool_id}, through metrale's ctypes callbacks (the pure build), which cannot take the beginning of a "
+        f"pool: its memory came from the door's own pool, where a piece freed during the capture may be handed out "
+        f"again while the graph still uses it, and a new segment during a capture fails. The compiled build "
+        f"(metrale_core.allocators._doorfuncs) keeps a private pool per graph"))
 
 
 def refusal(door: object, size: int, failures_before: object) -> str:

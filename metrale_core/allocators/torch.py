@@ -6,18 +6,27 @@
   makes it torch's current allocator (torch allows that only before it first uses CUDA) and returns the door.
 - Each tensor's site is the first frame outside metrale and the packages of the ``site_skip`` setting (torch,
   transformers and the like by default): the application's line that made it.
-- An allocation metrale refuses (out of memory) answers torch with no memory. torch's pluggable allocator does not
-  check for that: the tensor's data pointer is 0, and its first kernel faults (``CUDA_ERROR_ILLEGAL_ADDRESS``,
-  which ends the process's CUDA context). The door logs metrale's error first, at ERROR: it names the sites holding
-  memory. Keep headroom (or an ``on_out_of_memory`` callback that frees) where a service runs near the card's size.
+- An allocation metrale refuses (out of memory, another device) raises in the Python code that asked for the
+  tensor: the compiled pair throws a C++ ``std::runtime_error`` that torch turns into a ``RuntimeError`` (as it
+  does RMM's ``rmm::out_of_memory``; torch's own ``torch.OutOfMemoryError`` is a C++ class of torch's, which only
+  code built against torch's headers can throw). Its message is metrale's: "CUDA out of memory." (the words
+  applications test for), then the error with the sites holding memory. The CUDA context is untouched, and the next
+  allocation is served. The ctypes fallback (the pure build) cannot throw: there torch gets no memory, the tensor's
+  data pointer is 0, and its first kernel faults (``CUDA_ERROR_ILLEGAL_ADDRESS``, which ends the CUDA context).
 - Streams: a tensor's piece is cached for the stream torch allocated it on and reused there (torch frees it with
   that stream). ``Tensor.record_stream(s)`` reaches the door (torch's ``set_record_stream_fn`` hook): the piece is
   then cached for no stream at its free, and taken again only after the pool's next wait for the device
   (`MemoryPool.record_stream`).
-- ``torch.cuda.graph`` captures are not supported: torch calls the door during a capture as at any other time, and
-  metrale's pool keeps no private pool per graph. The end of each capture reaches the door (torch's
-  ``set_end_allocate_to_pool_fn`` hook), which logs a `DoorError` at ERROR saying so and counts it
+- CUDA graphs (``torch.cuda.graph``): torch's three pool hooks reach the door (``set_begin_allocate_to_pool``,
+  ``set_end_allocate_to_pool_fn``, ``set_release_pool``), which keeps a private metrale pool per torch pool
+  (`Door.begin_pool`): a capture's tensors come from it, grown during the capture with the thread's capture mode
+  relaxed (as torch's allocator grows its own), without red zones, and its memory is never handed out outside the
+  graph's pool until torch lets go of it. Only the compiled pair takes the beginning of a pool (a C++
+  ``std::function``); under the ctypes fallback the end of each capture is refused, logged at ERROR and counted
   (``door.failures``, ``door.last_error``).
+- ``torch.compile(mode="reduce-overhead")``: its CUDA graph trees read and set torch's own allocator's state
+  (``_cuda_getCheckpointState``), which no pluggable allocator has; turn the trees off
+  (``torch._inductor.config.triton.cudagraph_trees = False``) and each compiled graph is a plain capture.
 """
 
 from __future__ import annotations
@@ -68,8 +77,12 @@ def allocator(gpu: GpuBackend, *, release_threshold: int = 0) -> Any:
         torch.cuda.memory._CUDAAllocator.__init__(made, torch._C._cuda_customAllocator(addresses.alloc, addresses.free))
     inner = made.allocator()  # (torch's _CUDAPluggableAllocator: its hooks take C functions' addresses)
     for setter, at in (("set_record_stream_fn", addresses.record_stream),
-                       ("set_end_allocate_to_pool_fn", addresses.graph_captured)):
+                       ("set_begin_allocate_to_pool", addresses.begin_pool),
+                       ("set_end_allocate_to_pool_fn", addresses.end_pool),
+                       ("set_release_pool", addresses.release_pool)):
         hook = getattr(inner, setter, None)
+        if not at:  # (the ctypes callbacks: no beginning of a pool, no release; their end refuses the capture)
+            continue
         if hook is None:
             _log.warning("torch allocator: this torch (%s) has no %s: its %s is not seen by metrale", torch.__version__,
                          setter, "Tensor.record_stream" if "record" in setter else "graph captures")

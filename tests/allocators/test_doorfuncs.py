@@ -39,8 +39,10 @@ _SCRIPT = textwrap.dedent("""
         def refuse(self, what, why):
             calls.append(("refuse", what))
             logging.getLogger("metrale").error("refused: %s", why)
+        def end_pool(self, pool_id):
+            calls.append(("end", pool_id))
     door = Door()
-    a, f, r, c = make(door, 0)
+    a, f, r, c = make(door, 0)[:4]
     RECORD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
     CAPTURED = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64)
     print("alloc", hex(ALLOC(a)(64, 0, 0x77)), ALLOC(a)(0, 0, None))
@@ -107,10 +109,13 @@ def test_the_c_functions_call_the_door_as_torch_would(build: str) -> None:
     assert "other device None" in out
     assert "refused: probe asked for memory on device 1; this door serves device 0" in out
     assert "raising None" in out
+    # the end of a pool: refused by the ctypes callbacks (they never saw its beginning), the door's in the compiled
+    ended = "('refuse', 'graph capture')" if build == "pure" else f"('end', (1, {2**64 - 1}))"
     assert ("calls [('alloc', 64, 119), ('alloc', 0, 0), ('refuse', 'alloc'), ('alloc', 13, 0), "
-            "('free', 139637976731648), ('record', 139637976731648, 153), ('refuse', 'graph capture')]") in out
-    assert ("refused: probe captured a CUDA graph (or allocated to a private pool of its own) on device 0, its pool "
-            f"(1, {2**64 - 1})") in out
+            f"('free', 139637976731648), ('record', 139637976731648, 153), {ended}]") in out
+    if build == "pure":
+        assert ("refused: probe captured a CUDA graph (or allocated to a private pool of its own) on device 0, its "
+                f"pool (1, {2**64 - 1}), through metrale's ctypes callbacks") in out
     # the compiled pair serves one door; ctypes callbacks, any number
     assert f"second {build == 'compiled'}" in out
     assert "LOG allocator door: alloc of 13 bytes failed" in out and "a bug in the door" in out
@@ -146,6 +151,24 @@ _CALLER = """
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <stdexcept>
+#include <utility>
+struct CUstream_st;
+typedef std::pair<unsigned long long, unsigned long long> pool_id;
+typedef void (*begin_fn)(int, pool_id, std::function<bool(CUstream_st *)>);
+typedef void (*pool_fn)(int, pool_id);
+/* torch's beginAllocateToPool: a test of which streams allocate to the pool, given by value (a copy the callee keeps) */
+extern "C" void call_begin(void *fn, int device, unsigned long long a, unsigned long long b, void *captured, int fails) {
+    std::function<bool(CUstream_st *)> test = [captured, fails](CUstream_st *stream) -> bool {
+        if (fails) throw std::runtime_error("no capture info");
+        return stream == static_cast<CUstream_st *>(captured);
+    };
+    reinterpret_cast<begin_fn>(fn)(device, pool_id(a, b), test);
+}
+extern "C" void call_pool(void *fn, int device, unsigned long long a, unsigned long long b) {
+    reinterpret_cast<pool_fn>(fn)(device, pool_id(a, b));
+}
 typedef void *(*alloc_fn)(size_t, int, void *);
 extern "C" int call_alloc(void *fn, size_t size, int device, void *stream, void **out, char *why, size_t room) {
     try {
@@ -196,6 +219,25 @@ _BY_NAME_SCRIPT = textwrap.dedent("""
     free(ptr, 1000, 0, 0x77)
     free(again, 1000, 0, 0x77)
     print("freed", door.out())
+    hooks = ctypes.CDLL(sys.argv[1])
+    hooks.call_begin.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
+                                 ctypes.c_int]
+    hooks.call_pool.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+    hooks.call_begin(made.begin_pool, 0, 5, 2**64 - 1, 0x77, 0)  # (torch: a graph's capture begins)
+    thrown, captured, _ = call(1000, stream=0x77)
+    thrown, elsewhere, _ = call(1000, stream=0x99)
+    print("begun", door.graphs(), door.piece(captured) is not None, captured != elsewhere)
+    hooks.call_pool(made.end_pool, 0, 5, 2**64 - 1)
+    free(captured, 1000, 0, 0x77)
+    free(elsewhere, 1000, 0, 0x99)
+    hooks.call_pool(made.release_pool, 0, 5, 2**64 - 1)  # (torch: the graph's reset)
+    print("released", door.graphs(), door.out())
+    hooks.call_begin(made.begin_pool, 0, 6, 0, 0x77, 1)  # a test that throws
+    print("failing test", call(1000, stream=0x77)[:2], "could not be told" in call(64, stream=0x77)[2])
+    hooks.call_pool(made.end_pool, 0, 6, 0)
+    hooks.call_pool(made.release_pool, 0, 6, 0)
+    hooks.call_begin(made.begin_pool, 1, 7, 0, 0x77, 0)  # another device's pool: not this door's
+    print("other device's pool", door.graphs())
     door.close()
     gpu.close()
 """)
@@ -239,3 +281,8 @@ def test_the_compiled_pair_is_exported_under_fixed_names(cxx_caller: str) -> Non
     assert "(1, 0, 'metrale: DoorError: probe asked for memory on device 1" in other and other.endswith(" 2")
     assert "next 0 2" in out
     assert "freed 0" in out
+    # torch's pool hooks, as torch calls them: a private pool for the capture's stream, let go of at release
+    assert "begun 1 True True" in out
+    assert "released 0 0" in out
+    assert "failing test (1, 0) True" in out
+    assert "other device's pool 0" in out

@@ -1,0 +1,161 @@
+"""CUDA graphs under an allocator door: a framework's capture allocates from a private metrale pool per framework
+pool (`Door.begin_pool`, `end_pool`, `release_pool`: torch's three pool hooks), which grows during the capture.
+
+On the fake, another library's capture is the raw layer's own (``gpu.raw.begin_capture`` on a borrowed stream, which
+metrale's core does not see), as torch's is on CUDA: a capture in global mode, which refuses an ordinary pool's new
+segment and lets a pool for captures grow (the thread's capture mode relaxed for it, as torch's allocator does). The
+hooks as torch calls them, from C++, are tried in ``test_doorfuncs.py``; torch itself on the GPU in ``test_doors.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from metrale_core import GpuBackend, MetraleError, open_backend
+from metrale_core.allocators import Door
+from tests._support import SETTINGS, compiled_twin
+
+CAPTURED = 0x77  # the framework's capturing stream (its handle)
+OTHER = 0x99  # another stream of the framework's, not captured
+
+
+@pytest.fixture(params=["pure", "compiled"])
+def make_door(request: pytest.FixtureRequest) -> type[Door]:
+    return Door if request.param == "pure" else compiled_twin("door")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=[0, 64], ids=["plain", "zoned"])
+def gpu(request: pytest.FixtureRequest) -> GpuBackend:
+    """A fake backend, with red zones on every allocation or none (a capture's pieces have none either way)."""
+    with open_backend("fake", settings=SETTINGS.updated(redzone=request.param)) as gpu:
+        yield gpu
+
+
+def _capture(gpu: GpuBackend) -> object:
+    """Begin another library's capture of stream `CAPTURED` (metrale's core does not see it)."""
+    stream = gpu.raw.foreign_stream(CAPTURED)
+    gpu.raw.begin_capture(stream)
+    return stream
+
+
+def test_a_capture_allocates_from_its_private_pool_and_keeps_it_until_let_go(
+    make_door: type[Door], gpu: GpuBackend
+) -> None:
+    door = make_door(gpu, "test")
+    before = door.alloc(4096, CAPTURED)  # a tensor of the model, made before the capture
+    door.free(before)
+    door.begin_pool((1, 0), lambda stream: stream == CAPTURED)  # (torch: before cudaStreamBeginCapture)
+    stream = _capture(gpu)
+    line = sys._getframe().f_lineno + 1
+    a = door.alloc(4096, CAPTURED)  # a new segment, during the capture
+    b = door.alloc(1 << 21, CAPTURED)  # a large piece: a segment of its own
+    assert a != before and door.graphs() == 1 and door.failures == 0
+    piece = door.piece(a)
+    assert piece is not None and piece.site.endswith(f"test_door_graphs.py:{line}")
+    door.free(a)  # freed during the capture: back to the graph's pool
+    c = door.alloc(4096, CAPTURED)
+    assert c == a  # reused inside the same capture, as torch's private pools are
+    elsewhere = door.alloc(4096, OTHER)  # an allocation the capture does not make: the door's own pool
+    assert elsewhere not in (a, b)
+    graph = gpu.raw.end_capture(stream)  # the capture is valid: nothing barred ran during it
+    door.end_pool((1, 0))
+    after = [door.alloc(4096, s) for s in (CAPTURED, OTHER, 0)]
+    assert not {a, b, c} & set(after)  # the graph's memory is never handed out outside its pool
+    door.free(c)
+    door.free(b)
+    assert door.graphs() == 1  # the graph lives: its pool is kept
+    door.release_pool((1, 0))  # (torch: the graph's reset)
+    assert door.graphs() == 0
+    for ptr in (*after, elsewhere):
+        door.free(ptr)
+    gpu.raw.graph_destroy(graph)
+    door.close()
+    assert gpu.live_alloc_len() == 0 and not gpu.scan_redzones()
+
+
+def test_the_door_s_own_pool_cannot_grow_during_the_capture_as_cuda_refuses(gpu: GpuBackend) -> None:
+    """Without a begun pool, a new segment during another library's global capture is refused and invalidates the
+    capture (what the door did before it took torch's pool hooks; CUDA does the same: ``probe_semantics``)."""
+    door = Door(gpu, "test")
+    stream = _capture(gpu)
+    assert door.alloc(4096, CAPTURED) == 0
+    assert isinstance(door.last_error, MetraleError) and "capture" in str(door.last_error)
+    with pytest.raises(MetraleError, match="invalidated"):
+        gpu.raw.end_capture(stream)
+    door.close()
+
+
+def test_a_piece_out_when_the_graph_is_let_go_closes_the_pool_at_its_free(
+    make_door: type[Door], gpu: GpuBackend
+) -> None:
+    door = make_door(gpu, "test")
+    door.begin_pool((2, 0), lambda stream: stream == CAPTURED)
+    stream = _capture(gpu)
+    out = door.alloc(1000, CAPTURED)  # the graph's output, which the application keeps
+    gpu.raw.graph_destroy(gpu.raw.end_capture(stream))
+    door.end_pool((2, 0))
+    door.release_pool((2, 0))
+    assert door.graphs() == 1 and door.piece(out) is not None
+    door.free(out)
+    assert door.graphs() == 0 and door.out() == 0
+    door.close()
+
+
+def test_a_pool_shared_by_two_captures_closes_after_both_let_go(make_door: type[Door], gpu: GpuBackend) -> None:
+    door = make_door(gpu, "test")
+    for _ in range(2):  # (torch: the second graph captures with pool=first.pool())
+        door.begin_pool((3, 0), lambda stream: stream == CAPTURED)
+        stream = _capture(gpu)
+        door.free(door.alloc(1000, CAPTURED))
+        gpu.raw.graph_destroy(gpu.raw.end_capture(stream))
+        door.end_pool((3, 0))
+    door.release_pool((3, 0))
+    assert door.graphs() == 1
+    door.release_pool((3, 0))
+    assert door.graphs() == 0
+    door.close()
+
+
+def test_a_release_during_a_capture_waits_for_its_end(make_door: type[Door], gpu: GpuBackend) -> None:
+    """Closing a pool waits for the device, which no capture allows: a pool let go of while another capture of the
+    door is underway closes at that capture's end."""
+    door = make_door(gpu, "test")
+    door.begin_pool((4, 0), lambda stream: stream == CAPTURED)
+    door.end_pool((4, 0))
+    door.begin_pool((5, 0), lambda stream: stream == CAPTURED)
+    stream = _capture(gpu)
+    door.free(door.alloc(1000, CAPTURED))
+    door.release_pool((4, 0))
+    assert door.graphs() == 2
+    gpu.raw.graph_destroy(gpu.raw.end_capture(stream))  # valid: the release waited
+    door.end_pool((5, 0))
+    assert door.graphs() == 1
+    door.release_pool((5, 0))
+    assert door.graphs() == 0
+    door.close()
+
+
+def test_a_stream_test_that_fails_refuses_the_allocation(make_door: type[Door], gpu: GpuBackend) -> None:
+    door = make_door(gpu, "test")
+
+    def broken(stream: int) -> bool:
+        raise RuntimeError("the framework's capture state could not be read")
+
+    door.begin_pool((6, 0), broken)
+    assert door.alloc(1000, CAPTURED) == 0
+    assert "could not be told" in str(door.last_error) and door.out() == 0
+    door.end_pool((6, 0))
+    door.release_pool((6, 0))
+    assert door.graphs() == 0
+    door.close()
+
+
+def test_closing_the_door_closes_its_private_pools(make_door: type[Door], gpu: GpuBackend) -> None:
+    door = make_door(gpu, "test")
+    door.begin_pool((7, 0), lambda stream: True)
+    door.alloc(1000, CAPTURED)  # (no capture: the test alone routes it)
+    door.end_pool((7, 0))
+    door.close()
+    assert door.graphs() == 0 and gpu.live_alloc_len() == 0
