@@ -65,9 +65,9 @@ HUGE: Final = 1 << 62
 #: it, so such a piece is taken again only once a wait for the device made it any stream's (`MemoryPool.idle`).
 SHARED: Final = "used on another stream too"
 
-#: How a pool grows (raw memory's `grow`): ``grow(nbytes, n, what, retake)``, a new segment of ``nbytes`` for an allocation
-#: of ``n`` bytes by ``what``, from the driver with reclaim-and-retry: its address; 0 where ``retake()``, asked
-#: once the pools were trimmed (the wait made pieces cached for other streams any stream's), served it.
+#: How a pool grows (raw memory's `grow`): ``grow(nbytes, n, what, retake)``, a new segment of ``nbytes`` for an
+#: allocation of ``n`` bytes by ``what``, from the driver with reclaim-and-retry: its address; 0 where ``retake()``,
+#: asked once the pools were trimmed (the wait made pieces cached for other streams any stream's), served it.
 Grow = Callable[[int, int, str, Callable[[], bool]], int]
 
 

@@ -158,8 +158,9 @@ struct CUstream_st;
 typedef std::pair<unsigned long long, unsigned long long> pool_id;
 typedef void (*begin_fn)(int, pool_id, std::function<bool(CUstream_st *)>);
 typedef void (*pool_fn)(int, pool_id);
-/* torch's beginAllocateToPool: a test of which streams allocate to the pool, given by value (a copy the callee keeps) */
-extern "C" void call_begin(void *fn, int device, unsigned long long a, unsigned long long b, void *captured, int fails) {
+/* torch's beginAllocateToPool: which streams allocate to the pool, a test given by value (the callee keeps a copy) */
+extern "C" void call_begin(void *fn, int device, unsigned long long a, unsigned long long b, void *captured,
+                           int fails) {
     std::function<bool(CUstream_st *)> test = [captured, fails](CUstream_st *stream) -> bool {
         if (fails) throw std::runtime_error("no capture info");
         return stream == static_cast<CUstream_st *>(captured);

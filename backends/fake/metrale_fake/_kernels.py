@@ -18,22 +18,44 @@ def _count(launch: FakeLaunch, n: np.integer) -> int:
     return min(int(n), launch.threads)
 
 
-class _Intact:
-    """Whether a zone's bytes all hold the fill (its low byte, as the kernels compare): one comparison of bytes,
-    against the fill repeated to each length seen, not an array of booleans per zone (a scan of thousands of zones
-    on a laptop)."""
+def _judge(launch: FakeLaunch, table: np.ndarray, fill: int) -> np.ndarray:
+    """Each zone ``(address, length)`` of ``table`` judged as the CUDA kernels judge it: 0 where all its bytes hold the
+    fill's low byte, else 1 + the offset of its first byte that does not. The zones are taken in address order, an
+    allocation at a time (found once), each compared as bytes with the fill repeated to its length: no array of
+    booleans per zone (a scan of thousands of zones on a laptop). A zone that no one allocation holds reads as a
+    kernel's load does (``IndexError``: an illegal address)."""
+    count = len(table)
+    out = np.zeros(count, dtype=np.int64)
+    byte = np.uint8(fill & 0xFF)
+    filled: dict[int, bytes] = {}
+    extent = launch.extent
+    order = np.argsort(table[:, 0], kind="stable").tolist()
+    addresses, lengths = table[:, 0].tolist(), table[:, 1].tolist()
+    base = end = 0
+    data = None
+    for z in order:
+        address, length = addresses[z], lengths[z]
+        start = address - base
+        if data is None or not (start >= 0 and address + length <= end):
+            found = extent(address) if extent is not None else None
+            if found is None or address + length > found[0] + len(found[2]):  # (no one allocation holds it)
+                out[z] = _first_changed(launch.read(address, length), byte)  # (raises)
+                continue
+            base, _, data = found
+            end, start = base + len(data), address - base
+        want = filled.get(length)
+        if want is None:
+            want = filled[length] = bytes((int(byte),)) * length
+        zone = data[start : start + length]
+        if zone.tobytes() != want:
+            out[z] = _first_changed(zone, byte)
+    return out
 
-    __slots__ = ("_filled", "byte")
 
-    def __init__(self, fill: int) -> None:
-        self.byte = np.uint8(fill & 0xFF)
-        self._filled: dict[int, bytes] = {}
-
-    def __call__(self, data: np.ndarray) -> bool:
-        filled = self._filled.get(len(data))
-        if filled is None:
-            filled = self._filled[len(data)] = bytes((int(self.byte),)) * len(data)
-        return data.tobytes() == filled
+def _first_changed(data: np.ndarray, byte: np.uint8) -> int:
+    """0 where every byte of ``data`` is ``byte``, else 1 + the offset of the first that is not."""
+    changed = np.flatnonzero(data != byte)
+    return int(changed[0]) + 1 if len(changed) else 0
 
 
 @kernel_implementation("vector", "vector_add")
@@ -59,10 +81,7 @@ def redzone_scan(launch: FakeLaunch, zones: np.ndarray, n: np.uint32, fill: np.u
     count = min(int(n), launch.grid[0])
     table = launch.elements(zones, count * 2, np.uint64).reshape(count, 2)
     out = launch.elements(result, count, np.uint32)
-    intact, read = _Intact(int(fill)), launch.reader()
-    for z, (address, length) in enumerate(table.tolist()):
-        data = read(address, length)
-        out[z] = 0 if intact(data) else int(np.flatnonzero(data != intact.byte)[0]) + 1
+    out[:] = _judge(launch, table, int(fill))
 
 
 @kernel_implementation("fault", "write_u8")
@@ -78,8 +97,7 @@ def redzone_verdict(launch: FakeLaunch, desc: np.ndarray, state: np.ndarray, slo
     bad = 0
     if count:
         table = launch.read(table_ptr, count * 16).view(np.uint64).reshape(count, 2)
-        intact, read = _Intact(fill), launch.reader()
-        bad = sum(not intact(read(address, length)) for address, length in table.tolist())
+        bad = int(np.count_nonzero(_judge(launch, table, fill)))
     words = launch.elements(state, 2, np.uint64)
     words[1] += np.uint64(1)
     out = launch.elements(slot, 4, np.uint64)
