@@ -57,6 +57,14 @@ def integer(value: object, what: str, name: str, *, minimum: int = 0) -> int:
     return number
 
 
+def flag(value: object, what: str, name: str) -> bool:
+    """``value`` where it is ``True`` or ``False`` (not a number that reads as one), or the typed error naming
+    ``name``."""
+    if type(value) is not bool:
+        raise invalid_argument(what, f"True or False for {name}", value)
+    return value
+
+
 def dims(value: object, name: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
     """A launch's ``grid`` or ``block`` (``name``): an int or 1 to 3 ints, each from 1 to its limit."""
     if type(value) is int and 1 <= value <= limits[0]:  # the hot path: one dimension

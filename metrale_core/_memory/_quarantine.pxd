@@ -35,6 +35,7 @@ cdef class Quarantine:
     cdef list _held
     cdef dict _reuse
     cdef object _pieces
+    cdef Py_ssize_t _deferred
 
     cpdef object reuse_c(self, object raw_bytes)
     @cython.locals(held=_Held, zones=tuple)

@@ -6,24 +6,22 @@ Written once, here, and compiled as well as run as Python (``_pool``, with ``_po
   go to the pool front (`PoolCalls`, ``pools.py``), which owns the ledger's side (a record per piece, its own
   creation index and call site, the sweep); the pool owns its memory: segments, the pieces carved from them and
   out now, the pieces cached.
-- A pool grows itself: where `take` finds no cached piece and no room in a segment, it asks for a new segment
-  through the callable it was given (``grow``: raw memory, reclaim-and-retry), so an allocation calls the pool
-  once to take its piece and once to hand it out (`handed_out`), as CuPy's ``SingleDeviceMemoryPool._malloc``
-  calls ``_try_malloc``.
+- A pool grows itself through the callable it was given (``grow``: raw memory's, with reclaim-and-retry), as
+  CuPy's ``SingleDeviceMemoryPool._malloc`` calls ``_try_malloc``: an allocation calls the pool once to take its
+  piece and once to hand it out (`handed_out`). A pool for another library's capture grows with the thread's
+  capture mode relaxed, hands out plain pieces, and keeps its segments until it closes (``for_capture``).
 - Sizes round up to 512 bytes. A piece of up to 1 MiB is carved from a 2 MiB segment; a larger one is a
-  segment of its own. A segment goes back to the driver only when none of its pieces is out: at `trim`, at a
-  device-wide ``synchronize()`` beyond ``release_threshold`` cached bytes, when an allocation runs out of
-  memory, and at ``close()``.
+  segment of its own, which goes back to the driver when none of its pieces is out: at `trim`, at a device-wide
+  ``synchronize()`` beyond ``release_threshold`` cached bytes, out of memory, and at ``close()``.
 - Reuse is stream-ordered, as in PyTorch's caching allocator: a piece freed on a stream is cached for that
   stream and taken again only by an allocation on it (the stream runs the earlier work first). A piece also used
   on another stream (`record_stream`, torch's ``Tensor.record_stream``) is cached for no stream at its free: it is
   taken again only after the pool's next wait for the device. Once the device went idle (the pool waits for it
   before it gives memory back), every piece cached before that wait serves any stream: each cached piece carries
   the pool's epoch at its free, and a wait counts only for the pieces cached before it began (`mark`).
-- Every call that takes its lock passes the backend's gate first (`stats` too), so a finalizer that a collection
-  runs under the lock defers its free (`Gate.defer`) instead of waiting for the lock.
-- The public class is the pure one (an ABC) the compiled class registers with: ``isinstance`` holds for both
-  builds. `PoolStats` lives in ``poolstats.py`` (one class for both builds).
+- Every call that takes its lock passes the backend's gate first (`stats` too): a collection's finalizer under the
+  lock defers its free (`Gate.defer`). The public class is the pure one (an ABC) the compiled class registers
+  with: ``isinstance`` holds for both builds. `PoolStats` lives in ``poolstats.py`` (one class for both builds).
 """
 
 from __future__ import annotations
@@ -85,6 +83,7 @@ class PoolCalls(Protocol):
     def pool_free(self, pool: MemoryPool, buf: object, stream: Stream | None, what: str) -> None: ...
     def pool_record(self, pool: MemoryPool, buf: object, foreign_stream: object) -> None: ...
     def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int: ...
+    def pool_capturing(self, pool: MemoryPool, underway: object) -> None: ...
     def pool_stats(self, pool: MemoryPool) -> PoolStats: ...
     def pool_close(self, pool: MemoryPool) -> None: ...
 
@@ -124,7 +123,7 @@ class MemoryPool:
                  "_threshold", "for_capture")
 
     def __init__(self, front: PoolCalls, release_threshold: int, grow: Grow, for_capture: bool = False) -> None:
-        self.for_capture = for_capture  # (for another library's capture: plain pieces, segments kept until close)
+        self.for_capture = for_capture
         self._front = front
         self._grow = grow
         self._lock = new_lock()
@@ -152,8 +151,7 @@ class MemoryPool:
 
     def alloc_on(self, nbytes: int, foreign_stream: int) -> DeviceBuffer:
         """As `alloc`, for a stream another library made (its raw handle: torch's ``Stream.cuda_stream``, CuPy's
-        ``Stream.ptr``): the piece is cached for that stream at its free (``free`` without a stream) and taken
-        again by allocations on it, as metrale's own streams are. The allocator doors use it."""
+        ``Stream.ptr``): cached for that stream at its free, and taken again by allocations on it (the doors')."""
         return self._front.pool_alloc(self, nbytes, None, foreign_stream)
 
     def free(self, buf: DeviceBuffer, *, stream: Stream | None = None) -> None:
@@ -162,11 +160,15 @@ class MemoryPool:
         self._front.pool_free(self, buf, stream, "MemoryPool.free")
 
     def record_stream(self, buf: DeviceBuffer, foreign_stream: int) -> None:
-        """Say that piece ``buf`` is used on another library's stream ``foreign_stream`` too (its raw handle; torch's
-        ``Tensor.record_stream``): at its free it is cached for no stream, and taken again only after the pool's
-        next wait for the device (a trim, a device-wide ``synchronize()``, an out-of-memory reclaim). Nothing for
-        the stream it was allocated on."""
+        """Say that piece ``buf`` is used on another library's stream ``foreign_stream`` too (torch's
+        ``Tensor.record_stream``): at its free it is cached for no stream, and taken again only after the pool's next
+        wait for the device (a trim, a device-wide ``synchronize()``, an out-of-memory reclaim)."""
         self._front.pool_record(self, buf, foreign_stream)
+
+    def capturing(self, underway: bool) -> None:
+        """Another library's capture allocating here began (``underway``) or ended: meanwhile the backend checks no
+        red zones on its own (a check waits for the device, which the capture forbids)."""
+        self._front.pool_capturing(self, underway)
 
     def trim(self, keep_bytes: int = 0) -> int:
         """Wait for the device, then give back whole free segments until at most ``keep_bytes`` stay cached;
@@ -304,12 +306,11 @@ class MemoryPool:
         self, index: int, ptr: int, size: int, segment: Segment, stream: object, zoned: bool,
         ledger: ledgers.Ledger, buf: DeviceBuffer,
     ) -> int:
-        """The piece at ``ptr`` of ``segment`` (just taken) is allocation ``index``, allocated on ``stream``
-        (``zoned``: with red zones), whose record ``buf`` the front committed to ``ledger``: ``1``. ``0``, nothing
-        changed, where the pool closed (shut) meanwhile; ``2`` where the record left the ledger meanwhile (a
-        sweep, or a free of a record it listed): the piece is then what that sweep would have made of it
-        (`swept`), cached or stranded. Judged under the pool's lock, which every taker of a record takes only after
-        the ledger let go of it (`give`, `swept`)."""
+        """The piece at ``ptr`` of ``segment`` (just taken) is allocation ``index`` on ``stream`` (``zoned``: with red
+        zones), whose record ``buf`` the front committed to ``ledger``: ``1``. ``0``, nothing changed, where the pool
+        shut meanwhile; ``2`` where the record left the ledger meanwhile (a sweep, or a free of a record it listed):
+        the piece is then what that sweep made of it (`swept`). Judged under the pool's lock, which every taker of a
+        record takes only after the ledger let go of it (`give`, `swept`)."""
         acquire_lock(self._lock)
         try:
             if self._closed:
@@ -327,8 +328,7 @@ class MemoryPool:
 
     def give(self, index: int, stream: object | None, laid: int = 0) -> None:
         """Allocation ``index`` is off the ledger: its piece cached for ``stream`` (its own if ``None``). ``laid``: its
-        size, where its red zones were judged intact (they stay in place for the next zoned allocation). Nothing
-        where the pool closed meanwhile (its memory went with the segments)."""
+        size, where its red zones were judged intact (they stay for the next zoned allocation). Nothing if closed."""
         acquire_lock(self._lock)
         try:
             held = self._out.pop(index, None)

@@ -6,8 +6,7 @@ called at C level (their ``.pxd``), a piece's fields read in place (``_device/_f
 
 - `PoolFront` is what each [`MemoryPool`][metrale_core.MemoryPool] calls (``pool.PoolCalls``): it passes the gate,
   checks the arguments, and owns the ledger's side of a piece (its record, creation index and call site, its red
-  zones, its stats, its release observers). The pool owns the memory (segments, pieces out, the cache), and grows
-  itself through the front's `grow` (raw memory, reclaim-and-retry).
+  zones, its stats, its release observers). The pool owns the memory (segments, pieces out, the cache).
 - The commit of a piece: the ledger's (`Ledger.commit`: the backend is open now, or nothing of it remains, judged
   under the ledger's lock), then the pool's hand-out (`MemoryPool.handed_out`: the pool is open, and the record
   still on the ledger, judged under the pool's lock). Neither takes the context's lock.
@@ -24,7 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._device.args import integer, positive_size
+from .._device.args import flag, integer, positive_size
 from .._device.context import DeviceContext
 from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError, MetraleError
 from .._redzones.zone import too_big
@@ -125,10 +124,9 @@ class PoolFront:
         """``GpuBackend.create_pool``: a caching pool on this front's ledger (`MemoryPool`, of this front's build)."""
         forbid_during_capture("create_pool")
         threshold = integer(release_threshold, "create_pool", "release_threshold")
-        if type(for_capture) is not bool:
-            raise InvalidArgumentError(f"create_pool: for_capture must be True or False, got {for_capture!r}")
+        capture = flag(for_capture, "create_pool", "for_capture")
         self._resolve = resolve
-        pool = MemoryPool(self, threshold, self._raw.grow_relaxed if for_capture else self._raw.grow, for_capture)
+        pool = MemoryPool(self, threshold, self._raw.grow_relaxed if capture else self._raw.grow, capture)
         with self.ctx.lock:
             if self.ctx.closed:
                 raise self.ctx.closed_error()
@@ -379,6 +377,10 @@ class PoolFront:
             return self._trim_pools(pool, keep)
         finally:
             ctx.leave()
+
+    def pool_capturing(self, pool: MemoryPool, underway: object) -> None:
+        """`MemoryPool.capturing`: the quarantine defers its checks while another library's capture runs."""
+        self._quarantine.defer(flag(underway, "MemoryPool.capturing", "underway"))
 
     def trim_for_memory(self) -> bool:
         """The trimmer raw memory runs when an allocation runs out of memory: every pool keeps nothing cached (after

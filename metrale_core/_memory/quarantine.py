@@ -80,7 +80,8 @@ def _held(
 class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no other decorator on it)
     """Freed zoned blocks of one backend: held until checked, then kept for reuse or released."""
 
-    __slots__ = ("_bound", "_ctx", "_guard", "_held", "_lock", "_pieces", "_raw", "_reuse", "_stats", "_zones")
+    __slots__ = ("_bound", "_ctx", "_deferred", "_guard", "_held", "_lock", "_pieces", "_raw", "_reuse", "_stats",
+                 "_zones")
 
     def __init__(self, ctx: DeviceContext, stats: StatsCounter, guard: ZoneGuard) -> None:
         self._ctx = ctx
@@ -94,7 +95,16 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
         #: Checked freed blocks by raw size, kept for the next allocation of that layout (oldest size first).
         self._reuse: dict[int, list[int]] = {}
         self._pieces: Callable[[list[tuple[int, int]]], None] = _no_pieces
+        self._deferred = 0  # captures of other libraries underway (`defer`): no check of its own till they end
         guard.on_full_check(self.full_check)
+
+    def defer(self, underway: bool) -> None:
+        """Another library's capture that allocates from one of the backend's pools began (``underway``) or ended
+        (`MemoryPool.capturing`). While one runs, a free's zones wait here whatever the bound, and no check of the
+        quarantine's own runs: a check waits for the device, which a capture in global mode forbids (CUDA would
+        invalidate it). The first free past the bound after the last ends checks them all."""
+        with self._lock:
+            self._deferred = max(0, self._deferred + (1 if underway else -1))
 
     def give_pieces_to(self, callback: Callable[[list[tuple[int, int]]], None]) -> None:
         """Where pools' pieces go once let go of, all of a batch in one call: ``callback([(index, laid), ...])`` (the
@@ -150,13 +160,15 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
         lock.acquire()  # no check may read these zones once the memory is released (not ``with``: as `reuse_c`)
         try:
             zones = self._zones.zones_of(index)
-            if zones and bound:
+            if zones and (bound or self._deferred):
                 held = _held(buf, index, nbytes, zones, raw_ptr, kind)
                 self._held.append(held)
                 self._count_held(1, held.raw_bytes)
-                if self._reuse:
+                if self._reuse and not self._deferred:
                     self._trim(bound)  # blocks kept for reuse give way to the quarantine first
-                if self._stats.quarantined_bytes <= bound and len(self._held) <= QUARANTINE_MAX_BUFFERS:
+                if self._deferred or (
+                    self._stats.quarantined_bytes <= bound and len(self._held) <= QUARANTINE_MAX_BUFFERS
+                ):
                     return 0
                 violations, when = self._drain(), "the check of the quarantine (freed buffers)"
             else:

@@ -228,6 +228,7 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
             pool.strand_swept()
             graph = self._graphs[pool_id] = [pool, 0, 0]
         graph[1] += 1
+        graph[0].capturing(True)
         self._underway.append((pool_id, allocates))
 
     def end_pool(self, pool_id: tuple[int, int]) -> None:
@@ -236,6 +237,7 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
         for at, (begun, _) in enumerate(self._underway):
             if begun == pool_id:
                 del self._underway[at]
+                self._graphs[pool_id][0].capturing(False)
                 break
         for done in [found for found, graph in self._graphs.items() if graph[1] <= 0]:
             self._close_graph(done)
@@ -273,8 +275,10 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
         """Close the pool and the private ones: pieces still out are swept, each a leak named in a warning."""
         self._out.clear()
         self._in_graphs.clear()
-        self._underway.clear()
         graphs, self._graphs = self._graphs, {}
+        for pool_id, _ in self._underway:
+            graphs[pool_id][0].capturing(False)
+        self._underway.clear()
         for graph in graphs.values():
             graph[0].close()
         self._pool.close()

@@ -159,3 +159,31 @@ def test_closing_the_door_closes_its_private_pools(make_door: type[Door], gpu: G
     door.end_pool((7, 0))
     door.close()
     assert door.graphs() == 0 and gpu.live_alloc_len() == 0
+
+
+def test_no_red_zone_check_runs_while_a_capture_is_underway(make_door: type[Door]) -> None:
+    """A check waits for the device, which a capture in global mode forbids (CUDA would invalidate it): while the
+    door's capture runs, freed zoned pieces of its own pool wait in the quarantine past its bound and unjudged; the
+    first free after the capture judges them, and an overrun among them is found with its site."""
+    settings = SETTINGS.updated(redzone=64, redzone_quarantine_bytes=1, redzone_action="warn")  # (a check a free)
+    with open_backend("fake", settings=settings) as gpu:
+        found: list[object] = []
+        gpu.on_redzone_violation(lambda name, violation: found.append(violation))
+        door = make_door(gpu, "test")
+        line = sys._getframe().f_lineno + 1
+        before = [door.alloc(1000, CAPTURED) for _ in range(4)]  # the model's tensors, zoned, made before it
+        gpu.memset(before[0] + 1000, 0x5A, nbytes=1)  # an overrun of the first, by one byte
+        door.begin_pool((8, 0), lambda stream: stream == CAPTURED)
+        stream = _capture(gpu)
+        for ptr in before:  # freed during the capture: no check now
+            door.free(ptr)
+        inside = door.alloc(1000, CAPTURED)
+        graph = gpu.raw.end_capture(stream)  # valid: nothing waited for the device during it
+        assert not found and door.failures == 0
+        door.end_pool((8, 0))
+        door.free(door.alloc(1000, OTHER))  # the first free after it: the check of everything held
+        assert len(found) == 1 and f"test_door_graphs.py:{line}" in str(found[0])
+        door.free(inside)
+        door.release_pool((8, 0))
+        gpu.raw.graph_destroy(graph)
+        door.close()

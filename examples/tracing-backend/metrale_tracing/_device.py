@@ -20,7 +20,7 @@ _PRIMITIVES: Final = sorted(
     RawDevice.__abstractmethods__
     | {"bind_to_thread", "compute_capability", "module_load", "module_unload", "module_function", "launch",
        "add_kernel_implementations", "export_memory", "import_memory", "forget_memory", "address_range",
-       "order_foreign_stream", "baseline", "fresh_memory_reads_zeros",
+       "order_foreign_stream", "foreign_stream", "exchange_capture_mode", "baseline", "fresh_memory_reads_zeros",
        "multiprocessors", "tensor_map_encode", "tensor_map_replace_address"}
 )
 
