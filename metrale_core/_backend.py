@@ -179,7 +179,8 @@ class GpuBackend:
         free, each piece a ledger record of its own (kind ``"pool"``); a device-wide
         [`synchronize`][metrale_core.GpuBackend.synchronize] leaves at most ``release_threshold`` bytes cached.
         ``for_capture``: a private pool for a graph another library captures (an allocator door's, for torch's):
-        it grows during that capture, keeps its segments until it closes, and its pieces carry no red zones."""
+        it grows during that capture, keeps its segments until it closes, and fills its pieces' red zones at once
+        on the backend's own stream (never captured)."""
         return self._parts.memory.pools.create(release_threshold, self._parts.streams.resolve, for_capture)
 
     @gated

@@ -9,7 +9,7 @@ Written once, here, and compiled as well as run as Python (``_pool``, with ``_po
 - A pool grows itself through the callable it was given (``grow``: raw memory's, with reclaim-and-retry), as
   CuPy's ``SingleDeviceMemoryPool._malloc`` calls ``_try_malloc``: an allocation calls the pool once to take its
   piece and once to hand it out (`handed_out`). A pool for another library's capture grows with the thread's
-  capture mode relaxed, hands out plain pieces, and keeps its segments until it closes (``for_capture``).
+  capture mode relaxed, fills zones on the default stream, and keeps its segments until it closes (``for_capture``).
 - Sizes round up to 512 bytes. A piece of up to 1 MiB is carved from a 2 MiB segment; a larger one is a
   segment of its own, which goes back to the driver when none of its pieces is out: at `trim`, at a device-wide
   ``synchronize()`` beyond ``release_threshold`` cached bytes, out of memory, and at ``close()``.

@@ -10,9 +10,9 @@ called at C level (their ``.pxd``), a piece's fields read in place (``_device/_f
 - The commit of a piece: the ledger's (`Ledger.commit`: the backend is open now, or nothing of it remains, judged
   under the ledger's lock), then the pool's hand-out (`MemoryPool.handed_out`: the pool is open, and the record
   still on the ledger, judged under the pool's lock). Neither takes the context's lock.
-- Its trimmer (`trim_for_memory`, raw memory's): out of memory, the pools give back their cache first.
-- A zoned piece's free goes through the allocator's quarantine, and back to its pool once judged (`pieces_judged`);
-  a sweep gives each swept piece back to its pool (`piece_swept`), or strands it (`MemoryPool.strand_swept`).
+- Its trimmer (`trim_for_memory`, raw memory's): out of memory, the pools give back their cache first. A zoned
+  piece's free goes through the allocator's quarantine, and back to its pool once judged (`pieces_judged`); a sweep
+  gives each swept piece back to its pool (`piece_swept`), or strands it (`MemoryPool.strand_swept`).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class PoolFront:
         the gate. ``site``: a ``stacklevel``'s (`site_at`), else the first frame outside metrale and ``site_skip``."""
         if site is None:
             site = call_site(self._internal, 0 if cython.compiled else 1)  # (as Python: its own frame)
-        layout = self._zones.layout(n, index) if self._zoned and not pool.for_capture else None
+        layout = self._zones.layout(n, index) if self._zoned else None
         handle, own = target[1] if foreign else 0, None  # type: ignore[index]  # (a foreign stream; it, borrowed)
         if layout is None:
             zoned, fill, size = False, PLAIN, size_class(n)
@@ -177,6 +177,7 @@ class PoolFront:
             if layout.raw_bytes >= WORD_LIMIT:
                 raise too_big(layout.raw_bytes, n, what)
             own = (self._lent.get(handle) or self._guard.borrowed_streams.get(handle)) if foreign else None  # (C dict)
+            own = None if pool.for_capture else own  # (not on a stream it captures: now, on the default stream)
             zoned, fill, size = True, ZONED if own is None else ZONED_ON_OWN, size_class(layout.raw_bytes)
         ptr, segment, laid = pool.take(size, target, fill, n, what)
         if segment is None:  # the pool closed while it grew: its new segment goes back
@@ -191,7 +192,7 @@ class PoolFront:
                     self._zones.add_c(buf, index, ptr + layout.lead, n, False)
                 else:  # filled on the borrowed stream, else on the default one, which the foreign one must follow
                     self._guard.lay(buf, layout, laid, own)
-                    if foreign and own is None:
+                    if foreign and own is None and not pool.for_capture:
                         self._guard.order_foreign(handle or 1)  # (0: the legacy default)
             except MetraleError:
                 self._guard.forget(index)
@@ -368,15 +369,12 @@ class PoolFront:
 
     def pool_trim(self, pool: MemoryPool, keep_bytes: object) -> int:
         """`MemoryPool.trim`."""
-        what = "MemoryPool.trim"
-        ctx = self.ctx
-        ctx.enter()
+        self.ctx.enter()
         try:
-            self._open_pool(pool, what)
-            keep = integer(keep_bytes, what, "keep_bytes")
-            return self._trim_pools(pool, keep)
+            self._open_pool(pool, "MemoryPool.trim")
+            return self._trim_pools(pool, integer(keep_bytes, "MemoryPool.trim", "keep_bytes"))
         finally:
-            ctx.leave()
+            self.ctx.leave()
 
     def pool_capturing(self, pool: MemoryPool, underway: object) -> None:
         """`MemoryPool.capturing`: the quarantine defers its checks while another library's capture runs."""

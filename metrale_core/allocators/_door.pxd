@@ -14,6 +14,7 @@ cdef class Door:
     cdef dict _graphs
     cdef list _underway
     cdef dict _in_graphs
+    cdef bint _zoned
     cdef public object framework
     cdef public Py_ssize_t failures
     cdef public object last_error

@@ -17,9 +17,14 @@
 - CUDA graphs: a framework that captures a graph into a private pool of its own (torch's ``torch.cuda.graph``)
   says so (`begin_pool`, `end_pool`, `release_pool`: torch's pool hooks). While a capture is underway, an
   allocation on a stream it captures comes from a private metrale pool for that framework pool
-  (``create_pool(for_capture=True)``: it grows during the capture, its pieces carry no red zones), and its pieces
+  (``create_pool(for_capture=True)``: it grows during the capture), and its pieces
   go back there: memory a graph uses is never handed out outside its pool while the graph lives. The private pool
   closes, its memory given back to the device, once the framework let go of it and none of its pieces is out.
+- Red zones in graphs: with zones on, a capture's pieces are zoned as any (filled at once, on the backend's own
+  stream: not captured), and a piece the framework frees stays out, its zones watched, until the framework lets go
+  of the graph: each piece's memory is then the graph's alone, and an overrun by any replay stays in its zone. It is
+  found by a scan (``scan_redzones()``), and when the graph goes (its pieces are freed then, and judged), with the
+  tensor's site. The cost: a graph's pool holds every piece of its capture (no reuse inside it).
 - Written once, here, and compiled as well as run as Python (``_door``, with ``_door.pxd`` beside it:
   docs/building.md). Compiled, it has two C-level calls (``alloc_c``, ``free_c``) for the compiled C functions of
   `doorfuncs` (``_doorfuncs.pyx``), so a framework's hook reaches the pool without a Python frame; nothing raises
@@ -80,7 +85,7 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
     :param release_threshold: the pool's ``release_threshold``.
     """
 
-    __slots__ = ("_gpu", "_graphs", "_in_graphs", "_out", "_pool", "_underway", "failures", "framework",
+    __slots__ = ("_gpu", "_graphs", "_in_graphs", "_out", "_pool", "_underway", "_zoned", "failures", "framework",
                  "last_error")
 
     def __init__(self, gpu: GpuBackend, framework: str, *, release_threshold: int = 0) -> None:
@@ -88,8 +93,10 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
         self._pool: MemoryPool = gpu.create_pool(release_threshold=release_threshold)
         self._pool.strand_swept()
         self._out: dict[int, DeviceBuffer] = {}
-        #: The framework's private pools by its id: [metrale's pool for it, begins not yet released, pieces out].
+        #: The framework's private pools by its id: [metrale's pool for it, begins not yet released, pieces out, the
+        #: pieces the framework freed that stay out for the graph (zones on: each piece's memory is the graph's)].
         self._graphs: dict[tuple[int, int], list[Any]] = {}
+        self._zoned = gpu.settings.redzone > 0
         #: The captures underway (begun, not ended): (pool id, which streams allocate to it).
         self._underway: list[tuple[tuple[int, int], Callable[[int], object]]] = []
         #: The pieces out of a private pool: address -> its pool's id.
@@ -195,7 +202,10 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
             else:
                 graph = self._graphs[pool_id]
                 graph[2] -= 1
-                graph[0].free(buf)
+                if self._zoned:  # its zones judged when the graph goes: its memory is the graph's until then
+                    graph[3].append(buf)
+                else:
+                    graph[0].free(buf)
                 self._close_graph(pool_id)
         except MetraleError as exc:  # swept meanwhile (the sweep named it): its memory stays out until close
             self._failed("free", exc)
@@ -226,7 +236,7 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
         if graph is None:
             pool = self._gpu.create_pool(for_capture=True)
             pool.strand_swept()
-            graph = self._graphs[pool_id] = [pool, 0, 0]
+            graph = self._graphs[pool_id] = [pool, 0, 0, []]
         graph[1] += 1
         graph[0].capturing(True)
         self._underway.append((pool_id, allocates))
@@ -257,7 +267,16 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
         graph = self._graphs.get(pool_id)
         if graph is not None and graph[1] <= 0 and graph[2] <= 0 and not self._underway:
             del self._graphs[pool_id]
-            graph[0].close()
+            self._let_go(graph)
+
+    @staticmethod
+    def _let_go(graph: list[Any]) -> None:
+        """Free the pieces a graph's pool kept (their zones judged, each overrun reported with its site), then close
+        it."""
+        pool, kept, graph[3] = graph[0], graph[3], []
+        for buf in kept:
+            pool.free(buf)
+        pool.close()
 
     def graphs(self) -> int:
         """How many private pools the door holds now (torch's graphs and pools not yet let go of)."""
@@ -280,7 +299,7 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
             graphs[pool_id][0].capturing(False)
         self._underway.clear()
         for graph in graphs.values():
-            graph[0].close()
+            self._let_go(graph)
         self._pool.close()
 
     def refuse(self, what: str, why: str) -> None:

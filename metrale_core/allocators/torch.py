@@ -20,8 +20,8 @@
 - CUDA graphs (``torch.cuda.graph``): torch's three pool hooks reach the door (``set_begin_allocate_to_pool``,
   ``set_end_allocate_to_pool_fn``, ``set_release_pool``), which keeps a private metrale pool per torch pool
   (`Door.begin_pool`): a capture's tensors come from it, grown during the capture with the thread's capture mode
-  relaxed (as torch's allocator grows its own), without red zones, and its memory is never handed out outside the
-  graph's pool until torch lets go of it. Only the compiled pair takes the beginning of a pool (a C++
+  relaxed (as torch's allocator grows its own), zoned as any (a replay's overrun is found by a scan, and when the
+  graph goes), and its memory is never handed out outside the graph's pool until torch lets go of it. Only the compiled pair takes the beginning of a pool (a C++
   ``std::function``); under the ctypes fallback the end of each capture is refused, logged at ERROR and counted
   (``door.failures``, ``door.last_error``).
 - ``torch.compile(mode="reduce-overhead")``: its CUDA graph trees read and set torch's own allocator's state

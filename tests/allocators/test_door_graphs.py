@@ -56,7 +56,8 @@ def test_a_capture_allocates_from_its_private_pool_and_keeps_it_until_let_go(
     assert piece is not None and piece.site.endswith(f"test_door_graphs.py:{line}")
     door.free(a)  # freed during the capture: back to the graph's pool
     c = door.alloc(4096, CAPTURED)
-    assert c == a  # reused inside the same capture, as torch's private pools are
+    # reused inside the same capture, as torch's private pools are; with zones, each piece's memory is the graph's
+    assert (c == a) is (gpu.settings.redzone == 0)
     elsewhere = door.alloc(4096, OTHER)  # an allocation the capture does not make: the door's own pool
     assert elsewhere not in (a, b)
     graph = gpu.raw.end_capture(stream)  # the capture is valid: nothing barred ran during it
@@ -187,3 +188,34 @@ def test_no_red_zone_check_runs_while_a_capture_is_underway(make_door: type[Door
         door.release_pool((8, 0))
         gpu.raw.graph_destroy(graph)
         door.close()
+
+
+def test_an_overrun_by_a_replay_is_found_with_the_tensor_s_site(make_door: type[Door]) -> None:
+    """With zones on, a capture's piece is zoned at once (on the backend's own stream, not into the capture) and
+    stays the graph's after the framework frees it: a replay's overrun of it is found by a scan while the graph
+    lives, and again when the graph goes, each time with the tensor's site."""
+    with open_backend("fake", settings=SETTINGS.updated(redzone=64, redzone_action="warn")) as gpu:
+        found: list[object] = []
+        gpu.on_redzone_violation(lambda name, violation: found.append(violation))
+        raw = gpu.raw
+        door = make_door(gpu, "test")
+        door.begin_pool((9, 0), lambda stream: stream == CAPTURED)
+        stream = _capture(gpu)
+        line = sys._getframe().f_lineno + 1
+        tensor = door.alloc(1000, CAPTURED)
+        raw.memset(tensor + 1000, 0x5A, 1, stream)  # a kernel of the graph writes one byte past the tensor
+        door.free(tensor)  # (torch frees a capture's intermediates inside it)
+        graph = raw.end_capture(stream)
+        door.end_pool((9, 0))
+        assert gpu.scan_redzones() == []  # laid at once, intact: no replay yet
+        replay = raw.graph_instantiate(graph)
+        raw.graph_launch(replay, stream)
+        violations = gpu.scan_redzones()
+        assert len(violations) == 1 and f"test_door_graphs.py:{line}" in str(violations[0])
+        raw.graph_launch(replay, stream)  # (the warn action laid the zone again: the next replay overruns it again)
+        door.release_pool((9, 0))  # the graph goes: its pieces are judged on their way out
+        assert len(found) == 2 and f"test_door_graphs.py:{line}" in str(found[1]) and door.graphs() == 0
+        raw.graph_exec_destroy(replay)
+        raw.graph_destroy(graph)
+        door.close()
+        assert gpu.live_alloc_len() == 0
