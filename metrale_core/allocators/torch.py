@@ -21,9 +21,9 @@
   ``set_end_allocate_to_pool_fn``, ``set_release_pool``), which keeps a private metrale pool per torch pool
   (`Door.begin_pool`): a capture's tensors come from it, grown during the capture with the thread's capture mode
   relaxed (as torch's allocator grows its own), zoned as any (a replay's overrun is found by a scan, and when the
-  graph goes), and its memory is never handed out outside the graph's pool until torch lets go of it. Only the compiled pair takes the beginning of a pool (a C++
-  ``std::function``); under the ctypes fallback the end of each capture is refused, logged at ERROR and counted
-  (``door.failures``, ``door.last_error``).
+  graph goes), and its memory is never handed out outside the graph's pool until torch lets go of it. Only the
+  compiled pair takes the beginning of a pool (a C++ ``std::function``); under the ctypes fallback the end of each
+  capture is refused, logged at ERROR and counted (``door.failures``, ``door.last_error``).
 - ``torch.compile(mode="reduce-overhead")``: its CUDA graph trees read and set torch's own allocator's state
   (``_cuda_getCheckpointState``), which no pluggable allocator has; turn the trees off
   (``torch._inductor.config.triton.cudagraph_trees = False``) and each compiled graph is a plain capture.

@@ -74,7 +74,7 @@ _MAKE: dict[str, Callable[[type], object]] = {
         _ALLOCATOR.ctx, _PARTS.holdings, _PARTS.stats, _PARTS.guard, _ALLOCATOR._quarantine, _ALLOCATOR.raw,
         _ALLOCATOR.swept, _ALLOCATOR.site_at,
     ),
-    "pool": lambda cls: cls(_ALLOCATOR.pools, 0, _ALLOCATOR.pools.grow),
+    "pool": lambda cls: cls(_ALLOCATOR.pools, 0, _ALLOCATOR.raw.grow),
     "door": lambda cls: cls(_BACKEND, "probe"),
     "stream_lane": lambda cls: cls(_BACKEND._parts.streams, _BACKEND._parts.holdings.ledger),
     "graph_lane": lambda cls: cls(_BACKEND._parts.streams.graphs, _BACKEND._parts.streams.graphs.lane_parts()),

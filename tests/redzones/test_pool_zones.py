@@ -247,13 +247,12 @@ def test_a_piece_reused_for_its_size_lays_no_fill() -> None:
 
 @pytest.mark.parametrize("name", ["fake", "tracing"])
 def test_another_library_s_stream_is_lent_once_per_handle(name: str) -> None:
-    """`RawDevice.foreign_stream`: the fake lends one stream per handle (the tracing backend, none: its fills go to
-    the default stream, and the foreign stream is ordered after them)."""
+    """`RawDevice.foreign_stream`: the fake lends one stream per handle (the tracing backend forwards it)."""
     with _open(name) as gpu:
         pool = gpu.create_pool()
         pieces = [pool.alloc_on(100, handle) for handle in (0x1234, 0x1234, 0x5678)]
         lent = gpu._parts.guard.borrowed_streams.lent  # (the guard's record of what the backend lent)
-        assert sorted(lent) == ([0x1234, 0x5678] if name == "fake" else [])
+        assert sorted(lent) == [0x1234, 0x5678]
         assert gpu.scan_redzones() == []
         for piece in pieces:
             pool.free(piece)
