@@ -132,6 +132,36 @@ class PoolRules(MemoryRules):
         if self._zoned(fresh):  # (one piece in N zoned: an unzoned one takes another key of the cache)
             assert fresh.ptr == piece.ptr, "a judged zoned piece was not reused by the next zoned piece of its class"
 
+    @precondition(lambda self: not (self.quarantine or self.reusable))
+    @rule(data=st.data())
+    def pool_for_another_library_s_capture(self, data: st.DataObject) -> None:
+        """Another library's capture in global mode (begun on the raw layer: the core does not see it) allocates from
+        a pool made for it (``create_pool(for_capture=True)``, the torch door's per graph): the pool grows during the
+        capture, pieces freed inside it wait unjudged (`MemoryPool.capturing`), and the capture stays valid: nothing
+        the core did waited for the device or took memory the driver refuses then. Closing the pool judges what it
+        held (intact) and gives its memory back (issue 54)."""
+        raw = self.gpu.raw
+        stream, pool = raw.stream_create(), self.gpu.create_pool(for_capture=True)
+        before = self.gpu.live_alloc_len()
+        sizes = data.draw(st.lists(st.integers(1, MAX_BYTES), min_size=1, max_size=4), label="sizes in the capture")
+        freed = data.draw(st.integers(0, len(sizes)), label="freed inside it")
+        raw.begin_capture(stream)
+        pool.capturing(True)
+        try:
+            pieces = [pool.alloc_on(n, 0x7A7A) for n in sizes]
+            for piece in pieces[:freed]:
+                pool.free(piece)
+        finally:
+            pool.capturing(False)
+            graph = raw.end_capture(stream)  # (raises where the capture was invalidated)
+        raw.graph_destroy(graph)
+        raw.stream_destroy(stream)
+        assert self.gpu.live_alloc_len() == before + len(sizes) - freed
+        for piece in pieces[freed:]:
+            pool.free(piece)
+        pool.close()
+        assert self.gpu.live_alloc_len() == before and pool.stats().segments == 0
+
     @precondition(lambda self: any(b.kind == "pool" for b, _ in self.live.values()))
     @rule(data=st.data())
     def pool_record_stream_then_free(self, data: st.DataObject) -> None:
