@@ -100,11 +100,21 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
 
     def defer(self, underway: bool) -> None:
         """Another library's capture that allocates from one of the backend's pools began (``underway``) or ended
-        (`MemoryPool.capturing`). While one runs, a free's zones wait here whatever the bound, and no check of the
-        quarantine's own runs: a check waits for the device, which a capture in global mode forbids (CUDA would
-        invalidate it). The first free past the bound after the last ends checks them all."""
+        (`MemoryPool.capturing`). While one runs, a free's zones wait here whatever the bound, no check of the
+        quarantine's own runs, and an out-of-memory takes no remedy that waits: a check waits for the device, which
+        a capture in global mode forbids (CUDA would invalidate it). When the last ends, what waits past the bound
+        is checked (logged where it cannot be read)."""
         with self._lock:
             self._deferred = max(0, self._deferred + (1 if underway else -1))
+            due = not self._deferred and self._held and (
+                self._stats.quarantined_bytes > self._bound or len(self._held) > QUARANTINE_MAX_BUFFERS)
+        if due:
+            self.drain("the end of another library's capture", may_raise=False)
+
+    @property
+    def deferred(self) -> bool:
+        """Whether another library's capture runs (`defer`)."""
+        return self._deferred > 0
 
     def give_pieces_to(self, callback: Callable[[list[tuple[int, int]]], None]) -> None:
         """Where pools' pieces go once let go of, all of a batch in one call: ``callback([(index, laid), ...])`` (the

@@ -111,7 +111,8 @@ class RawMemory:
         out of memory, the red-zone quarantine is checked and released, with the zoned blocks kept for reuse, first
         (one more try), then the trimmers run (the pools: after a wait for the device), then the
         ``on_out_of_memory`` callbacks are asked to free some, and a callback that says it did earns another try (at
-        most ``oom_retries``). ``failed``: the caller's own first try already ran out of memory. ``retake``: a
+        most ``oom_retries``); while another library's capture runs (`Quarantine.defer`), only the callbacks are
+        asked. ``failed``: the caller's own first try already ran out of memory. ``retake``: a
         pool's allocation asks its pool again once the trimmers ran (the wait made pieces cached for other streams
         any stream's); where it is served, the answer is 0 (no raw memory taken)."""
         if raw_bytes >= WORD_LIMIT:  # (a pool's size class of a size near 2**64): no driver can take the size, and
@@ -120,7 +121,8 @@ class RawMemory:
             refused = error_for_code("CUDA_ERROR_OUT_OF_MEMORY", f"cuMemAlloc of {raw_bytes} bytes", requested=n)
             raise self._out_of_memory(cast(OutOfMemoryError, refused), n, kind, what, 0)
         retries = 0
-        drained = trimmed = False
+        # while another library's capture runs, no remedy that waits for the device (the capture forbids it)
+        drained = trimmed = self._quarantine.deferred
         while True:
             try:
                 if failed is None:

@@ -21,10 +21,11 @@
   go back there: memory a graph uses is never handed out outside its pool while the graph lives. The private pool
   closes, its memory given back to the device, once the framework let go of it and none of its pieces is out.
 - Red zones in graphs: with zones on, a capture's pieces are zoned as any (filled at once, on the backend's own
-  stream: not captured), and a piece the framework frees stays out, its zones watched, until the framework lets go
-  of the graph: each piece's memory is then the graph's alone, and an overrun by any replay stays in its zone. It is
-  found by a scan (``scan_redzones()``), and when the graph goes (its pieces are freed then, and judged), with the
-  tensor's site. The cost: a graph's pool holds every piece of its capture (no reuse inside it).
+  stream: not captured), and a piece allocated while its stream captured stays out after the framework frees it,
+  its zones watched, until the framework lets go of the graph: each piece's memory is then the graph's alone, and an
+  overrun by any replay stays in its zone. It is found by a scan (``scan_redzones()``), and when the graph goes (its
+  pieces are freed then, and judged), with the tensor's site. The cost: a graph's pool holds every piece of its
+  capture (no reuse inside it). A pool used without a capture (``torch.cuda.use_mem_pool``) reuses as any.
 - Written once, here, and compiled as well as run as Python (``_door``, with ``_door.pxd`` beside it:
   docs/building.md). Compiled, it has two C-level calls (``alloc_c``, ``free_c``) for the compiled C functions of
   `doorfuncs` (``_doorfuncs.pyx``), so a framework's hook reaches the pool without a Python frame; nothing raises
@@ -40,7 +41,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._errors import DoorError, MetraleError, MissingPackageError
+from .._errors import DoorError, InvalidBufferError, MetraleError, MissingPackageError, RedZoneError
 from .doorfuncs import log_failure
 
 try:
@@ -97,10 +98,11 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
         #: pieces the framework freed that stay out for the graph (zones on: each piece's memory is the graph's)].
         self._graphs: dict[tuple[int, int], list[Any]] = {}
         self._zoned = gpu.settings.redzone > 0
-        #: The captures underway (begun, not ended): (pool id, which streams allocate to it).
-        self._underway: list[tuple[tuple[int, int], Callable[[int], object]]] = []
-        #: The pieces out of a private pool: address -> its pool's id.
-        self._in_graphs: dict[int, tuple[int, int]] = {}
+        #: The pools begun, not ended: [pool id, which streams allocate to it, whether it keeps the backend's own
+        #: red-zone checks off (until an allocation shows that no capture runs: ``torch.cuda.use_mem_pool``)].
+        self._underway: list[list[Any]] = []
+        #: The pieces out of a private pool: address -> (its pool's id, whether its graph keeps it after its free).
+        self._in_graphs: dict[int, tuple[tuple[int, int], bool]] = {}
         self.framework = framework
         #: Allocations and frees refused so far.
         self.failures = 0
@@ -128,7 +130,8 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
     def _take_captured(self, nbytes: int, stream: int) -> DeviceBuffer:
         """`take` while a capture is underway: from the private pool of the first capture whose streams ``stream``
         is one of, else from the door's pool."""
-        for pool_id, allocates in list(self._underway):
+        for begun in list(self._underway):
+            pool_id, allocates, deferring = begun
             try:
                 mine = allocates(stream)
             except Exception as exc:  # (the framework's check of the stream failed)
@@ -136,14 +139,27 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
                                 f"not be told ({type(exc).__name__}: {exc})") from None
             if mine:
                 graph = self._graphs[pool_id]
+                capturing = self._capturing(stream)
+                if deferring and not capturing:  # (no capture: the backend's checks need not wait)
+                    begun[2] = False
+                    graph[0].capturing(False)
                 buf: DeviceBuffer = graph[0].alloc_on(nbytes, stream)
                 graph[2] += 1
-                self._in_graphs[buf.ptr] = pool_id
+                self._in_graphs[buf.ptr] = (pool_id, self._zoned and capturing)
                 self._out[buf.ptr] = buf
                 return buf
         buf = self._pool.alloc_on(nbytes, stream)
         self._out[buf.ptr] = buf
         return buf
+
+    def _capturing(self, stream: int) -> bool:
+        """Whether the framework's ``stream`` captures now (its pieces are then the graph's; those of a pool used
+        without a capture, ``torch.cuda.use_mem_pool``'s, are not); where the backend cannot tell, it does."""
+        raw = self._gpu.raw
+        try:
+            return bool(raw.is_capturing(raw.foreign_stream(stream)))
+        except MetraleError:
+            return True
 
     def alloc(self, nbytes: int, stream: int) -> int:
         """As `take`, for a C hook: the piece's address; 0 for 0 bytes, and 0 where metrale refuses (logged, kept
@@ -195,14 +211,15 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
             return
         if self._gpu.closed:
             return
-        pool_id = self._in_graphs.pop(address, None) if self._in_graphs else None
+        in_graph = self._in_graphs.pop(address, None) if self._in_graphs else None
         try:
-            if pool_id is None:
+            if in_graph is None:
                 self._pool.free(buf)
             else:
+                pool_id, kept = in_graph
                 graph = self._graphs[pool_id]
                 graph[2] -= 1
-                if self._zoned:  # its zones judged when the graph goes: its memory is the graph's until then
+                if kept:  # a capture's zoned piece: judged when the graph goes, its memory the graph's until then
                     graph[3].append(buf)
                 else:
                     graph[0].free(buf)
@@ -221,9 +238,9 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
                 _log.debug("%s allocator: record_stream of %#x, no piece of its metrale pool out now: ignored",
                            self.framework, address)
             return
-        pool_id = self._in_graphs.get(address) if self._in_graphs else None
+        in_graph = self._in_graphs.get(address) if self._in_graphs else None
         try:
-            (self._pool if pool_id is None else self._graphs[pool_id][0]).record_stream(buf, stream)
+            (self._pool if in_graph is None else self._graphs[in_graph[0]][0]).record_stream(buf, stream)
         except MetraleError as exc:
             self._failed("record_stream", exc)
 
@@ -239,15 +256,16 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
             graph = self._graphs[pool_id] = [pool, 0, 0, []]
         graph[1] += 1
         graph[0].capturing(True)
-        self._underway.append((pool_id, allocates))
+        self._underway.append([pool_id, allocates, True])
 
     def end_pool(self, pool_id: tuple[int, int]) -> None:
         """The framework ended allocating to ``pool_id`` (torch: its capture ended): its pieces stay the private
         pool's, and a private pool it let go of meanwhile closes now where none of its pieces is out."""
-        for at, (begun, _) in enumerate(self._underway):
+        for at, (begun, _, deferring) in enumerate(self._underway):
             if begun == pool_id:
                 del self._underway[at]
-                self._graphs[pool_id][0].capturing(False)
+                if deferring:
+                    self._graphs[pool_id][0].capturing(False)
                 break
         for done in [found for found, graph in self._graphs.items() if graph[1] <= 0]:
             self._close_graph(done)
@@ -265,19 +283,27 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
         """Close the private pool ``pool_id`` where the framework let go of it, none of its pieces is out, and no
         capture of this door is underway (closing waits for the device, which a capture forbids)."""
         graph = self._graphs.get(pool_id)
-        if graph is not None and graph[1] <= 0 and graph[2] <= 0 and not self._underway:
-            del self._graphs[pool_id]
-            self._let_go(graph)
+        if graph is not None and graph[1] <= 0 and graph[2] <= 0 and not self._underway and self._let_go(graph):
+            self._graphs.pop(pool_id, None)
 
-    @staticmethod
-    def _let_go(graph: list[Any]) -> None:
-        """Free the pieces a graph's pool kept (their zones judged, each overrun reported with its site), then close
-        it."""
-        pool, kept, graph[3] = graph[0], graph[3], []
-        for buf in kept:
-            pool.free(buf)
-        pool.close()
-
+    def _let_go(self, graph: list[Any]) -> bool:
+        """Free the pieces a graph's pool kept (their zones judged: an overrun is reported with its site), then close
+        the pool; whether it closed. What fails is counted and logged, and the next `end_pool`, `free` or `close`
+        tries again (a close that a garbage collection's finalizer makes inside a metrale call is refused)."""
+        pool, kept = graph[0], graph[3]
+        try:
+            while kept:
+                try:
+                    pool.free(kept[-1])
+                except (InvalidBufferError, RedZoneError) as exc:  # swept meanwhile, or freed and found overrun
+                    if isinstance(exc, InvalidBufferError):
+                        self._failed("free", exc)
+                kept.pop()
+            pool.close()
+        except MetraleError as exc:
+            self._failed("graph release", exc)
+            return False
+        return True
     def graphs(self) -> int:
         """How many private pools the door holds now (torch's graphs and pools not yet let go of)."""
         return len(self._graphs)
@@ -295,11 +321,13 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
         self._out.clear()
         self._in_graphs.clear()
         graphs, self._graphs = self._graphs, {}
-        for pool_id, _ in self._underway:
-            graphs[pool_id][0].capturing(False)
+        for pool_id, _, deferring in self._underway:
+            if deferring:
+                graphs[pool_id][0].capturing(False)
         self._underway.clear()
         for graph in graphs.values():
-            self._let_go(graph)
+            if not self._let_go(graph):  # (logged: its memory goes at the backend's close)
+                continue
         self._pool.close()
 
     def refuse(self, what: str, why: str) -> None:

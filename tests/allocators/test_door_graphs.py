@@ -9,11 +9,12 @@ hooks as torch calls them, from C++, are tried in ``test_doorfuncs.py``; torch i
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import pytest
 
-from metrale_core import GpuBackend, MetraleError, open_backend
+from metrale_core import GpuBackend, MetraleError, OutOfMemoryError, open_backend
 from metrale_core.allocators import Door
 from tests._support import SETTINGS, compiled_twin
 
@@ -28,7 +29,7 @@ def make_door(request: pytest.FixtureRequest) -> type[Door]:
 
 @pytest.fixture(params=[0, 64], ids=["plain", "zoned"])
 def gpu(request: pytest.FixtureRequest) -> GpuBackend:
-    """A fake backend, with red zones on every allocation or none (a capture's pieces have none either way)."""
+    """A fake backend, with red zones on every allocation or none."""
     with open_backend("fake", settings=SETTINGS.updated(redzone=request.param)) as gpu:
         yield gpu
 
@@ -219,3 +220,111 @@ def test_an_overrun_by_a_replay_is_found_with_the_tensor_s_site(make_door: type[
         raw.graph_destroy(graph)
         door.close()
         assert gpu.live_alloc_len() == 0
+
+
+def test_an_out_of_memory_inside_a_capture_leaves_it_valid(make_door: type[Door]) -> None:
+    """Out of memory during a capture, no remedy that waits for the device runs (the quarantine's check, the pools'
+    trim): the refusal is an out-of-memory, and the capture stays valid (review of issue 54)."""
+    settings = SETTINGS.updated(redzone=64, fake_memory_bytes="8 MiB", redzone_quarantine_bytes=1 << 20)
+    with open_backend("fake", settings=settings) as gpu:
+        door = make_door(gpu, "test")
+        door.free(door.alloc(4096, OTHER))  # (something in the quarantine: a check the remedy would run)
+        door.begin_pool((10, 0), lambda stream: stream == CAPTURED)
+        stream = _capture(gpu)
+        got = [door.alloc(2 << 20, CAPTURED) for _ in range(6)]
+        assert got.count(0) >= 1 and isinstance(door.last_error, OutOfMemoryError)
+        gpu.raw.graph_destroy(gpu.raw.end_capture(stream))  # valid
+        door.end_pool((10, 0))
+        for ptr in got:
+            door.free(ptr) if ptr else None
+        door.release_pool((10, 0))
+        assert door.graphs() == 0
+        door.close()
+
+
+def test_a_graph_whose_pieces_were_swept_still_goes(make_door: type[Door]) -> None:
+    """A sweep took a graph's kept pieces off the ledger: its release still frees the rest and closes its pool."""
+    with open_backend("fake", settings=SETTINGS.updated(redzone=64)) as gpu:
+        door = make_door(gpu, "test")
+        door.begin_pool((11, 0), lambda stream: stream == CAPTURED)
+        stream = _capture(gpu)
+        for _ in range(2):
+            door.free(door.alloc(1000, CAPTURED))  # kept for the graph
+        gpu.raw.graph_destroy(gpu.raw.end_capture(stream))
+        door.end_pool((11, 0))
+        gpu.sweep_unreleased()
+        door.release_pool((11, 0))
+        assert door.graphs() == 0 and door.failures == 2  # (each swept piece's free: refused, counted)
+        door.close()
+
+
+def test_a_release_refused_in_a_finalizer_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph's last piece freed by a finalizer that a collection runs inside a metrale call (here, inside the raw
+    allocation of another tensor): its pool cannot close there (refused, counted); the door's close closes it."""
+    with open_backend("fake", settings=SETTINGS.updated(redzone=0)) as gpu:
+        raw_alloc, collect = gpu.raw.alloc, []
+
+        def collecting(nbytes: int, kind: str) -> int:
+            if collect:
+                gc.collect()
+            return raw_alloc(nbytes, kind)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(gpu.raw, "alloc", collecting)  # (before any allocation: a lane keeps what it found)
+        door = Door(gpu, "test")
+        door.begin_pool((12, 0), lambda stream: stream == CAPTURED)
+        last = door.alloc(1000, CAPTURED)
+        door.end_pool((12, 0))
+        door.release_pool((12, 0))
+
+        class Tensor:  # a framework's tensor, freed by its finalizer
+            def __del__(self) -> None:
+                door.free(last)
+
+        cycle: list[object] = [Tensor()]
+        cycle.append(cycle)
+        del cycle
+        collect.append(True)
+        other = door.alloc(4 << 20, OTHER)  # a new segment: the collection runs inside this call
+        collect.clear()
+        assert door.graphs() == 1 and door.failures == 1 and "finalizer" in str(door.last_error)
+        door.free(other)
+        door.close()
+        assert door.graphs() == 0 and gpu.live_alloc_len() == 0
+
+
+def test_with_no_quarantine_a_capture_s_frees_are_checked_at_its_end(make_door: type[Door]) -> None:
+    """No quarantine (each free checked at once): the frees a capture deferred are checked at its end (review of
+    issue 54: they waited for an out-of-memory or a scan)."""
+    settings = SETTINGS.updated(redzone=64, redzone_quarantine_bytes=0, redzone_action="warn")
+    with open_backend("fake", settings=settings) as gpu:
+        found: list[object] = []
+        gpu.on_redzone_violation(lambda name, violation: found.append(violation))
+        door = make_door(gpu, "test")
+        before = [door.alloc(1000, OTHER) for _ in range(2)]
+        gpu.memset(before[0] + 1000, 0x5A, nbytes=1)
+        door.begin_pool((13, 0), lambda stream: stream == CAPTURED)
+        stream = _capture(gpu)
+        door.alloc(1000, CAPTURED)  # (the capture's first allocation: a capture runs)
+        for ptr in before:
+            door.free(ptr)
+        assert not found
+        gpu.raw.graph_destroy(gpu.raw.end_capture(stream))
+        door.end_pool((13, 0))
+        assert len(found) == 1
+        door.close()
+
+
+def test_a_pool_used_without_a_capture_keeps_nothing_for_a_graph(make_door: type[Door]) -> None:
+    """``torch.cuda.use_mem_pool`` begins a pool with no capture: its pieces go back at their free (nothing kept for
+    a graph), and the backend's checks resume at its first allocation."""
+    settings = SETTINGS.updated(redzone=64, redzone_quarantine_bytes=0)
+    with open_backend("fake", settings=settings) as gpu:
+        door = make_door(gpu, "test")
+        door.begin_pool((14, 0), lambda stream: True)
+        for _ in range(50):
+            door.free(door.alloc(1 << 20, CAPTURED))
+        assert door.out() == 0 and gpu.live_alloc_len() == 0
+        door.end_pool((14, 0))
+        door.release_pool((14, 0))
+        assert door.graphs() == 0
+        door.close()

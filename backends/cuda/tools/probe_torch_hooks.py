@@ -61,6 +61,10 @@ def relaxed_alloc() -> str:
     drv.cuThreadExchangeStreamCaptureMode(before)
     err2 = drv.cuMemsetD8Async(ptr, 0, 1 << 20, stream)[0]
     said.append(f"memset on the capture {err2.name}")
+    drv.cuThreadExchangeStreamCaptureMode(drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    err, other = drv.cuMemAlloc(1 << 20)
+    said.append(f"a second relaxed cuMemAlloc {err.name}, its relaxed cuMemFree {drv.cuMemFree(other)[0].name}")
+    drv.cuThreadExchangeStreamCaptureMode(before)
     err3, graph = drv.cuStreamEndCapture(stream)
     said.append(f"end {err3.name}")
     if err3 == drv.CUresult.CUDA_SUCCESS:
