@@ -152,8 +152,10 @@ class PoolRules(MemoryRules):
             for piece in pieces[:freed]:
                 pool.free(piece)
         finally:
-            pool.capturing(False)
-            graph = raw.end_capture(stream)  # (raises where the capture was invalidated)
+            try:
+                graph = raw.end_capture(stream)  # (raises where the capture was invalidated)
+            finally:
+                pool.capturing(False)  # (after the capture's end, as torch's end hook: what waited is checked now)
         raw.graph_destroy(graph)
         raw.stream_destroy(stream)
         assert self.gpu.live_alloc_len() == before + len(sizes) - freed

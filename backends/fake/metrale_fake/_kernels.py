@@ -36,7 +36,7 @@ def _judge(launch: FakeLaunch, table: np.ndarray, fill: int) -> np.ndarray:
     for z in order:
         address, length = addresses[z], lengths[z]
         start = address - base
-        if data is None or not (0 <= start and address + length <= end):
+        if data is None or not (start >= 0 and address + length <= end):
             found = extent(address) if extent is not None else None
             if found is None or address + length > found[0] + len(found[2]):  # (no one allocation holds it)
                 out[z] = _first_changed(launch.read(address, length), byte)  # (raises)
