@@ -67,6 +67,7 @@ def _install(gpu: GpuBackend, torch: bool, cupy: bool) -> list[Door]:
         from ..allocators import torch as torch_door
 
         doors.append(torch_door.install(gpu))
+        torch_door.graph_trees_off()  # (torch.compile's "reduce-overhead" then captures what the door serves)
     if cupy:
         from ..allocators import cupy as cupy_door
 

@@ -25,14 +25,20 @@
   compiled pair takes the beginning of a pool (a C++ ``std::function``); under the ctypes fallback the end of each
   capture is refused, logged at ERROR and counted (``door.failures``, ``door.last_error``).
 - ``torch.compile(mode="reduce-overhead")``: its CUDA graph trees read and set torch's own allocator's state
-  (``_cuda_getCheckpointState``), which no pluggable allocator has; turn the trees off
-  (``torch._inductor.config.triton.cudagraph_trees = False``) and each compiled graph is a plain capture.
+  (``_cuda_getCheckpointState``), which no pluggable allocator has. `graph_trees_off` turns them off
+  (``torch._inductor.config.triton.cudagraph_trees = False``, set where inductor's config is imported, now or later),
+  and each compiled graph is then a plain capture; ``metrale run --torch`` calls it.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import logging
+import sys
+from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DoorError
@@ -43,7 +49,7 @@ from .doorfuncs import EXPORTED, c_functions
 if TYPE_CHECKING:
     from .. import GpuBackend
 
-__all__ = ["allocator", "door_of", "install"]
+__all__ = ["allocator", "door_of", "graph_trees_off", "install"]
 
 _log = logging.getLogger("metrale")
 
@@ -119,3 +125,51 @@ def install(gpu: GpuBackend, *, release_threshold: int = 0) -> Door:
         door_of(made).close()
         raise DoorError(f"torch allocator: torch refused it: {exc}") from None
     return door_of(made)
+
+
+#: The module whose ``triton.cudagraph_trees`` `graph_trees_off` sets.
+INDUCTOR_CONFIG = "torch._inductor.config"
+
+
+def graph_trees_off(module: str = INDUCTOR_CONFIG) -> None:
+    """Turn torch.compile's CUDA graph trees off (``triton.cudagraph_trees = False`` in ``module``, inductor's
+    config), now where it is imported, else as soon as it is (an import hook, which removes itself): they need torch's
+    own allocator, and with them off ``torch.compile(mode="reduce-overhead")`` captures plain CUDA graphs, which the
+    door serves. Logged once at INFO."""
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        _trees_off(loaded)
+    elif not any(isinstance(finder, _TreesOff) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _TreesOff(module))
+
+
+def _trees_off(config: ModuleType) -> None:
+    triton = getattr(config, "triton", None)
+    if triton is not None and getattr(triton, "cudagraph_trees", False):
+        triton.cudagraph_trees = False
+        _log.info("torch allocator: torch.compile's CUDA graph trees are off (they need torch's own allocator); "
+                  "mode='reduce-overhead' captures plain CUDA graphs, which metrale's door serves")
+
+
+class _TreesOff(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: where ``module`` is imported, its loader runs as ever, then `_trees_off`."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        if fullname != self.module:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            _trees_off(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec

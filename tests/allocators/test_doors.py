@@ -263,6 +263,34 @@ def test_metrale_run_torch_runs_an_unmodified_model_script(tmp_path: Path) -> No
     assert "metrale memory summary" in done.stderr
 
 
+@pytest.mark.skipif(_cuda_with("transformers") is not None or _cuda_with("torch") is not None,
+                    reason=str(_cuda_with("transformers") or _cuda_with("torch")))
+def test_torch_compile_reduce_overhead_runs_unmodified_under_metrale_run(tmp_path: Path) -> None:
+    """``torch.compile(mode="reduce-overhead")`` on a transformers Llama's forward, unmodified, under ``metrale run
+    --torch``: its CUDA graphs are captured from the door (graph trees off: `graph_trees_off`), replayed, and give
+    what the eager forward gives."""
+    script = tmp_path / "compiled.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg).to(device="cuda").eval()
+        ids = torch.randint(0, 1000, (2, 16), device="cuda")
+        forward = torch.compile(lambda ids: model(ids, use_cache=False).logits, mode="reduce-overhead")
+        with torch.no_grad():
+            for _ in range(4):
+                got = forward(ids).clone()
+            print("same as eager", bool(torch.allclose(got, model(ids, use_cache=False).logits, atol=1e-3)))
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_")}
+    done = subprocess.run([sys.executable, "-m", "metrale_core", "run", "--torch", str(script)], capture_output=True,
+                          text=True, env={**env, "METRALE_BACKEND": "cuda"}, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "same as eager True" in done.stdout
+
+
 @pytest.mark.skipif(_cuda_with("torch") is not None, reason=str(_cuda_with("torch")))
 @pytest.mark.parametrize("pure", ["0", "1"])
 def test_torch_record_stream_and_a_graph_capture_reach_the_door(pure: str) -> None:
@@ -390,3 +418,31 @@ def test_a_swept_piece_stays_out_until_the_pool_closes(
     assert door.failures == 1 and door.piece(new) is not None and gpu.live_alloc_len() == 1
     assert door.alloc(4096, 0) not in (old, new)
     door.close()
+
+
+def test_graph_trees_off_sets_inductor_s_config_where_it_is_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`graph_trees_off` (``metrale run --torch`` calls it): torch.compile's CUDA graph trees need torch's own
+    allocator, so ``triton.cudagraph_trees`` goes off in inductor's config when that is imported (a module of the
+    same shape stands for it here), or at once where it already was; the hook removes itself."""
+    from metrale_core.allocators.torch import graph_trees_off
+
+    package = tmp_path / "inductorlike"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text("class triton:\n    cudagraph_trees = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hooks = len(sys.meta_path)
+    with caplog.at_level(logging.INFO, logger="metrale"):
+        graph_trees_off("inductorlike.config")
+        assert len(sys.meta_path) == hooks + 1
+        import inductorlike.config as config  # type: ignore[import-not-found]
+
+    assert config.triton.cudagraph_trees is False and len(sys.meta_path) == hooks
+    assert "CUDA graph trees are off" in caplog.text
+    config.triton.cudagraph_trees = True
+    graph_trees_off("inductorlike.config")  # imported already: at once
+    assert config.triton.cudagraph_trees is False and len(sys.meta_path) == hooks
+    monkeypatch.delitem(sys.modules, "inductorlike.config")
+    monkeypatch.delitem(sys.modules, "inductorlike")
