@@ -54,15 +54,21 @@ def _workload(torch: Any) -> Callable[[], Any]:
     return generate
 
 
+def _door(mode: str) -> tuple[Any, Any]:
+    """The backend and torch door of a mode under metrale (``(None, None)`` under torch's allocator: ``torch``,
+    ``graph-torch``), made before torch first uses CUDA."""
+    if mode in ("torch", "graph-torch"):
+        return None, None
+    from metrale_core import MetraleSettings, open_backend
+    from metrale_core.allocators import torch as torch_door
+
+    gpu = open_backend("cuda", settings=MetraleSettings())
+    return gpu, torch_door.install(gpu)
+
+
 def main(argv: list[str]) -> int:
     mode, steps = argv[0], int(argv[1])
-    gpu = door = None
-    if mode != "torch":
-        from metrale_core import MetraleSettings, open_backend
-        from metrale_core.allocators import torch as torch_door
-
-        gpu = open_backend("cuda", settings=MetraleSettings())
-        door = torch_door.install(gpu)
+    gpu, door = _door(mode)
     import torch  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
     generate = _workload(torch)
@@ -90,13 +96,7 @@ def main(argv: list[str]) -> int:
 def _replays(argv: list[str]) -> int:
     """The ``graph-*`` and ``oom`` modes: one JSON line."""
     mode, steps = argv[0], int(argv[1])
-    gpu = door = None
-    if mode != "graph-torch":
-        from metrale_core import MetraleSettings, open_backend
-        from metrale_core.allocators import torch as torch_door
-
-        gpu = open_backend("cuda", settings=MetraleSettings())
-        door = torch_door.install(gpu)
+    gpu, door = _door(mode)
     import torch  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
     result: dict[str, Any] = {"mode": mode, "torch": torch.__version__}
