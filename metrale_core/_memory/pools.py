@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._device.args import flag, integer, positive_size
+from .._device.capture_record import may_wait
 from .._device.context import DeviceContext
 from .._errors import BackendClosedError, InvalidArgumentError, InvalidBufferError, MetraleError
 from .._redzones.zone import too_big
@@ -378,7 +379,12 @@ class PoolFront:
 
     def pool_capturing(self, pool: MemoryPool, underway: object) -> None:
         """`MemoryPool.capturing`: the quarantine defers its checks while another library's capture runs."""
-        self._quarantine.defer(flag(underway, "MemoryPool.capturing", "underway"))
+        underway = flag(underway, "MemoryPool.capturing", "underway")
+        self.ctx.enter()
+        try:  # (its check at the capture's end, inside the gate; none while a capture of metrale's own runs)
+            self._quarantine.defer(underway, may_wait())
+        finally:
+            self.ctx.leave()
 
     def trim_for_memory(self) -> bool:
         """The trimmer raw memory runs when an allocation runs out of memory: every pool keeps nothing cached (after

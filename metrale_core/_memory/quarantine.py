@@ -98,18 +98,26 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
         self._deferred = 0  # captures of other libraries underway (`defer`): no check of its own till they end
         guard.on_full_check(self.full_check)
 
-    def defer(self, underway: bool) -> None:
+    def defer(self, underway: bool, may_check: bool = True) -> None:
         """Another library's capture that allocates from one of the backend's pools began (``underway``) or ended
         (`MemoryPool.capturing`). While one runs, a free's zones wait here whatever the bound, no check of the
         quarantine's own runs, and an out-of-memory takes no remedy that waits: a check waits for the device, which
         a capture in global mode forbids (CUDA would invalidate it). When the last ends, what waits past the bound
-        is checked (logged where it cannot be read)."""
+        is checked (logged where it cannot be read), under the lock, so no capture that begins meanwhile meets the
+        wait; not where ``may_check`` is off (a capture of metrale's own runs): the next free past the bound does."""
         with self._lock:
             self._deferred = max(0, self._deferred + (1 if underway else -1))
-            due = not self._deferred and self._held and (
-                self._stats.quarantined_bytes > self._bound or len(self._held) > QUARANTINE_MAX_BUFFERS)
-        if due:
-            self.drain("the end of another library's capture", may_raise=False)
+            if self._deferred or not may_check or not self._held or (
+                    self._stats.quarantined_bytes <= self._bound and len(self._held) <= QUARANTINE_MAX_BUFFERS):
+                return
+            when = "the check of the quarantine (freed buffers) at the end of another library's capture"
+            try:
+                violations = self._drain()
+            except MetraleError as exc:
+                _log.warning("%s could not read the zones (%s); its %d buffer(s) stay quarantined until the next "
+                             "check", when, exc, len(self._held))
+                return
+        self._guard.report(violations, when, may_raise=False)
 
     @property
     def deferred(self) -> bool:
@@ -170,7 +178,7 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
         lock.acquire()  # no check may read these zones once the memory is released (not ``with``: as `reuse_c`)
         try:
             zones = self._zones.zones_of(index)
-            if zones and (bound or self._deferred):
+            if zones and (bound or self._deferred or self._held):  # (held with no bound: a capture deferred them)
                 held = _held(buf, index, nbytes, zones, raw_ptr, kind)
                 self._held.append(held)
                 self._count_held(1, held.raw_bytes)

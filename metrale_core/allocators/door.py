@@ -139,7 +139,7 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
                                 f"not be told ({type(exc).__name__}: {exc})") from None
             if mine:
                 graph = self._graphs[pool_id]
-                capturing = self._capturing(stream)
+                capturing = (self._zoned or deferring) and self._capturing(stream)
                 if deferring and not capturing:  # (no capture: the backend's checks need not wait)
                     begun[2] = False
                     graph[0].capturing(False)
@@ -296,8 +296,7 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
                 try:
                     pool.free(kept[-1])
                 except (InvalidBufferError, RedZoneError) as exc:  # swept meanwhile, or freed and found overrun
-                    if isinstance(exc, InvalidBufferError):
-                        self._failed("free", exc)
+                    self._failed("free" if isinstance(exc, InvalidBufferError) else "graph release", exc)
                 kept.pop()
             pool.close()
         except MetraleError as exc:

@@ -133,14 +133,15 @@ INDUCTOR_CONFIG = "torch._inductor.config"
 
 def graph_trees_off(module: str = INDUCTOR_CONFIG) -> None:
     """Turn torch.compile's CUDA graph trees off (``triton.cudagraph_trees = False`` in ``module``, inductor's
-    config), now where it is imported, else as soon as it is (an import hook, which removes itself): they need torch's
+    config), now where it is imported, else as soon as it is (an import hook, used once): they need torch's
     own allocator, and with them off ``torch.compile(mode="reduce-overhead")`` captures plain CUDA graphs, which the
     door serves. Logged once at INFO."""
     loaded = sys.modules.get(module)
     if loaded is not None:
         _trees_off(loaded)
-    elif not any(isinstance(finder, _TreesOff) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _TreesOff(module))
+    elif not any(isinstance(finder, _TreesOff) and not finder.used for finder in sys.meta_path):
+        # (a new list, never one changed in place: another thread's import may be walking the old one)
+        sys.meta_path = [_TreesOff(module), *(f for f in sys.meta_path if not isinstance(f, _TreesOff))]
 
 
 def _trees_off(config: ModuleType) -> None:
@@ -152,16 +153,24 @@ def _trees_off(config: ModuleType) -> None:
 
 
 class _TreesOff(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: where ``module`` is imported, its loader runs as ever, then `_trees_off`."""
+    """Serves nothing itself: where ``module`` is imported, it asks the finders after it for the module's spec and
+    wraps its loader, which runs as ever, then `_trees_off`. Used once (inert after: ``sys.meta_path`` is not changed
+    while the import system walks it)."""
 
     def __init__(self, module: str) -> None:
         self.module = module
+        self.used = False
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if fullname != self.module:
+        if fullname != self.module or self.used:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        self.used = True
+        spec = None
+        for finder in [f for f in sys.meta_path if f is not self]:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
         loader = spec.loader if spec is not None else None
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
@@ -169,7 +178,10 @@ class _TreesOff(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            _trees_off(module)
+            try:
+                _trees_off(module)
+            except Exception:  # (inductor's config as torch made it: never fail its import)
+                _log.exception("torch allocator: torch.compile's CUDA graph trees could not be turned off")
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]
+        loader.exec_module = exec_module
         return spec

@@ -10,6 +10,7 @@ hooks as torch calls them, from C++, are tried in ``test_doorfuncs.py``; torch i
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 
 import pytest
@@ -327,4 +328,52 @@ def test_a_pool_used_without_a_capture_keeps_nothing_for_a_graph(make_door: type
         door.end_pool((14, 0))
         door.release_pool((14, 0))
         assert door.graphs() == 0
+        door.close()
+
+
+def test_the_check_at_a_capture_s_end_waits_for_a_capture_of_metrale_s_own() -> None:
+    """The check of what a capture deferred waits for the device: where a capture of metrale's own runs when the
+    framework's ends, it is left to the next free past the bound, and metrale's capture stays valid (second review
+    of issue 54)."""
+    settings = SETTINGS.updated(redzone=64, redzone_quarantine_bytes=0, redzone_action="warn")
+    with open_backend("fake", settings=settings) as gpu:
+        found: list[object] = []
+        gpu.on_redzone_violation(lambda name, violation: found.append(violation))
+        door = Door(gpu, "test")
+        before = [door.alloc(1000, OTHER) for _ in range(2)]
+        gpu.memset(before[0] + 1000, 0x5A, nbytes=1)
+        door.begin_pool((15, 0), lambda stream: stream == CAPTURED)
+        stream = _capture(gpu)
+        door.alloc(1000, CAPTURED)
+        for ptr in before:
+            door.free(ptr)
+        gpu.raw.graph_destroy(gpu.raw.end_capture(stream))
+        own = gpu.create_stream()
+        gpu.begin_capture(own)  # metrale's own capture, as the framework's hook ends
+        door.end_pool((15, 0))
+        assert not found
+        gpu.end_capture(own)  # valid: nothing waited for the device during it
+        door.free(door.alloc(1000, OTHER))  # the next free past the bound checks what waited
+        assert len(found) == 1
+        door.close()
+
+
+def test_an_overrun_found_when_a_graph_goes_is_counted_under_raise(caplog: pytest.LogCaptureFixture) -> None:
+    """``redzone_action="raise"``: an overrun of a graph's kept piece, found when the graph goes, is logged and
+    counted by the door (nothing may raise into the framework's hook), and the release goes on (second review)."""
+    settings = SETTINGS.updated(redzone=64, redzone_quarantine_bytes=0, redzone_action="raise")
+    with open_backend("fake", settings=settings) as gpu:
+        door = Door(gpu, "test")
+        door.begin_pool((16, 0), lambda stream: stream == CAPTURED)
+        stream = _capture(gpu)
+        pieces = [door.alloc(1000, CAPTURED) for _ in range(2)]
+        gpu.raw.graph_destroy(gpu.raw.end_capture(stream))
+        door.end_pool((16, 0))
+        gpu.memset(pieces[1] + 1000, 0x5A, nbytes=1)
+        for ptr in pieces:
+            door.free(ptr)  # kept for the graph
+        with caplog.at_level(logging.ERROR, logger="metrale"):
+            door.release_pool((16, 0))
+        assert door.graphs() == 0 and door.failures == 1 and "graph release refused" in caplog.text
+        assert gpu.live_alloc_len() == 0
         door.close()

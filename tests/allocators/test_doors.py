@@ -438,16 +438,18 @@ def test_graph_trees_off_sets_inductor_s_config_where_it_is_imported(
     (package / "__init__.py").write_text("")
     (package / "config.py").write_text("class triton:\n    cudagraph_trees = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     hooks = len(sys.meta_path)
     with caplog.at_level(logging.INFO, logger="metrale"):
         graph_trees_off("inductorlike.config")
         assert len(sys.meta_path) == hooks + 1
         import inductorlike.config as config  # type: ignore[import-not-found]
 
-    assert config.triton.cudagraph_trees is False and len(sys.meta_path) == hooks
-    assert "CUDA graph trees are off" in caplog.text
+    assert config.triton.cudagraph_trees is False and "CUDA graph trees are off" in caplog.text
     config.triton.cudagraph_trees = True
     graph_trees_off("inductorlike.config")  # imported already: at once
-    assert config.triton.cudagraph_trees is False and len(sys.meta_path) == hooks
+    assert config.triton.cudagraph_trees is False
+    graph_trees_off("inductorlike.other")  # a new hook: the used one goes
+    assert len(sys.meta_path) == hooks + 1 and sys.meta_path[0].module == "inductorlike.other"  # type: ignore[attr-defined]
     monkeypatch.delitem(sys.modules, "inductorlike.config")
     monkeypatch.delitem(sys.modules, "inductorlike")
