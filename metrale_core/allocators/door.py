@@ -288,8 +288,8 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
 
     def _let_go(self, graph: list[Any]) -> bool:
         """Free the pieces a graph's pool kept (their zones judged: an overrun is reported with its site), then close
-        the pool; whether it closed. What fails is counted and logged, and the next `end_pool`, `free` or `close`
-        tries again (a close that a garbage collection's finalizer makes inside a metrale call is refused)."""
+        the pool; whether it closed. What fails is counted and logged, and the next `end_pool` or `close` tries
+        again (a close that a garbage collection's finalizer makes inside a metrale call is refused)."""
         pool, kept = graph[0], graph[3]
         try:
             while kept:
@@ -303,6 +303,7 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
             self._failed("graph release", exc)
             return False
         return True
+
     def graphs(self) -> int:
         """How many private pools the door holds now (torch's graphs and pools not yet let go of)."""
         return len(self._graphs)
@@ -325,8 +326,7 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
                 graphs[pool_id][0].capturing(False)
         self._underway.clear()
         for graph in graphs.values():
-            if not self._let_go(graph):  # (logged: its memory goes at the backend's close)
-                continue
+            self._let_go(graph)  # (what fails is logged: its memory goes at the backend's close)
         self._pool.close()
 
     def refuse(self, what: str, why: str) -> None:
