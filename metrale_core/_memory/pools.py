@@ -210,10 +210,9 @@ class PoolFront:
     ) -> None:
         """The commit of piece ``buf``, without the context's lock: the ledger first, judged under its lock against
         the backend's close (`Ledger.commit`), then the pool's hand-out, judged under the pool's lock against its
-        close. A close that comes between finds the record on the ledger but not out of the pool: it leaves it, and
-        the hand-out, refused, takes it back off. A sweep that comes between takes the record: the hand-out, seeing
-        it gone, makes of the piece what the sweep would have (cached, or stranded), and the buffer is handed back
-        as any swept one. Each of the holdings' items is one dict operation here (atomic)."""
+        close. A close between finds the record on the ledger, not out of the pool: it leaves it, and the refused
+        hand-out takes it back off. A sweep between takes the record: the hand-out makes of the piece what the sweep
+        would have (cached, or stranded). Each of the holdings' items is one dict operation here (atomic)."""
         n = buf.nbytes
         self._pool_of[index] = pool
         if zoned:  # (before the record: a sweep that drains it finds its raw base)
@@ -387,16 +386,13 @@ class PoolFront:
             self.ctx.leave()
 
     def trim_for_memory(self) -> bool:
-        """The trimmer raw memory runs when an allocation runs out of memory: every pool keeps nothing cached (after
-        a wait for the device); whether any had something cached."""
+        """Raw memory's trimmer, out of memory: no pool keeps anything cached (after a wait); whether any had."""
         if not any(pool.cached_bytes and not pool.for_capture for pool in list(self._holdings.pools)):
             return False
         self._trim_pools(None, 0)
         return True
 
-    def _trim_pools(
-        self, only: MemoryPool | None, keep: int | None, marks: dict[MemoryPool, int] | None = None
-    ) -> int:
+    def _trim_pools(self, only: MemoryPool | None, keep: int | None, marks: dict[MemoryPool, int] | None = None) -> int:
         """Wait for the device, then give back the free segments of ``only`` (or of every pool) beyond ``keep``
         cached bytes (``None``: each pool's ``release_threshold``); the bytes given back. ``marks``: the wait was
         made already (a ``synchronize()``), after each pool's mark."""
