@@ -110,14 +110,9 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
             if self._deferred or not may_check or not self._held or (
                     self._stats.quarantined_bytes <= self._bound and len(self._held) <= QUARANTINE_MAX_BUFFERS):
                 return
-            when = "the check of the quarantine (freed buffers) at the end of another library's capture"
-            try:
-                violations = self._drain()
-            except MetraleError as exc:
-                _log.warning("%s could not read the zones (%s); its %d buffer(s) stay quarantined until the next "
-                             "check", when, exc, len(self._held))
-                return
-        self._guard.report(violations, when, may_raise=False)
+            when = "the end of another library's capture"
+            violations, _ = self._checked(when, may_raise=False)
+        self._guard.report(violations, f"the check of the quarantine (freed buffers) at {when}", may_raise=False)
 
     @property
     def deferred(self) -> bool:
@@ -218,22 +213,26 @@ class Quarantine:  # (final: @cython.final in _quarantine.pxd; Cython takes no o
           raises that error, or with ``may_raise`` off (out of memory: the allocation goes on) logs it.
         - Returns whether the zones were read.
         """
-        guard = self._guard
-        read = True
         with self._lock:
-            try:
-                violations = self._drain(also)
-            except MetraleError as exc:
-                if may_raise:
-                    raise
-                _log.warning("%s: the check of the quarantine could not read the zones (%s); its %d buffer(s) "
-                             "stay quarantined until the next check", when, exc, len(self._held))
-                violations, read = [], False
-            finally:
-                if give_back:
-                    self._trim(0)
-        guard.report(violations, f"the check of the quarantine (freed buffers) at {when}", may_raise=may_raise)
+            violations, read = self._checked(when, may_raise=may_raise, give_back=give_back, also=also)
+        self._guard.report(violations, f"the check of the quarantine (freed buffers) at {when}", may_raise=may_raise)
         return read
+
+    def _checked(
+        self, when: str, *, may_raise: bool, give_back: bool = False, also: Sequence[Zone] = ()
+    ) -> tuple[list[RedZoneViolation], bool]:
+        """`drain`'s check, under the lock (the caller's): what it found, and whether the zones were read."""
+        try:
+            return self._drain(also), True
+        except MetraleError as exc:
+            if may_raise:
+                raise
+            _log.warning("%s: the check of the quarantine could not read the zones (%s); its %d buffer(s) "
+                         "stay quarantined until the next check", when, exc, len(self._held))
+            return [], False
+        finally:
+            if give_back:
+                self._trim(0)
 
     def _drain(self, also: Sequence[Zone] = ()) -> list[RedZoneViolation]:
         """Judge the held buffers (and ``also``) and let them go (`full_check`). A read that fails raises and

@@ -121,15 +121,13 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
         """A piece of ``nbytes`` for the framework's stream ``stream`` (its raw handle), on the ledger with the
         caller's site; refused with metrale's typed error. From a private pool where a capture underway allocates on
         ``stream`` to one (`begin_pool`)."""
-        if self._underway:
-            return self._take_captured(nbytes, stream)
-        buf = self._pool.alloc_on(nbytes, stream)
+        buf = self._pool.alloc_on(nbytes, stream) if not self._underway else self._take_captured(nbytes, stream)
         self._out[buf.ptr] = buf
         return buf
 
     def _take_captured(self, nbytes: int, stream: int) -> DeviceBuffer:
-        """`take` while a capture is underway: from the private pool of the first capture whose streams ``stream``
-        is one of, else from the door's pool."""
+        """`take`'s piece while a capture is underway (its caller lists it out): from the private pool of the first
+        capture whose streams ``stream`` is one of, else from the door's pool."""
         for begun in list(self._underway):
             pool_id, allocates, deferring = begun
             try:
@@ -146,11 +144,8 @@ class Door:  # (final: _door.pxd says so to Cython; an ABC as Python: see the en
                 buf: DeviceBuffer = graph[0].alloc_on(nbytes, stream)
                 graph[2] += 1
                 self._in_graphs[buf.ptr] = (pool_id, self._zoned and capturing)
-                self._out[buf.ptr] = buf
                 return buf
-        buf = self._pool.alloc_on(nbytes, stream)
-        self._out[buf.ptr] = buf
-        return buf
+        return self._pool.alloc_on(nbytes, stream)
 
     def _capturing(self, stream: int) -> bool:
         """Whether the framework's ``stream`` captures now (its pieces are then the graph's; those of a pool used

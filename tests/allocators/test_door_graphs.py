@@ -293,21 +293,32 @@ def test_a_release_refused_in_a_finalizer_is_tried_again(monkeypatch: pytest.Mon
         assert door.graphs() == 0 and gpu.live_alloc_len() == 0
 
 
+#: Red zones with no quarantine (each free checked at once), violations logged.
+_NO_QUARANTINE = SETTINGS.updated(redzone=64, redzone_quarantine_bytes=0, redzone_action="warn")
+
+
+def _overrun_freed_in_a_capture(gpu: GpuBackend, door: Door, pool_id: tuple[int, int]) -> tuple[list[object], object]:
+    """Two zoned pieces made before a capture, the first overrun by one byte, both freed inside the capture (begun on
+    ``pool_id``, after its first allocation: a capture runs): the violations heard from now on, and the capturing
+    stream."""
+    found: list[object] = []
+    gpu.on_redzone_violation(lambda name, violation: found.append(violation))
+    before = [door.alloc(1000, OTHER) for _ in range(2)]
+    gpu.memset(before[0] + 1000, 0x5A, nbytes=1)
+    door.begin_pool(pool_id, lambda stream: stream == CAPTURED)
+    stream = _capture(gpu)
+    door.alloc(1000, CAPTURED)
+    for ptr in before:
+        door.free(ptr)
+    return found, stream
+
+
 def test_with_no_quarantine_a_capture_s_frees_are_checked_at_its_end(make_door: type[Door]) -> None:
     """No quarantine (each free checked at once): the frees a capture deferred are checked at its end (review of
     issue 54: they waited for an out-of-memory or a scan)."""
-    settings = SETTINGS.updated(redzone=64, redzone_quarantine_bytes=0, redzone_action="warn")
-    with open_backend("fake", settings=settings) as gpu:
-        found: list[object] = []
-        gpu.on_redzone_violation(lambda name, violation: found.append(violation))
+    with open_backend("fake", settings=_NO_QUARANTINE) as gpu:
         door = make_door(gpu, "test")
-        before = [door.alloc(1000, OTHER) for _ in range(2)]
-        gpu.memset(before[0] + 1000, 0x5A, nbytes=1)
-        door.begin_pool((13, 0), lambda stream: stream == CAPTURED)
-        stream = _capture(gpu)
-        door.alloc(1000, CAPTURED)  # (the capture's first allocation: a capture runs)
-        for ptr in before:
-            door.free(ptr)
+        found, stream = _overrun_freed_in_a_capture(gpu, door, (13, 0))
         assert not found
         gpu.raw.graph_destroy(gpu.raw.end_capture(stream))
         door.end_pool((13, 0))
@@ -335,18 +346,9 @@ def test_the_check_at_a_capture_s_end_waits_for_a_capture_of_metrale_s_own() -> 
     """The check of what a capture deferred waits for the device: where a capture of metrale's own runs when the
     framework's ends, it is left to the next free past the bound, and metrale's capture stays valid (second review
     of issue 54)."""
-    settings = SETTINGS.updated(redzone=64, redzone_quarantine_bytes=0, redzone_action="warn")
-    with open_backend("fake", settings=settings) as gpu:
-        found: list[object] = []
-        gpu.on_redzone_violation(lambda name, violation: found.append(violation))
+    with open_backend("fake", settings=_NO_QUARANTINE) as gpu:
         door = Door(gpu, "test")
-        before = [door.alloc(1000, OTHER) for _ in range(2)]
-        gpu.memset(before[0] + 1000, 0x5A, nbytes=1)
-        door.begin_pool((15, 0), lambda stream: stream == CAPTURED)
-        stream = _capture(gpu)
-        door.alloc(1000, CAPTURED)
-        for ptr in before:
-            door.free(ptr)
+        found, stream = _overrun_freed_in_a_capture(gpu, door, (15, 0))
         gpu.raw.graph_destroy(gpu.raw.end_capture(stream))
         own = gpu.create_stream()
         gpu.begin_capture(own)  # metrale's own capture, as the framework's hook ends

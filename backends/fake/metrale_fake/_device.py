@@ -13,7 +13,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Final, cast
+from typing import Final, cast, get_args
 
 import numpy as np
 
@@ -584,7 +584,7 @@ class FakeDevice(RawDevice):
     def exchange_capture_mode(self, mode: CaptureMode) -> CaptureMode:
         """The calling thread's capture mode, as CUDA keeps it per thread: a relaxed thread allocates and frees while
         a capture in global mode runs (`GlobalCaptures.exchange`)."""
-        if mode not in ("global", "thread_local", "relaxed"):
+        if mode not in get_args(CaptureMode):
             raise error_for_code("CUDA_ERROR_INVALID_VALUE", f"fake exchange_capture_mode({mode!r})")
         return cast("CaptureMode", CAPTURES.exchange(mode))
 

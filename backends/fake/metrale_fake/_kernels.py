@@ -20,33 +20,21 @@ def _count(launch: FakeLaunch, n: np.integer) -> int:
 
 def _judge(launch: FakeLaunch, table: np.ndarray, fill: int) -> np.ndarray:
     """Each zone ``(address, length)`` of ``table`` judged as the CUDA kernels judge it: 0 where all its bytes hold the
-    fill's low byte, else 1 + the offset of its first byte that does not. The zones are taken in address order, an
-    allocation at a time (found once), each compared as bytes with the fill repeated to its length: no array of
-    booleans per zone (a scan of thousands of zones on a laptop). A zone that no one allocation holds reads as a
-    kernel's load does (``IndexError``: an illegal address)."""
-    count = len(table)
-    out = np.zeros(count, dtype=np.int64)
+    fill's low byte, else 1 + the offset of its first byte that does not. The zones are read in address order through
+    `FakeLaunch.reader` (an allocation found once for the zones it holds), each compared as bytes with the fill
+    repeated to its length: no array of booleans per zone (a scan of thousands of zones on a laptop). A zone that no
+    one allocation holds reads as a kernel's load does (``IndexError``: an illegal address)."""
+    out = np.zeros(len(table), dtype=np.int64)
     byte = np.uint8(fill & 0xFF)
     filled: dict[int, bytes] = {}
-    extent = launch.extent
-    order = np.argsort(table[:, 0], kind="stable").tolist()
+    read = launch.reader()
     addresses, lengths = table[:, 0].tolist(), table[:, 1].tolist()
-    base = end = 0
-    data = None
-    for z in order:
-        address, length = addresses[z], lengths[z]
-        start = address - base
-        if data is None or not (start >= 0 and address + length <= end):
-            found = extent(address) if extent is not None else None
-            if found is None or address + length > found[0] + len(found[2]):  # (no one allocation holds it)
-                out[z] = _first_changed(launch.read(address, length), byte)  # (raises)
-                continue
-            base, _, data = found
-            end, start = base + len(data), address - base
+    for z in np.argsort(table[:, 0], kind="stable").tolist():
+        length = lengths[z]
+        zone = read(addresses[z], length)
         want = filled.get(length)
         if want is None:
             want = filled[length] = bytes((int(byte),)) * length
-        zone = data[start : start + length]
         if zone.tobytes() != want:
             out[z] = _first_changed(zone, byte)
     return out
